@@ -1,0 +1,85 @@
+"""Shared fixtures: an offline tiny model built once per session, CPU-friendly trainer settings, toy data."""
+
+from __future__ import annotations
+
+import os
+
+# Before torch/transformers are imported: no Hub, and one thread per process (2-core machines, parallel jobs).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    from trl_mintrl.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.fixture
+def cpu_args(tmp_path):
+    """Keyword arguments for any GRPOConfig subclass that make a 2-step CPU run take seconds."""
+    return dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=16,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+        seed=0,
+        disable_tqdm=True,
+    )
+
+
+@pytest.fixture
+def toy_dataset():
+    """Conversational prompts with a `solution` column, as the paper datasets have."""
+    from datasets import Dataset
+
+    rows = []
+    for a in range(8):
+        b = (a * 3) % 7
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": f"Compute {a}+{b} ="}],
+                "solution": f"{a}+{b}={a + b}\n\nAnswer: \\boxed{{{a + b}}}",
+            }
+        )
+    return Dataset.from_list(rows)
+
+
+def digit_count_reward(completions, **kwargs):
+    """A toy reward: the share of digit characters in the completion (dense, so groups have variance)."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
+
+
+def params_changed(before: dict[str, torch.Tensor], model) -> int:
+    """How many parameter tensors differ from a snapshot."""
+    return sum(not torch.equal(before[n], p.detach().cpu()) for n, p in model.named_parameters() if n in before)
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}

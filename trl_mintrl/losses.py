@@ -1,0 +1,70 @@
+"""The two methods' losses as small pure functions on tensors.
+
+Shapes: B rows (rollouts or references), T completion/reference tokens. Masks are 0/1 floats or bools.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def advantage_regression_loss(
+    per_token_logps: torch.Tensor,
+    anchor_logps: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
+    """MInTRL's sequence-level advantage regression (no ratio, no clipping, no importance sampling).
+
+    `l(y) = (beta * sum_t mask_t * (log pi_theta(y_t) - a_t) - A(y))**2`, averaged over rows.
+
+    Args:
+        per_token_logps: (B, T) log pi_theta of each completion token, with grad.
+        anchor_logps: (B, T) anchors a_t, no grad: log pi_old for policy tokens; for judge tokens log pi_old
+            (variant `proxy`) or the constant kappa (variant `const`), filled in by the caller.
+        mask: (B, T) 1 on completion tokens (policy and judge alike), 0 on padding.
+        advantages: (B,) A(y) = r(y) - mean reward of the prompt's control rollouts.
+        beta: the regression temperature (paper's beta2, 1e-3).
+
+    Returns:
+        scalar: mean over rows of the squared residual.
+    """
+    return regression_residuals(per_token_logps, anchor_logps, mask, advantages, beta).pow(2).mean()
+
+
+def regression_residuals(
+    per_token_logps: torch.Tensor,
+    anchor_logps: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
+    """(B,) residuals `beta * sum_t mask_t * (log pi_theta - a_t) - A` (see `advantage_regression_loss`)."""
+    mask = mask.to(per_token_logps.dtype)
+    log_ratio_sum = ((per_token_logps - anchor_logps.detach()) * mask).sum(dim=-1)
+    return beta * log_ratio_sum - advantages.to(per_token_logps.dtype)
+
+
+def sort_repair_weights(base_logps: torch.Tensor, plan_logps: torch.Tensor, beta: float) -> torch.Tensor:
+    """(B, T) SORT token weights `stopgrad(p_base**(1 - beta) * p_plan**beta)`; beta=1/2 is the geometric mean."""
+    return torch.exp((1.0 - beta) * base_logps.detach() + beta * plan_logps.detach())
+
+
+def sort_repair_loss(
+    base_logps: torch.Tensor, plan_logps: torch.Tensor, mask: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """SORT's salience-weighted repair loss on reference tokens.
+
+    Args:
+        base_logps: (B, T) log pi_theta(y*_t | base_prompt(q), y*_<t), with grad (the only path gradients take).
+        plan_logps: (B, T) log pi(y*_t | teacher_prompt(q, plan), y*_<t); used only inside the weights.
+        mask: (B, T) 1 on reference tokens, 0 on padding.
+        beta: exponent of the plan probability; 0 gives DFT-style weights p_base, 1 gives plan-only weights p_plan.
+
+    Returns:
+        scalar: `-(w * base_logps * mask).sum() / mask.sum()`.
+    """
+    mask = mask.to(base_logps.dtype)
+    weights = sort_repair_weights(base_logps, plan_logps, beta)
+    return -(weights * base_logps * mask).sum() / mask.sum().clamp(min=1.0)
