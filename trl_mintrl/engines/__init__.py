@@ -3,4 +3,13 @@
 from .base import Generation, GenerationEngine
 from .transformers import TransformersEngine
 
-__all__ = ["Generation", "GenerationEngine", "TransformersEngine"]
+__all__ = ["Generation", "GenerationEngine", "TransformersEngine", "engine_for_trainer"]
+
+
+def engine_for_trainer(trainer) -> GenerationEngine:
+    """The generation engine of a GRPOTrainer: its colocated vLLM engine when `use_vllm`, else `transformers`."""
+    if trainer.use_vllm:
+        from .vllm import VLLMEngine
+
+        return VLLMEngine.from_trainer(trainer)
+    return TransformersEngine.from_trainer(trainer)
