@@ -46,6 +46,24 @@ def regression_residuals(
     return beta * log_ratio_sum - advantages.to(per_token_logps.dtype)
 
 
+def control_baseline_advantages(rewards: torch.Tensor, is_control: torch.Tensor, group_size: int) -> torch.Tensor:
+    """MInTRL's advantages: `A = r - V(x)` with `V(x)` the mean reward of the prompt's control rollouts.
+
+    Args:
+        rewards: (N,) rewards of N = prompts * group_size rollouts, grouped in consecutive rows; NaN = unscorable.
+        is_control: (N,) True on the control (purely on-policy) rollouts.
+        group_size: rollouts per prompt.
+
+    Returns:
+        (N,) advantages, no division by the std. Unscorable rollouts, and every rollout of a group without a
+        scorable control, get 0 (no baseline, no signal).
+    """
+    grouped = rewards.view(-1, group_size)
+    controls = torch.where(is_control.view(-1, group_size), grouped, torch.full_like(grouped, float("nan")))
+    baseline = torch.nanmean(controls, dim=1, keepdim=True)
+    return torch.nan_to_num(grouped - baseline, nan=0.0).view(-1)
+
+
 def sort_repair_weights(base_logps: torch.Tensor, plan_logps: torch.Tensor, beta: float) -> torch.Tensor:
     """(B, T) SORT token weights `stopgrad(p_base**(1 - beta) * p_plan**beta)`; beta=1/2 is the geometric mean."""
     return torch.exp((1.0 - beta) * base_logps.detach() + beta * plan_logps.detach())

@@ -1,0 +1,200 @@
+"""MInTRLTrainer end to end on the tiny model: advantages, judge-token masks, metrics, schedule, resume, LoRA."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from conftest import params_changed, snapshot
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trl_mintrl import MInTRLConfig, MInTRLTrainer
+from trl_mintrl.judges import FunctionJudge
+
+CORRECTION = "7+7=14\n\n"
+
+
+def role_reward(completions, mintrl_intervened, completion_ids, **kwargs):
+    """Intervened rollouts score 1; controls score by length, so the control baseline varies but is known."""
+    return [1.0 if inter else (len(ids) % 4) / 4 for inter, ids in zip(mintrl_intervened, completion_ids)]
+
+
+def revise_first_step_judge(calls):
+    def review(question, prefix, steps, reference):
+        calls["review"] += 1
+        return 0 if not prefix else None  # revise the first chunk, keep the rest
+
+    def correct(question, prefix, reference):
+        calls["correct"] += 1
+        return CORRECTION
+
+    return FunctionJudge(review, correct)
+
+
+def mintrl_args(cpu_args, **overrides):
+    args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
+    args.update(num_control_generations=2, num_intervened_generations=2, chunk_size=6, max_reviews=2,
+                max_correction_tokens=8, max_completion_length=24, intervention_steps=100)
+    args.update(overrides)
+    return MInTRLConfig(**args)
+
+
+class RecordingTrainer(MInTRLTrainer):
+    """Keeps each generation batch's output and rewards for the assertions."""
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.records = getattr(self, "records", [])
+        self.records.append({**output, "rewards": self._batch_rewards().clone()})
+        return output
+
+
+def test_function_judge_end_to_end_advantages_masks_metrics(tiny_model_path, cpu_args, toy_dataset):
+    calls = {"review": 0, "correct": 0}
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    before = snapshot(model)
+    trainer = RecordingTrainer(
+        model=model,
+        reward_funcs=role_reward,
+        args=mintrl_args(cpu_args),
+        train_dataset=toy_dataset,
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_path),
+        judge=revise_first_step_judge(calls),
+    )
+    trainer.train()
+    assert params_changed(before, trainer.model) > 0
+    assert calls["correct"] > 0
+
+    tok = trainer.processing_class
+    correction_ids = tok(CORRECTION, add_special_tokens=False)["input_ids"][:8]
+    for record in trainer.records:
+        rewards = record["rewards"].view(-1, 4)
+        baseline = rewards[:, :2].mean(dim=1, keepdim=True)  # columns 0-1 are controls
+        torch.testing.assert_close(record["advantages"], (rewards - baseline).view(-1))
+        assert torch.all(rewards[:, 2:] == 1.0)  # intervened rows were marked as such for the reward
+        tool_mask, ids = record["tool_mask"].view(-1, 4, record["tool_mask"].size(1)), record["completion_ids"]
+        assert torch.all(tool_mask[:, :2] == 1)  # controls: policy tokens only
+        for row in range(ids.size(0)):
+            if row % 4 >= 2:  # intervened: the first chunk was replaced by the correction (judge tokens, mask 0)
+                n = len(correction_ids)
+                assert ids[row, :n].tolist() == correction_ids
+                assert record["tool_mask"][row, :n].tolist() == [0] * n
+
+    logs = {k for entry in trainer.state.log_history for k in entry}
+    for name in ["intervention_rate", "judge_token_frac", "reviews_per_rollout", "reward_control",
+                 "reward_intervened", "reward_gap", "judge_token_nll", "judge_failures", "regression_residual"]:
+        assert f"mintrl/{name}" in logs, name
+    first = trainer.state.log_history[0]
+    assert first["mintrl/intervention_rate"] == 1.0
+    assert 0 < first["mintrl/judge_token_frac"] < 1
+    assert first["mintrl/reward_intervened"] == 1.0
+
+
+def test_intervention_schedule_switches_off(tiny_model_path, cpu_args, toy_dataset):
+    calls = {"review": 0, "correct": 0}
+    trainer = MInTRLTrainer(
+        model=tiny_model_path,
+        reward_funcs=role_reward,
+        args=mintrl_args(cpu_args, intervention_steps=1, max_steps=3),
+        train_dataset=toy_dataset,
+        judge=revise_first_step_judge(calls),
+    )
+    trainer.train()
+    steps = [e for e in trainer.state.log_history if "mintrl/interventions_active" in e]
+    assert [e["mintrl/interventions_active"] for e in steps] == [1.0, 0.0, 0.0]
+    reviews_after_step_one = calls["review"]
+    assert reviews_after_step_one > 0
+    assert all(e["mintrl/judge_token_frac"] == 0.0 for e in steps[1:])
+    assert all("mintrl/reward_intervened" not in e for e in steps[1:])
+
+
+def test_resume_continues_as_if_never_stopped(tiny_model_path, cpu_args, toy_dataset, tmp_path):
+    def make(output_dir, max_steps):
+        args = mintrl_args(cpu_args, output_dir=str(output_dir), max_steps=max_steps, save_strategy="steps",
+                           save_steps=1, intervention_steps=2, lr_scheduler_type="constant")
+        return MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset,
+                             judge=revise_first_step_judge({"review": 0, "correct": 0}))
+
+    straight = make(tmp_path / "straight", 3)
+    straight.train()
+    interrupted = make(tmp_path / "resumed", 2)
+    interrupted.train()
+    checkpoint = tmp_path / "resumed" / "checkpoint-2"
+    assert json.loads((checkpoint / "mintrl_state.json").read_text())["judge_failures_total"] == 0
+    card = (tmp_path / "resumed" / "README.md").read_text()
+    assert "MInTRL" in card and "chen2026mintrl" in card and "mintrl" in card
+    resumed = make(tmp_path / "resumed", 3)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 3
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_self_judge_and_model_judge_run_and_count_failures(tiny_model_path, cpu_args, toy_dataset):
+    for judge_kind in ["self", "model"]:
+        extra = {"judge_model_name_or_path": tiny_model_path} if judge_kind == "model" else {}
+        trainer = MInTRLTrainer(
+            model=tiny_model_path,
+            reward_funcs=role_reward,
+            args=mintrl_args(cpu_args, judge=judge_kind, max_steps=1, judge_max_review_tokens=8, **extra),
+            train_dataset=toy_dataset,
+        )
+        if judge_kind == "self":  # the policy's own engine and weights: no second model in memory
+            assert trainer.judge.engine is trainer.policy_engine
+        else:
+            assert trainer.judge.engine is not trainer.policy_engine
+        trainer.train()
+        log = trainer.state.log_history[0]
+        # an untrained tiny model never writes a valid verdict: every review fails, counts as KEEP, training goes on
+        assert log["mintrl/judge_failures"] > 0
+        assert log["mintrl/intervention_rate"] == 0.0
+
+
+def test_lora_trains_adapter_only(tiny_model_path, cpu_args, toy_dataset):
+    from peft import LoraConfig
+
+    trainer = MInTRLTrainer(
+        model=tiny_model_path,
+        reward_funcs=role_reward,
+        args=mintrl_args(cpu_args, learning_rate=1e-2),
+        train_dataset=toy_dataset,
+        judge=revise_first_step_judge({"review": 0, "correct": 0}),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert changed and all("lora_" in n for n in changed)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"num_generations": 5}, "num_generations=5 conflicts"),
+        ({"anchor": "bogus"}, "anchor='bogus'"),
+        ({"judge": "model"}, "judge_model_name_or_path"),
+        ({"judge": "endpoint"}, "judge_base_url"),
+        ({"beta": 0.04}, "no KL term"),
+        ({"num_control_generations": 0}, "num_control_generations must be >= 1"),
+        ({"chunk_size": 0}, "chunk_size must be >= 1"),
+    ],
+)
+def test_config_errors_name_the_field(cpu_args, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        mintrl_args(cpu_args, **overrides)
+
+
+def test_self_judge_requires_reference_column(tiny_model_path, cpu_args, toy_dataset):
+    with pytest.raises(ValueError, match="reference_column"):
+        MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=mintrl_args(cpu_args),
+                      train_dataset=toy_dataset.remove_columns("solution"))
+
+
+def test_num_generations_is_derived(cpu_args):
+    args = mintrl_args(cpu_args, num_control_generations=3, num_intervened_generations=1,
+                       per_device_train_batch_size=8)
+    assert args.num_generations == 4
+    assert os.path.basename(args.output_dir) == "out"

@@ -1,0 +1,16 @@
+"""MInTRL: judge interventions during rollout + sequence-level advantage regression."""
+
+from .config import MInTRLConfig
+from .rollout import InterventionRollout, RolloutSettings, Trajectory
+from .steps import split_steps
+from .trainer import MInTRLTrainer, build_judge
+
+__all__ = [
+    "InterventionRollout",
+    "MInTRLConfig",
+    "MInTRLTrainer",
+    "RolloutSettings",
+    "Trajectory",
+    "build_judge",
+    "split_steps",
+]

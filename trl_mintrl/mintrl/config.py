@@ -1,0 +1,147 @@
+"""`MInTRLConfig`: GRPOConfig plus the intervention, judge and regression settings of MInTRL (SPEC 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+ANCHORS = ("const", "proxy")
+JUDGE_BACKENDS = ("self", "model", "endpoint")
+
+
+@dataclass
+class MInTRLConfig(GRPOConfig):
+    r"""
+    Configuration for [`MInTRLTrainer`]. All [`~trl.GRPOConfig`] fields apply; the ones below are MInTRL's own.
+    Defaults follow the paper (Table 6) where it gives a value. `num_generations` is
+    `num_control_generations + num_intervened_generations`; leave it unset or set it to that sum.
+    """
+
+    # group composition
+    num_control_generations: int = field(
+        default=8,
+        metadata={"help": "On-policy control rollouts per prompt. Their mean reward is the baseline V(x)."},
+    )
+    num_intervened_generations: int = field(
+        default=8,
+        metadata={"help": "Rollouts per prompt that the judge reviews and corrects during the intervention phase."},
+    )
+    num_generations: int | None = field(
+        default=None,
+        metadata={"help": "Rollouts per prompt; derived as num_control_generations + num_intervened_generations."},
+    )
+    # rollout loop
+    chunk_size: int = field(
+        default=512, metadata={"help": "Policy tokens generated between two reviews (paper: 512 math, 128 code)."}
+    )
+    max_reviews: int = field(
+        default=4, metadata={"help": "Reviews per intervened rollout; afterwards the rest is generated unreviewed."}
+    )
+    max_correction_tokens: int = field(
+        default=64, metadata={"help": "Cap on a judge correction, in policy tokens."}
+    )
+    intervention_steps: int = field(
+        default=200,
+        metadata={
+            "help": "Optimizer steps with interventions (paper: 200 of 500); afterwards every rollout is an "
+            "on-policy control. 0 never intervenes."
+        },
+    )
+    # loss
+    anchor: str = field(
+        default="const",
+        metadata={
+            "help": "Anchor a_t of judge tokens in the regression: 'const' uses `kappa`, 'proxy' the old policy's "
+            "log-prob. Policy tokens are always anchored by the old log-prob.",
+            "choices": list(ANCHORS),
+        },
+    )
+    kappa: float = field(
+        default=-0.2, metadata={"help": "Constant anchor for judge tokens with anchor='const' (paper: -0.2 math, -0.1 code)."}
+    )
+    regression_beta: float = field(
+        default=1e-3, metadata={"help": "Scale of the summed log-ratio in the advantage regression (paper's beta2)."}
+    )
+    beta: float = field(
+        default=0.0, metadata={"help": "KL coefficient of GRPO. MInTRL's regression has no KL term: keep 0."}
+    )
+    vllm_importance_sampling_correction: bool = field(
+        default=False,
+        metadata={"help": "MInTRL uses no importance sampling: the regression target holds for any trajectory."},
+    )
+    # judge
+    judge: str = field(
+        default="self",
+        metadata={
+            "help": "Judge backend: 'self' (the policy with the reference solution as privileged context), 'model' "
+            "(a second model from `judge_model_name_or_path`), 'endpoint' (OpenAI-compatible server at "
+            "`judge_base_url`). Ignored when a judge object is passed to the trainer.",
+            "choices": list(JUDGE_BACKENDS),
+        },
+    )
+    judge_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Judge model (local path or Hub id) for judge='model'."}
+    )
+    judge_base_url: str | None = field(
+        default=None, metadata={"help": "OpenAI-compatible base URL for judge='endpoint', e.g. http://127.0.0.1:8000/v1."}
+    )
+    judge_model: str | None = field(default=None, metadata={"help": "Model name sent to the endpoint judge."})
+    judge_api_key_env: str = field(
+        default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the endpoint judge's API key."}
+    )
+    judge_timeout_s: float = field(default=60.0, metadata={"help": "Timeout of one endpoint judge request."})
+    judge_max_retries: int = field(default=3, metadata={"help": "Retries of a failed endpoint judge request."})
+    judge_max_concurrency: int = field(default=16, metadata={"help": "Concurrent endpoint judge requests."})
+    judge_temperature: float = field(default=0.0, metadata={"help": "Judge sampling temperature (0: greedy)."})
+    judge_max_review_tokens: int = field(
+        default=256, metadata={"help": "Token budget of a judge review answer (reasoning + verdict line)."}
+    )
+    judge_review_template: str = field(
+        default="math",
+        metadata={"help": "Review prompt: a preset name ('math', 'code') or a template string with named fields."},
+    )
+    judge_correction_template: str = field(
+        default="math",
+        metadata={"help": "Correction prompt: a preset name ('math', 'code') or a template string."},
+    )
+    reference_column: str = field(
+        default="solution",
+        metadata={"help": "Dataset column with the reference solution shown to the judge (required for judge='self')."},
+    )
+
+    def __post_init__(self):
+        total = self.num_control_generations + self.num_intervened_generations
+        if self.num_control_generations < 1:
+            raise ValueError("num_control_generations must be >= 1: the control rollouts' mean reward is the baseline.")
+        if self.num_intervened_generations < 0:
+            raise ValueError("num_intervened_generations must be >= 0.")
+        if self.num_generations is None:
+            self.num_generations = total
+        elif self.num_generations != total:
+            raise ValueError(
+                f"num_generations={self.num_generations} conflicts with num_control_generations="
+                f"{self.num_control_generations} + num_intervened_generations={self.num_intervened_generations} = "
+                f"{total}. Leave num_generations unset (it is derived) or make it equal to the sum."
+            )
+        if self.anchor not in ANCHORS:
+            raise ValueError(f"anchor={self.anchor!r} is not one of {ANCHORS}.")
+        if self.judge not in JUDGE_BACKENDS:
+            raise ValueError(f"judge={self.judge!r} is not one of {JUDGE_BACKENDS}.")
+        if self.judge == "model" and not self.judge_model_name_or_path:
+            raise ValueError("judge='model' needs judge_model_name_or_path (a local path or Hub id of the judge).")
+        if self.judge == "endpoint" and not (self.judge_base_url and self.judge_model):
+            raise ValueError("judge='endpoint' needs judge_base_url (e.g. http://127.0.0.1:8000/v1) and judge_model.")
+        for name in ("chunk_size", "max_correction_tokens", "judge_max_review_tokens", "judge_max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("max_reviews", "intervention_steps", "judge_max_retries"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if self.regression_beta <= 0:
+            raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
+        if self.beta != 0.0:
+            raise ValueError(
+                f"beta={self.beta}: MInTRL's advantage regression has no KL term. Set beta=0 and tune regression_beta."
+            )
+        super().__post_init__()

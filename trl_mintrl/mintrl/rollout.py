@@ -1,0 +1,193 @@
+"""MInTRL's semi-on-policy rollout as an engine-agnostic, batched state machine (SPEC 2.1).
+
+Each round advances every unfinished trajectory together: one policy `generate` call for the batch, one judge
+`review` call for the trajectories that still have reviews left, one judge `correct` call for those the judge
+revised. Finished trajectories leave the batch. Completions are kept as token ids (token-in/token-out): policy
+tokens exactly as sampled, the cut on a token boundary at or before the first wrong step, corrections tokenised
+with the policy's tokenizer. Control trajectories are the same state machine with no reviews, so they never see
+the judge and share the policy call of the first round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..engines.base import Generation, GenerationEngine
+from ..judges.base import CorrectionRequest, Judge, ReviewRequest
+from .steps import cut_point, split_steps
+
+
+@dataclass
+class RolloutSettings:
+    """Chunking and budgets: `chunk_size` policy tokens per reviewed chunk, `max_reviews` reviews per trajectory,
+    corrections capped at `max_correction_tokens` policy tokens, completions at `max_completion_length` tokens."""
+
+    chunk_size: int
+    max_reviews: int
+    max_correction_tokens: int
+    max_completion_length: int
+
+
+@dataclass
+class Trajectory:
+    """One rollout in progress. `review_budget` is 0 for control rollouts. `env_mask` is 1 on policy tokens and 0
+    on judge tokens; `logprobs` holds the engine's sampling log-probs (None on judge tokens, or no list at all when
+    the engine does not report them)."""
+
+    prompt_ids: list[int]
+    question: str
+    reference: str | None = None
+    review_budget: int = 0
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float | None] | None = field(default_factory=list)
+    reviews: int = 0
+    revisions: int = 0
+    judge_failures: int = 0
+    finished: bool = False
+
+    @property
+    def judge_tokens(self) -> int:
+        return len(self.env_mask) - sum(self.env_mask)
+
+
+@dataclass
+class RoundCounts:
+    """Engine and judge calls made by a `run`, for tests and cost metrics."""
+
+    rounds: int = 0
+    policy_calls: int = 0
+    review_calls: int = 0
+    correction_calls: int = 0
+
+
+class InterventionRollout:
+    """Runs intervention (and control) trajectories to completion.
+
+    Args:
+        policy: the policy's generation engine (sampling settings of the trainer).
+        judge: reviews and corrects; may be None when every trajectory is a control.
+        tokenizer: the policy's tokenizer (decodes chunks for the judge, tokenises corrections).
+        settings: chunk size and budgets.
+    """
+
+    def __init__(self, policy: GenerationEngine, judge: Judge | None, tokenizer, settings: RolloutSettings):
+        self.policy = policy
+        self.judge = judge
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.eos_token_ids = set(policy.eos_token_ids)
+
+    def run(self, trajectories: Sequence[Trajectory]) -> RoundCounts:
+        if self.judge is None and any(t.review_budget > 0 for t in trajectories):
+            raise ValueError("trajectories with a review budget need a judge")
+        counts = RoundCounts()
+        with self.policy.session():  # e.g. one vLLM wake/sleep or one ZeRO-3 gather for all rounds
+            for t in trajectories:
+                t.finished = t.finished or self._remaining(t) <= 0
+            while active := [t for t in trajectories if not t.finished]:
+                self._round(active, counts)
+        return counts
+
+    def _remaining(self, t: Trajectory) -> int:
+        return self.settings.max_completion_length - len(t.completion_ids)
+
+    def _reviewable(self, t: Trajectory) -> bool:
+        return t.reviews < t.review_budget
+
+    def _round(self, active: list[Trajectory], counts: RoundCounts) -> None:
+        counts.rounds += 1
+        caps = [
+            min(self.settings.chunk_size, self._remaining(t)) if self._reviewable(t) else self._remaining(t)
+            for t in active
+        ]
+        chunks = self.policy.generate([t.prompt_ids + t.completion_ids for t in active], caps)
+        counts.policy_calls += 1
+
+        to_review = []  # (trajectory, chunk, its steps); a chunk with no text (only EOS) has nothing to review
+        for t, chunk in zip(active, chunks, strict=True):
+            steps = split_steps(self._decode(chunk.token_ids)) if self._reviewable(t) else []
+            if steps:
+                to_review.append((t, chunk, steps))
+            else:
+                self._accept(t, chunk)
+        if not to_review:
+            return
+
+        verdicts = self.judge.review(
+            [
+                ReviewRequest(
+                    question=t.question,
+                    prefix=self._decode(t.completion_ids),
+                    steps=steps,
+                    reference=t.reference,
+                    last_step_complete=self._ends_with_eos(chunk.token_ids),
+                )
+                for t, chunk, steps in to_review
+            ]
+        )
+        counts.review_calls += 1
+
+        revise = []  # (trajectory, chunk, number of chunk tokens kept before the wrong step)
+        for (t, chunk, steps), verdict in zip(to_review, verdicts, strict=True):
+            t.reviews += 1
+            wrong = verdict.wrong_step
+            if verdict.failed or wrong is not None and not 0 <= wrong < len(steps):
+                t.judge_failures += 1
+                wrong = None
+            if wrong is None:
+                self._accept(t, chunk)
+            else:
+                kept_chars = sum(len(s) for s in steps[:wrong])
+                revise.append((t, chunk, cut_point(chunk.token_ids, kept_chars, self._decode)))
+        if not revise:
+            return
+
+        corrections = self.judge.correct(
+            [
+                CorrectionRequest(
+                    question=t.question,
+                    prefix=self._decode(t.completion_ids + chunk.token_ids[:keep]),
+                    reference=t.reference,
+                )
+                for t, chunk, keep in revise
+            ]
+        )
+        counts.correction_calls += 1
+        for (t, chunk, keep), correction in zip(revise, corrections, strict=True):
+            if correction.failed:  # nothing to hand back: keep the chunk as if the judge had said KEEP
+                t.judge_failures += 1
+                self._accept(t, chunk)
+                continue
+            t.revisions += 1
+            kept = Generation(chunk.token_ids[:keep], None if chunk.logprobs is None else chunk.logprobs[:keep])
+            self._append(t, kept, policy=True)
+            correction_ids = self._correction_ids(correction.text, self._remaining(t))
+            self._append(t, Generation(correction_ids), policy=False)
+            t.finished = self._remaining(t) <= 0
+
+    def _accept(self, t: Trajectory, chunk: Generation) -> None:
+        self._append(t, chunk, policy=True)
+        t.finished = self._ends_with_eos(chunk.token_ids) or self._remaining(t) <= 0
+
+    def _append(self, t: Trajectory, piece: Generation, policy: bool) -> None:
+        t.completion_ids.extend(piece.token_ids)
+        t.env_mask.extend([int(policy)] * piece.num_tokens)
+        if t.logprobs is not None:
+            if policy and piece.logprobs is None:
+                t.logprobs = None  # the engine does not report sampling log-probs
+            else:
+                t.logprobs.extend(piece.logprobs if policy else [None] * piece.num_tokens)
+
+    def _correction_ids(self, text: str, remaining: int) -> list[int]:
+        """Policy-tokenizer ids of a correction, without special tokens, capped by the budgets."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = [i for i in ids if i not in self.eos_token_ids]  # the policy decides when to stop
+        return ids[: min(self.settings.max_correction_tokens, remaining)]
+
+    def _ends_with_eos(self, ids: Sequence[int]) -> bool:
+        return bool(ids) and ids[-1] in self.eos_token_ids
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
