@@ -71,5 +71,5 @@ class Judge(ABC):
         """Judge state to save with checkpoints (e.g. counters); stateless judges return {}."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 (stateless judges restore nothing)
         """Restore what `state_dict` returned."""

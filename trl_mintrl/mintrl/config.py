@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ..judges.templates import resolve_template
+
 ANCHORS = ("const", "proxy")
 JUDGE_BACKENDS = ("self", "model", "endpoint")
 
@@ -138,6 +140,8 @@ class MInTRLConfig(GRPOConfig):
         for name in ("max_reviews", "intervention_steps", "judge_max_retries"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        resolve_template(self.judge_review_template, "review")  # errors name the field
+        resolve_template(self.judge_correction_template, "correction")
         if self.regression_beta <= 0:
             raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
         if self.beta != 0.0:
