@@ -2,74 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
-import threading
 import time
-from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from openai_server import ScriptedServer
 
 from trl_mintrl.judges import Correction, CorrectionRequest, EndpointJudge, ReviewRequest, Verdict
 
 KEY = "sk-test-0123456789abcdef"
-
-
-class ScriptedServer:
-    """An OpenAI-style chat-completions server. `respond(question, attempt, body)` returns (status, reply, delay_s):
-    `reply` is the message content (str), a dict sent as JSON, or bytes sent raw; `attempt` counts from 1 per
-    question. It records every request and the most requests it ever had in flight."""
-
-    def __init__(self, respond):
-        self.respond = respond
-        self.requests = []  # (headers, body)
-        self.attempts = Counter()
-        self.in_flight = self.max_in_flight = 0
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                question = body["messages"][0]["content"].split("## Problem\n")[1].split("\n")[0]
-                with server.lock:
-                    server.requests.append((dict(self.headers), body))
-                    server.attempts[question] += 1
-                    attempt = server.attempts[question]
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                try:
-                    status, reply, delay = server.respond(question, attempt, body)
-                    time.sleep(delay)
-                finally:
-                    with server.lock:
-                        server.in_flight -= 1
-                if isinstance(reply, str):
-                    reply = {
-                        "choices": [{"message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}]
-                    }
-                payload = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.handle_error = lambda request, address: None  # clients that timed out closed the socket
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -198,3 +198,37 @@ def test_num_generations_is_derived(cpu_args):
                        per_device_train_batch_size=8)
     assert args.num_generations == 4
     assert os.path.basename(args.output_dir) == "out"
+
+
+def test_endpoint_judge_end_to_end_against_local_server(tiny_model_path, cpu_args, toy_dataset, monkeypatch):
+    """The endpoint backend built from config, talking to a real OpenAI-style server on 127.0.0.1."""
+    from openai_server import ScriptedServer
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("JUDGE_KEY", "sk-secret")
+
+    def respond(question, attempt, body):
+        prompt = body["messages"][0]["content"]
+        if "VERDICT" in prompt:  # a review request: the first step is always wrong
+            return 200, "The first step is wrong.\nVERDICT: REVISE 1", 0.0
+        return 200, CORRECTION, 0.0
+
+    server = ScriptedServer(respond)
+    try:
+        trainer = RecordingTrainer(
+            model=tiny_model_path,
+            reward_funcs=role_reward,
+            args=mintrl_args(cpu_args, judge="endpoint", judge_base_url=server.url, judge_model="judge",
+                             judge_api_key_env="JUDGE_KEY", max_steps=1, max_reviews=1),
+            train_dataset=toy_dataset,
+        )
+        trainer.train()
+    finally:
+        server.close()
+    assert server.requests, "the trainer never called the endpoint"
+    assert all(headers["Authorization"] == "Bearer sk-secret" for headers, _ in server.requests)
+    log = trainer.state.log_history[0]
+    assert log["mintrl/intervention_rate"] == 1.0 and log["mintrl/judge_failures"] == 0
+    record = trainer.records[0]
+    judge_rows = (record["tool_mask"] == 0).any(dim=1)
+    assert judge_rows.tolist() == [i % 4 >= 2 for i in range(record["tool_mask"].size(0))]  # exactly the intervened
