@@ -232,3 +232,25 @@ def test_endpoint_judge_end_to_end_against_local_server(tiny_model_path, cpu_arg
     record = trainer.records[0]
     judge_rows = (record["tool_mask"] == 0).any(dim=1)
     assert judge_rows.tolist() == [i % 4 >= 2 for i in range(record["tool_mask"].size(0))]  # exactly the intervened
+
+
+def test_adaptive_switch_off_when_corrections_stop_helping(tiny_model_path, cpu_args, toy_dataset, tmp_path):
+    def intervened_worse(completions, mintrl_intervened, **kwargs):
+        return [0.0 if inter else 1.0 for inter in mintrl_intervened]
+
+    args = mintrl_args(cpu_args, max_steps=3, intervention_stop_gap=-0.5, intervention_gap_ema=0.0,
+                       save_strategy="steps", save_steps=1)
+    trainer = MInTRLTrainer(model=tiny_model_path, reward_funcs=intervened_worse, args=args,
+                            train_dataset=toy_dataset, judge=revise_first_step_judge({"review": 0, "correct": 0}))
+    trainer.train()
+    active = [e["mintrl/interventions_active"] for e in trainer.state.log_history if "loss" in e]
+    assert active == [1.0, 0.0, 0.0]  # gap -1 < -0.5 after the first step: interventions stop for good
+    state = json.loads((tmp_path / "out" / "checkpoint-3" / "mintrl_state.json").read_text())
+    assert state["interventions_stopped_at"] == 0 and state["reward_gap_ema"] == -1.0
+    resumed = MInTRLTrainer(model=tiny_model_path, reward_funcs=intervened_worse,
+                            args=mintrl_args(cpu_args, max_steps=4, intervention_stop_gap=-0.5),
+                            train_dataset=toy_dataset, judge=revise_first_step_judge({"review": 0, "correct": 0}))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-3"))
+    assert resumed.interventions_stopped_at == 0  # restored: the resumed run does not intervene again
+    new_logs = [e for e in resumed.state.log_history if "loss" in e and e["step"] == 4]
+    assert [e["mintrl/interventions_active"] for e in new_logs] == [0.0]

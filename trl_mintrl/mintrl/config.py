@@ -50,6 +50,17 @@ class MInTRLConfig(GRPOConfig):
             "on-policy control. 0 never intervenes."
         },
     )
+    intervention_stop_gap: float | None = field(
+        default=None,
+        metadata={
+            "help": "Adaptive switch-off (the paper's suggested improvement): stop intervening for good once the "
+            "moving average of reward_intervened - reward_control falls below this value, i.e. once corrections "
+            "no longer help. None keeps the fixed `intervention_steps` schedule only."
+        },
+    )
+    intervention_gap_ema: float = field(
+        default=0.9, metadata={"help": "Smoothing of the reward-gap moving average used by intervention_stop_gap."}
+    )
     # loss
     anchor: str = field(
         default="const",
@@ -142,6 +153,8 @@ class MInTRLConfig(GRPOConfig):
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
         resolve_template(self.judge_review_template, "review")  # errors name the field
         resolve_template(self.judge_correction_template, "correction")
+        if not 0.0 <= self.intervention_gap_ema < 1.0:
+            raise ValueError(f"intervention_gap_ema must be in [0, 1), got {self.intervention_gap_ema}.")
         if self.regression_beta <= 0:
             raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
         if self.beta != 0.0:

@@ -10,6 +10,7 @@ The trainer only wires TRL's seams:
 from __future__ import annotations
 
 import json
+import math
 import os
 import textwrap
 
@@ -130,11 +131,30 @@ class MInTRLTrainer(BatchCaptureMixin, GRPOTrainer):
         self._intervening = False
         self._rollout_stats: torch.Tensor | None = None
         self.judge_failures_total = 0
+        self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
+        self.interventions_stopped_at: int | None = None
 
     # ----- schedule -----
     def interventions_active(self) -> bool:
-        """Interventions run for the first `intervention_steps` optimizer steps of training, never in evaluation."""
-        return self.model.training and self.judge is not None and self.state.global_step < self.args.intervention_steps
+        """Interventions run for the first `intervention_steps` optimizer steps of training (and, with
+        `intervention_stop_gap`, only until corrections stop paying off); never in evaluation."""
+        return (
+            self.model.training
+            and self.judge is not None
+            and self.state.global_step < self.args.intervention_steps
+            and self.interventions_stopped_at is None
+        )
+
+    def _update_adaptive_schedule(self, reward_gap: float) -> None:
+        """Moving average of the intervened-vs-control reward gap; below `intervention_stop_gap`, stop for good.
+        The gap comes from gathered rewards, so every process takes the same decision."""
+        if self.args.intervention_stop_gap is None or math.isnan(reward_gap):
+            return
+        decay = self.args.intervention_gap_ema
+        ema = reward_gap if self.reward_gap_ema is None else decay * self.reward_gap_ema + (1 - decay) * reward_gap
+        self.reward_gap_ema = ema
+        if ema < self.args.intervention_stop_gap:
+            self.interventions_stopped_at = self.state.global_step
 
     # ----- rollout (TRL's rollout_func seam) -----
     def _intervention_rollout(self, prompts: list, trainer: GRPOTrainer) -> dict:
@@ -212,6 +232,8 @@ class MInTRLTrainer(BatchCaptureMixin, GRPOTrainer):
             reward_intervened = torch.nanmean(rewards[intervened]).item()
             metrics["mintrl/reward_intervened"].append(reward_intervened)
             metrics["mintrl/reward_gap"].append(reward_intervened - reward_control)
+            if mode == "train":
+                self._update_adaptive_schedule(reward_intervened - reward_control)
 
     # ----- loss -----
     def _compute_loss(self, model, inputs):
@@ -262,6 +284,8 @@ class MInTRLTrainer(BatchCaptureMixin, GRPOTrainer):
             state = {
                 "judge": self.judge.state_dict() if self.judge is not None else {},
                 "judge_failures_total": self.judge_failures_total,
+                "reward_gap_ema": self.reward_gap_ema,
+                "interventions_stopped_at": self.interventions_stopped_at,
             }
             with open(os.path.join(folder, STATE_FILE), "w") as f:
                 json.dump(state, f)
@@ -275,6 +299,8 @@ class MInTRLTrainer(BatchCaptureMixin, GRPOTrainer):
             if self.judge is not None:
                 self.judge.load_state_dict(state["judge"])
             self.judge_failures_total = state["judge_failures_total"]
+            self.reward_gap_ema = state["reward_gap_ema"]
+            self.interventions_stopped_at = state["interventions_stopped_at"]
 
 
 def _require_column(dataset, column: str) -> None:
