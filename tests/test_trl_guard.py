@@ -23,6 +23,8 @@ EXPECTED_SIGNATURES = {
         "MInTRL loss and SORT scoring passes",
     ),
     "_generate": (["prompts"], "rollout_func seam (env_mask -> tool_mask)"),
+    "_tokenize_prompts": (["prompts"], "MInTRL rollout: prompt ids exactly as TRL templates them"),
+    "_get_output_dir": (["trial"], "checkpoint folder for extra state"),
     "_save_checkpoint": (["model", "trial"], "SORT buffer / MInTRL schedule state"),
     "_load_optimizer_and_scheduler": (["checkpoint"], "restore extra state on resume"),
 }
