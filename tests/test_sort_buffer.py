@@ -1,0 +1,166 @@
+"""SORT's deferred buffer: all-wrong detection (several reward functions, weights, None), de-duplication, the flush
+at exactly `repair_batch_size`, and the save/restore round trip."""
+
+import json
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_mintrl.sort import RepairBuffer, SORTConfig, SORTTrainer, classify_groups
+from trl_mintrl.sort.buffer import BUFFER_FILE
+
+G = 2  # rollouts per prompt in these tests
+
+# Five cases, one prompt each. Per case: (accuracy, format) rewards of the two rollouts; None = unscorable.
+# Weighted reward = 1.0 * accuracy + 0.5 * format + 0.0 * constant (None rewards are skipped, as TRL's nansum does).
+CASES = [
+    ([0.0, 0.0], [0.0, 0.0]),  # 0: every rollout 0 -> all-wrong
+    ([0.0, 0.0], [1.0, 0.0]),  # 1: one rollout earns 0.5 -> not all-wrong
+    ([None, None], [0.0, 0.0]),  # 2: accuracy unscorable, format 0 -> weighted 0 -> all-wrong
+    ([None, None], [None, None]),  # 3: no function scores it (NaN) -> neither
+    ([1.0, 1.0], [0.0, 0.0]),  # 4: all-right
+]
+
+
+def accuracy(completions, case, **kwargs):
+    return [CASES[c][0][i % G] for i, c in enumerate(case)]
+
+
+def format_reward(completions, case, **kwargs):
+    return [CASES[c][1][i % G] for i, c in enumerate(case)]
+
+
+def constant(completions, case, **kwargs):
+    """Non-zero, but weighted 0: must not stop a group from being all-wrong (None in case 3: nothing scores it)."""
+    return [None if c == 3 else 5.0 for c in case]
+
+
+def _row(case, **fields):
+    return {
+        "prompt": [{"role": "user", "content": f"Compute {case}+1 ="}],
+        "solution": f"{case}+1={case + 1}",
+        "case": case,
+        **fields,
+    }
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model_path, tmp_path_factory):
+    args = SORTConfig(
+        output_dir=str(tmp_path_factory.mktemp("sort_buffer")),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        per_device_train_batch_size=2 * G,
+        num_generations=G,
+        max_completion_length=4,
+        repair_batch_size=3,
+        max_plan_tokens=4,
+        reward_weights=[1.0, 0.5, 0.0],
+        seed=0,
+    )
+    trainer = SORTTrainer(
+        tiny_model_path,
+        reward_funcs=[accuracy, format_reward, constant],
+        args=args,
+        train_dataset=Dataset.from_list([_row(c) for c in range(len(CASES))]),
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by `train()`; these tests call its pieces directly
+    return trainer
+
+
+def test_classify_groups_rules():
+    nan = float("nan")
+    rewards = torch.tensor([0.0, 0.0, 0.0, 1.0, nan, 0.0, nan, nan, 0.5, 2.0])
+    all_wrong, all_right = classify_groups(rewards, 2)
+    assert all_wrong.tolist() == [True, False, False, False, False]
+    assert all_right.tolist() == [False, False, False, False, True]
+    with pytest.raises(ValueError, match="num_generations=3"):
+        classify_groups(rewards, 3)
+
+
+def test_all_wrong_detection_with_several_reward_functions(trainer):
+    trainer.sort_buffer = RepairBuffer()
+    trainer._metrics["train"].clear()
+    rows = [_row(c) for c in range(len(CASES)) for _ in range(G)]
+    trainer._generate_and_score_completions(rows)
+    assert [item.prompt for item in trainer.sort_buffer.items] == [rows[0]["prompt"], rows[2 * G]["prompt"]]
+    assert [item.reference for item in trainer.sort_buffer.items] == ["0+1=1", "2+1=3"]
+    assert trainer._metrics["train"]["sort/all_wrong_frac"] == [pytest.approx(2 / 5)]
+    assert trainer._metrics["train"]["sort/all_right_frac"] == [pytest.approx(1 / 5)]
+
+    # The same prompts failing again are not held twice.
+    trainer._generate_and_score_completions(rows)
+    assert len(trainer.sort_buffer) == 2
+
+
+def test_empty_or_missing_references_are_skipped_and_counted(trainer):
+    trainer.sort_buffer = RepairBuffer()
+    rows = [r for r in (_row(0, solution=""), _row(2, solution=None)) for _ in range(G)]
+    trainer._generate_and_score_completions(rows)
+    assert len(trainer.sort_buffer) == 0
+    assert trainer.sort_buffer.counters["empty_references"] == 2
+
+
+def test_missing_reference_key_in_a_row_names_the_column(trainer):
+    rows = [{"prompt": [{"role": "user", "content": "Compute 0+1 ="}], "case": 0}] * G
+    with pytest.raises(ValueError, match="'solution'.*reference_column"):
+        trainer._generate_and_score_completions(rows)
+
+
+def test_deduplication_and_fifo_pop():
+    buffer = RepairBuffer()
+    question = [{"role": "user", "content": "q1"}]
+    assert buffer.add(question, "r1")
+    assert not buffer.add([{"content": "q1", "role": "user"}], "other reference")  # same prompt, other key order
+    assert buffer.add("q2", "r2")
+    assert buffer.add("q3", "r3")
+    assert [i.reference for i in buffer.pop(2)] == ["r1", "r2"]
+    assert len(buffer) == 1
+    assert buffer.add(question, "r1")  # once repaired, a prompt may be deferred again
+    assert [i.prompt for i in buffer.items] == ["q3", question]
+
+
+def test_repair_flushes_at_exactly_repair_batch_size(trainer):
+    trainer.sort_buffer = RepairBuffer()
+    rows = [_row(c) for c in range(len(CASES)) for _ in range(G)]
+    inputs = trainer._generate_and_score_completions(rows)  # defers 2 prompts; repair_batch_size is 3
+
+    def extra_loss():
+        """What SORT adds to the GRPO loss of this micro-batch."""
+        grpo = super(SORTTrainer, trainer)._compute_loss(trainer.model, inputs).item()
+        return trainer._compute_loss(trainer.model, inputs).item() - grpo
+
+    assert extra_loss() == pytest.approx(0.0, abs=1e-9)
+    assert (len(trainer.sort_buffer), trainer.sort_buffer.counters["repairs"]) == (2, 0)
+
+    trainer.sort_buffer.add(_row(5)["prompt"], "5+1=6")
+    trainer.sort_buffer.add(_row(6)["prompt"], "6+1=7")
+    trainer._step, trainer.current_gradient_accumulation_steps = 1, 2  # second micro-batch: never repairs
+    assert extra_loss() == pytest.approx(0.0, abs=1e-9)
+    assert len(trainer.sort_buffer) == 4
+
+    trainer._step, trainer.current_gradient_accumulation_steps = 0, 1
+    assert extra_loss() > 0.0  # -sum(w * log p) / n with 0 < w < 1 and log p < 0
+    assert trainer.sort_buffer.counters["repairs"] == 1
+    assert [i.reference for i in trainer.sort_buffer.items] == ["6+1=7"]  # the oldest three were used
+
+
+def test_save_restore_round_trip(tmp_path):
+    buffer = RepairBuffer()
+    buffer.add([{"role": "system", "content": "be brief"}, {"role": "user", "content": "Compute 2+2 ="}], "2+2=4 é")
+    buffer.add("plain prompt {with braces}", "\\boxed{1}")
+    buffer.counters.update(repairs=3, empty_references=1, truncated_references=2)
+    path = buffer.save(tmp_path)
+    assert path.name == BUFFER_FILE
+    assert json.loads(path.read_text())["counters"]["repairs"] == 3
+
+    restored = RepairBuffer()
+    assert restored.load(tmp_path)
+    assert restored.items == buffer.items
+    assert restored.counters == buffer.counters
+    assert not restored.add("plain prompt {with braces}", "again")  # de-duplication survives the round trip
+    assert not RepairBuffer().load(tmp_path / "elsewhere")

@@ -1,0 +1,7 @@
+"""SORT: Selective Off-policy Reference Tuning (arXiv 2605.11505) as a drop-in `GRPOTrainer` subclass."""
+
+from .buffer import RepairBuffer, RepairItem, classify_groups
+from .config import SORTConfig
+from .trainer import SORTTrainer
+
+__all__ = ["RepairBuffer", "RepairItem", "SORTConfig", "SORTTrainer", "classify_groups"]
