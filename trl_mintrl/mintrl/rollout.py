@@ -169,7 +169,8 @@ class InterventionRollout:
 
     def _accept(self, t: Trajectory, chunk: Generation) -> None:
         self._append(t, chunk, policy=True)
-        t.finished = self._ends_with_eos(chunk.token_ids) or self._remaining(t) <= 0
+        # an engine that returns nothing would otherwise loop forever on this trajectory
+        t.finished = not chunk.token_ids or self._ends_with_eos(chunk.token_ids) or self._remaining(t) <= 0
 
     def _append(self, t: Trajectory, piece: Generation, policy: bool) -> None:
         t.completion_ids.extend(piece.token_ids)
