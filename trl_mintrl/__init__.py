@@ -16,7 +16,7 @@ _LAZY = {
     "build_tiny_model": "trl_mintrl.tiny",
 }
 
-__all__ = [*_LAZY, "__version__"]
+__all__ = ["MInTRLConfig", "MInTRLTrainer", "SORTConfig", "SORTTrainer", "__version__", "build_tiny_model"]
 
 if TYPE_CHECKING:
     from .mintrl import MInTRLConfig, MInTRLTrainer

@@ -1,0 +1,525 @@
+"""Run untrusted, model-written Python programs without letting them harm the trainer.
+
+Each run is a child process tree of its own:
+
+    trainer --Popen(new session)--> [unshare --net --pid --mount-proc] --> harness --fork--> program
+
+- The harness is this file run as a script (`python -I`, standard library only). It forks the program, waits for
+  it and exits; the program's parent is therefore the harness, never the trainer. With namespaces the harness is
+  PID 1 of a fresh PID namespace: signals from the program cannot reach it, and when it exits the kernel kills
+  every process left in the namespace, including ones that escaped into their own session.
+- The program runs in a throw-away directory with a clean environment, under `setrlimit` limits on CPU time,
+  address space, processes, open files and file size (which also caps captured output, since stdout and stderr
+  are files), with `no_new_privs` and no capabilities, and as user `nobody` when the trainer is root (a Python
+  installed where nobody cannot read it, e.g. pyenv under /root, is bind-mounted back read-only in the mount
+  namespace).
+- Network: a new network namespace (only a downed loopback) when the OS allows it: as root, or as any user where
+  unprivileged user namespaces are enabled. Otherwise runs fall back to plain child processes (`isolation ==
+  "process"`): limits, clean environment and process-group cleanup still apply; network isolation does not, and
+  a non-root program then runs as the trainer's user (it can touch that user's files).
+- The trainer waits on a pidfd with a wall-clock timeout, then kills the whole process group and waits until it
+  is gone, so nothing outlives the run.
+
+Expected outputs never enter the sandbox: a run returns what the program printed (or, for function calls, the
+values it returned) and the caller compares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import cache
+
+_NOBODY = 65534
+_PR_SET_NO_NEW_PRIVS = 38
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
+_NAMESPACE_FLAGS = ("--net", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
+@dataclass
+class Job:
+    """One program run. `calls`: `[(function_name, [args...]), ...]` to call after the program is loaded (the
+    program then runs as a module, not as `__main__`); each call gets `timeout` seconds."""
+
+    code: str
+    stdin: str = ""
+    calls: list[tuple[str, list]] | None = None
+    timeout: float | None = None
+
+
+@dataclass
+class RunResult:
+    """What a run did. `status`: "ok" (exit 0), "error" (non-zero exit, e.g. an exception, or a write past the
+    file-size limit), "timeout" (wall clock), "killed" (by a signal, e.g. SIGXCPU at the CPU-time limit).
+    `values`: one `{"value": ...}` or `{"error": "..."}` per call, in order, for the calls that finished."""
+
+    status: str
+    returncode: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    values: list[dict] | None
+    seconds: float
+
+
+class Sandbox:
+    """Runs programs in isolated child processes, in parallel up to `num_workers`.
+
+    Args:
+        timeout: wall-clock seconds per run (per call for function calls); 1 s is added for interpreter start-up.
+        memory_mb: address-space limit of the program.
+        max_processes: processes/threads the program may add (counted per user, as the kernel does).
+        max_open_files: file-descriptor limit.
+        max_output_mb: largest file the program may write; stdout and stderr are files, so this caps output too.
+        num_workers: concurrent runs (default: CPU count).
+        isolation: "auto" (namespaces when permitted, else processes), "namespaces" (fail if not permitted) or
+            "process".
+    """
+
+    def __init__(
+        self,
+        timeout: float = 10.0,
+        memory_mb: int = 1024,
+        max_processes: int = 32,
+        max_open_files: int = 64,
+        max_output_mb: int = 16,
+        num_workers: int | None = None,
+        isolation: str = "auto",
+    ):
+        if not sys.platform.startswith("linux"):
+            raise RuntimeError("the code sandbox needs Linux (pidfd, setrlimit, namespaces)")
+        limits = dict(timeout=timeout, memory_mb=memory_mb, max_processes=max_processes)
+        limits.update(max_open_files=max_open_files, max_output_mb=max_output_mb, num_workers=num_workers or 1)
+        for name, value in limits.items():
+            if value <= 0:
+                raise ValueError(f"Sandbox({name}=...) must be > 0, got {value!r}")
+        if isolation not in ("auto", "namespaces", "process"):
+            raise ValueError(f"isolation must be 'auto', 'namespaces' or 'process', got {isolation!r}")
+        self.timeout = float(timeout)
+        self.memory_mb = memory_mb
+        self.max_processes = max_processes
+        self.max_open_files = max_open_files
+        self.max_output_bytes = max_output_mb * 2**20
+        self.num_workers = num_workers or os.cpu_count() or 1
+        prefix = _namespace_prefix() if isolation != "process" else None
+        if isolation == "namespaces" and prefix is None:
+            raise RuntimeError(
+                "isolation='namespaces' but `unshare --net --pid` is not permitted here (needs root, or unprivileged "
+                "user namespaces); use isolation='auto' to fall back to plain child processes"
+            )
+        self._prefix = list(prefix or ())
+        self.isolation = "namespaces" if prefix else "process"
+        self.run_as, self._expose = self._unprivileged_user()
+
+    def _unprivileged_user(self) -> tuple[tuple[int, int] | None, list[tuple[str, str]]]:
+        """As root, programs run as nobody: they cannot touch the trainer's files, read its /proc/PID/environ or
+        escape RLIMIT_NPROC (the kernel does not apply it to root). Python installed under a private directory
+        (e.g. pyenv in /root) is re-exposed read-only inside the mount namespace; without namespaces that is
+        impossible, and running programs as root would leave fork bombs unbounded, so that setup is refused."""
+        if os.geteuid() != 0:
+            return None, []
+        hidden = interpreter_hidden_paths()
+        if hidden and self.isolation != "namespaces":
+            raise RuntimeError(
+                f"cannot sandbox programs safely here: as root without namespaces they must run as user nobody, who "
+                f"cannot read the Python installation under {hidden[0][0]}. Install Python where all users can read "
+                "it, or allow `unshare --net --pid` (e.g. give the container CAP_SYS_ADMIN)."
+            )
+        return _nobody_ids(), hidden
+
+    def run(self, code: str, stdin: str = "", calls: list[tuple[str, list]] | None = None, timeout=None) -> RunResult:
+        """Run one program (see `Job`)."""
+        return self._run(Job(code, stdin, calls, timeout))
+
+    def run_many(self, jobs: list[Job]) -> list[RunResult]:
+        """Run jobs concurrently (up to `num_workers` at a time); results come back in order."""
+        if len(jobs) <= 1:
+            return [self._run(job) for job in jobs]
+        from concurrent.futures import ThreadPoolExecutor  # here: every sandboxed harness imports this module
+
+        with ThreadPoolExecutor(max_workers=min(self.num_workers, len(jobs))) as pool:
+            return list(pool.map(self._run, jobs))
+
+    def _run(self, job: Job) -> RunResult:
+        per_call = float(job.timeout or self.timeout)
+        wall = per_call * max(1, len(job.calls or ())) + 1.0
+        base = tempfile.mkdtemp(prefix="trl_mintrl_sandbox_")
+        try:
+            job_path = self._prepare(base, job, per_call, wall)
+            with contextlib.ExitStack() as stack:
+                stdin = stack.enter_context(open(os.path.join(base, "stdin"), "rb"))
+                out, err, values = (
+                    stack.enter_context(_private_file(base, name)) for name in ("stdout", "stderr", "values")
+                )
+                start = time.monotonic()
+                proc = subprocess.Popen(
+                    [*self._prefix, sys.executable, "-I", os.path.abspath(__file__), job_path, str(values.fileno())],
+                    stdin=stdin,
+                    stdout=out,
+                    stderr=err,
+                    pass_fds=(values.fileno(),),
+                    cwd=os.path.join(base, "work"),
+                    env=self._environment(os.path.join(base, "work")),
+                    start_new_session=True,
+                )
+            timed_out = not _wait_then_kill_group(proc, wall)
+            seconds = time.monotonic() - start
+            return self._result(proc.returncode, timed_out, base, job.calls is not None, seconds)
+        finally:
+            _remove_tree(base)
+
+    def _prepare(self, base: str, job: Job, per_call: float, wall: float) -> str:
+        """Lay out the run directory: trainer-only files in `base` (0711: enterable, not listable), the program's
+        own directory in `base/work`. Returns the job file's path."""
+        os.chmod(base, 0o711)
+        work = os.path.join(base, "work")
+        os.mkdir(work, 0o700)
+        with open(os.path.join(work, "solution.py"), "w", encoding="utf-8") as f:
+            f.write(job.code)
+        if self.run_as is not None:
+            for path in (work, os.path.join(work, "solution.py")):
+                os.chown(path, *self.run_as)
+        uid = self.run_as[0] if self.run_as else os.getuid()
+        spec = {
+            "workdir": work,
+            "calls": job.calls,
+            "call_timeout": per_call,
+            "run_as": self.run_as,
+            "expose": self._expose,
+            "limits": {
+                "cpu": int(wall) + 1,
+                "memory": self.memory_mb * 2**20,
+                "nproc": _count_tasks(uid) + self.max_processes,
+                "nofile": self.max_open_files,
+                "fsize": self.max_output_bytes,
+            },
+        }
+        with _private_file(base, "job.json") as f:
+            f.write(json.dumps(spec).encode())
+        with _private_file(base, "stdin") as f:
+            f.write(job.stdin.encode())
+        return os.path.join(base, "job.json")
+
+    @staticmethod
+    def _environment(work: str) -> dict[str, str]:
+        """A clean environment: nothing from the trainer's (API keys, tokens, paths) reaches the program."""
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": work,
+            "TMPDIR": work,
+            "LANG": "C.UTF-8",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+
+    def _result(self, returncode: int, timed_out: bool, base: str, with_calls: bool, seconds: float) -> RunResult:
+        # The harness exits with 128 + signal when the program died of a signal; unshare re-raises signals.
+        sig = -returncode if returncode < 0 else (returncode - 128 if returncode > 128 else None)
+        if timed_out:
+            status = "timeout"
+        elif sig is not None:
+            status = "killed"
+        else:
+            status = "ok" if returncode == 0 else "error"
+        values = None
+        if with_calls:
+            values = []
+            for line in self._read(base, "values").splitlines():
+                with contextlib.suppress(ValueError):  # a line cut short by a kill
+                    values.append(json.loads(line))
+        return RunResult(
+            status=status,
+            returncode=None if timed_out else returncode,
+            signal=None if timed_out else sig,
+            stdout=self._read(base, "stdout"),
+            stderr=self._read(base, "stderr"),
+            values=values,
+            seconds=seconds,
+        )
+
+    def _read(self, base: str, name: str) -> str:
+        with open(os.path.join(base, name), "rb") as f:
+            return f.read(self.max_output_bytes).decode("utf-8", errors="replace")
+
+
+@cache
+def _namespace_prefix() -> tuple[str, ...] | None:
+    """`unshare` flags for a new network + PID + mount namespace, or None where the OS does not permit it."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    flags = _NAMESPACE_FLAGS if os.geteuid() == 0 else ("--user", "--map-root-user", *_NAMESPACE_FLAGS)
+    try:
+        probe = subprocess.run([unshare, *flags, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (unshare, *flags) if probe.returncode == 0 else None
+
+
+def _nobody_ids() -> tuple[int, int]:
+    try:
+        import pwd
+
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except (ImportError, KeyError):
+        return _NOBODY, _NOBODY
+
+
+def interpreter_hidden_paths() -> list[tuple[str, str]]:
+    """Directories of this Python installation that user nobody cannot read (see `_hidden_paths`)."""
+    return _hidden_paths([sys.base_prefix, sys.prefix, *filter(os.path.isdir, sys.path)])
+
+
+def _hidden_paths(paths: list[str]) -> list[tuple[str, str]]:
+    """`(top-most directory others cannot enter, path)` for each path user nobody could not read; nested paths
+    are covered by their parent."""
+    hidden: dict[str, str] = {}
+    for path in sorted({os.path.realpath(p) for p in paths}):
+        if any(path.startswith(done + os.sep) for done in hidden):
+            continue
+        parts = path.split(os.sep)
+        for i in range(2, len(parts) + 1):
+            ancestor = os.sep.join(parts[:i])
+            if not os.stat(ancestor).st_mode & 0o001:  # no search permission for others
+                hidden[path] = ancestor
+                break
+    return [(ancestor, path) for path, ancestor in hidden.items()]
+
+
+def _count_tasks(uid: int) -> int:
+    """Tasks (processes and threads) that `uid` runs now: RLIMIT_NPROC counts them all, so the program's budget is
+    this plus `max_processes`."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):  # processes come and go while we look
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    total += len(os.listdir(f"/proc/{entry}/task"))
+    return total
+
+
+def _wait_then_kill_group(proc: subprocess.Popen, seconds: float) -> bool:
+    """Wait up to `seconds` for the run to exit, then kill its whole process group and wait until it is gone.
+
+    The leader stays a zombie until reaped, so its group id cannot be recycled before the kill. The kill reaches
+    the leader's child (the harness; with namespaces the PID-namespace init, whose exit waits until every process
+    of the namespace is dead), so waiting for that child means nothing of the run is left. Returns False on
+    timeout."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        finished = bool(select.select([pidfd], [], [], seconds)[0])
+    finally:
+        os.close(pidfd)
+    children = []
+    for pid in _children(proc.pid):
+        with contextlib.suppress(OSError):
+            children.append(os.pidfd_open(pid))
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for child in children:
+        select.select([child], [], [], 10.0)
+        os.close(child)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:  # stragglers of the group (plain processes) are reaped by init
+        try:
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.01)
+    return finished
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+
+
+def _private_file(base: str, name: str):
+    """A new file only the trainer's user can open by path (the program gets it as an inherited descriptor)."""
+    return open(os.open(os.path.join(base, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+
+
+def _remove_tree(path: str) -> None:
+    """Delete a run directory even if the program made parts of it unreadable."""
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(root, name), 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inside the sandbox: `python -I sandbox.py JOB.json`. Standard library only; nothing here trusts the program.
+
+
+def _harness_main(job_path: str, values_fd: int) -> None:
+    """Fork the program, wait for it, exit with its status (128 + signal if a signal killed it)."""
+    with open(job_path) as f:
+        spec = json.load(f)
+    spec["values_fd"] = values_fd
+    _expose(spec["expose"])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _run_program(spec)
+        finally:
+            os._exit(70)  # unreachable unless the harness itself failed
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:  # pragma: no cover - the child is ours; only an odd kernel gets here
+            os._exit(70)
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
+
+
+def _expose(pairs: list[list[str]]) -> None:
+    """Inside the private mount namespace: hide each unreadable ancestor under an empty tmpfs, then bind the needed
+    paths back read-only, so user nobody can run the interpreter and nothing else there."""
+    if not pairs:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def mount(source, target, fstype, flags, data=None):
+        if libc.mount(source and source.encode(), target.encode(), fstype, flags, data) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {target}")
+
+    sources = {path: os.open(path, os.O_PATH) for _, path in pairs}
+    for ancestor in dict.fromkeys(ancestor for ancestor, _ in pairs):
+        mount("tmpfs", ancestor, b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755")
+    for path, fd in sources.items():
+        os.makedirs(path, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+        mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID)
+        os.close(fd)
+
+
+def _restrict(spec: dict) -> None:
+    """Limits first (lowering is always allowed), then no_new_privs, then drop to the unprivileged user."""
+    limits = spec["limits"]
+    for name, value, hard in (
+        ("RLIMIT_CPU", limits["cpu"], limits["cpu"] + 1),
+        ("RLIMIT_AS", limits["memory"], limits["memory"]),
+        ("RLIMIT_NPROC", limits["nproc"], limits["nproc"]),
+        ("RLIMIT_NOFILE", limits["nofile"], limits["nofile"]),
+        ("RLIMIT_FSIZE", limits["fsize"], limits["fsize"]),
+        ("RLIMIT_CORE", 0, 0),
+    ):
+        resource.setrlimit(getattr(resource, name), (value, hard))
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if spec["run_as"] is not None:
+        uid, gid = spec["run_as"]
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    # No capabilities left, e.g. as "root" of a user namespace (could unmount our /proc to see the host's).
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _run_program(spec: dict) -> None:
+    """Execute the program as `__main__` (or as a module when answering calls) and exit with its status."""
+    import traceback
+    import types
+
+    _restrict(spec)
+    os.chdir(spec["workdir"])
+    path = os.path.join(spec["workdir"], "solution.py")
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    module = types.ModuleType("__main__" if spec["calls"] is None else "solution")
+    module.__file__ = path
+    sys.modules[module.__name__] = module
+    sys.argv = [path]
+    code = 0
+    try:
+        exec(compile(source, path, "exec"), module.__dict__)
+        if spec["calls"] is not None:
+            _answer_calls(module.__dict__, spec["calls"], spec["call_timeout"], spec["values_fd"])
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code & 0xFF)
+
+
+class _CallTimeout(BaseException):
+    """Raised by SIGALRM inside a call; a BaseException so `except Exception` in the program does not hide it."""
+
+
+def _on_alarm(signum, frame):
+    raise _CallTimeout("call timed out")
+
+
+def _answer_calls(namespace: dict, calls: list, timeout: float, values_fd: int) -> None:
+    """Call each function and write one JSON line per call to the values fd, as soon as it finishes."""
+    out = os.fdopen(values_fd, "w", encoding="utf-8")
+    signal.signal(signal.SIGALRM, _on_alarm)
+    for name, args in calls:
+        try:
+            function = _resolve(namespace, name)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                line = json.dumps({"value": function(*args)}, default=_to_json)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except BaseException as exc:  # the program's failure on this call, reported and not fatal
+            line = json.dumps({"error": f"{type(exc).__name__}: {exc}"[:1000]})
+        out.write(line + "\n")
+        out.flush()
+
+
+def _resolve(namespace: dict, name: str):
+    """`Solution().name` (LeetCode-style starter code, as in LiveCodeBench) or the module-level function `name`."""
+    solution = namespace.get("Solution")
+    if isinstance(solution, type) and hasattr(solution, name):
+        return getattr(solution(), name)
+    function = namespace.get(name)
+    if not callable(function):
+        raise NameError(f"the program defines no function {name!r}")
+    return function
+
+
+def _to_json(value):
+    """Sets become sorted lists (when sortable) so they can compare with JSON expected outputs; other objects their
+    repr."""
+    if isinstance(value, set | frozenset):
+        try:
+            return sorted(value)
+        except TypeError:
+            return list(value)
+    return repr(value)
+
+
+if __name__ == "__main__":
+    _harness_main(sys.argv[1], int(sys.argv[2]))
