@@ -123,7 +123,7 @@ def test_resume_continues_as_if_never_stopped(tiny_model_path, cpu_args, toy_dat
     interrupted.train()
     checkpoint = tmp_path / "resumed" / "checkpoint-2"
     assert json.loads((checkpoint / "mintrl_state.json").read_text())["judge_failures_total"] == 0
-    card = (tmp_path / "resumed" / "README.md").read_text()
+    card = (checkpoint / "README.md").read_text()  # the card travels with every checkpoint
     assert "MInTRL" in card and "chen2026mintrl" in card and "mintrl" in card
     resumed = make(tmp_path / "resumed", 3)
     resumed.train(resume_from_checkpoint=str(checkpoint))

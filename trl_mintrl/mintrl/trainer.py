@@ -22,6 +22,7 @@ from ..engines import engine_for_trainer
 from ..grpo_hooks import BatchCaptureMixin
 from ..judges import EndpointJudge, GeneratingJudge, Judge
 from ..losses import control_baseline_advantages, regression_residuals
+from ..model_card import ModelCardMixin
 from ..prompts import question_text
 from .config import MInTRLConfig
 from .rollout import InterventionRollout, RolloutSettings, Trajectory
@@ -69,7 +70,7 @@ def build_judge(args: MInTRLConfig, trainer: GRPOTrainer) -> Judge | None:
     )
 
 
-class MInTRLTrainer(BatchCaptureMixin, GRPOTrainer):
+class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
     """Minimal-Intervention RL. Used exactly like `GRPOTrainer`, plus an optional `judge` object (e.g. a
     `FunctionJudge`) that overrides `args.judge`."""
 

@@ -29,6 +29,7 @@ from ..engines import engine_for_trainer
 from ..engines.vllm import check_vllm_mode_supported
 from ..grpo_hooks import BatchCaptureMixin
 from ..losses import sort_repair_loss, sort_repair_weights
+from ..model_card import ModelCardMixin
 from ..prompts import question_text
 from .buffer import RepairBuffer, RepairItem, classify_groups
 from .config import SORTConfig
@@ -45,7 +46,7 @@ class _Reference:
     truncated: bool
 
 
-class SORTTrainer(BatchCaptureMixin, GRPOTrainer):
+class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
     """Selective Off-policy Reference Tuning: GRPO whose all-wrong prompts are repaired later from their references.
 
     Used exactly like [`~trl.GRPOTrainer`] (same arguments) with a [`SORTConfig`]. The train dataset must have the

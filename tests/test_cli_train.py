@@ -1,0 +1,221 @@
+"""`trl-mintrl train`: TrlParser recipes, command-line overrides, errors raised before the model loads, model cards."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trl_mintrl.train import RecipeError, _masked_command, check_environment, main, parse_recipe
+
+REPO = Path(__file__).resolve().parent.parent
+CPU_RECIPES = {method: str(REPO / "recipes" / "cpu" / f"{method}.yaml") for method in ("grpo", "mintrl", "sort")}
+ARITHMETIC = str(REPO / "recipes" / "cpu" / "data" / "arithmetic.jsonl")
+
+
+@pytest.fixture(autouse=True)
+def at_repo_root(monkeypatch):
+    """Recipes name data and output folders relative to the repository root, where users run them."""
+    monkeypatch.chdir(REPO)
+
+
+def recipe_file(tmp_path, body: str, base: str = "mintrl") -> str:
+    """A CPU recipe with `body` appended (later YAML keys replace earlier ones)."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(Path(CPU_RECIPES[base]).read_text() + "\n" + body)
+    return str(path)
+
+
+def test_yaml_sets_fields_and_command_line_overrides_it():
+    flags = ["--learning_rate", "5e-4", "--chunk_size", "4", "--reward_funcs", "toy", "math"]
+    recipe = parse_recipe(["mintrl", "--config", CPU_RECIPES["mintrl"], *flags])
+    args = recipe.training_args
+    assert args.learning_rate == 5e-4 and args.chunk_size == 4  # flags beat the YAML (1e-3 and 8)
+    assert recipe.script_args.reward_funcs == ["toy", "math"]
+    assert [f.__name__ for f in recipe.reward_funcs] == ["toy_reward", "math_reward"]
+    # untouched YAML values (all differ from the config defaults)
+    assert (args.max_steps, args.intervention_steps, args.max_completion_length, args.bf16) == (12, 8, 48, False)
+    assert args.num_generations == 8  # derived from 4 controls + 4 intervened
+    assert recipe.model_args.model_name_or_path == "outputs/tiny-model"
+    assert recipe.script_args.judge_function == "trl_mintrl.toy.task.rule_judge"
+    assert recipe.method == "mintrl" and recipe.config_path == CPU_RECIPES["mintrl"]
+
+
+def test_yaml_values_are_converted_like_flags(tmp_path):
+    path = recipe_file(tmp_path, 'reward_funcs: toy\nmax_steps: "3"\nbf16: "false"\nlearning_rate: 2e-4\n')
+    recipe = parse_recipe(["mintrl", "--config", path])
+    assert recipe.script_args.reward_funcs == ["toy"]  # a scalar for a list field becomes a one-item list
+    assert recipe.training_args.max_steps == 3 and recipe.training_args.bf16 is False
+    assert recipe.training_args.learning_rate == 2e-4  # YAML reads `2e-4` as a string
+
+
+def test_unknown_recipe_key_is_named_with_a_suggestion(tmp_path):
+    with pytest.raises(RecipeError, match=r"'learning_rat' \(did you mean 'learning_rate'\?\)"):
+        parse_recipe(["mintrl", "--config", recipe_file(tmp_path, "learning_rat: 0.1\n")])
+
+
+@pytest.mark.parametrize(
+    "flags, key",
+    [
+        (["--no_such_flag", "1"], "--no_such_flag"),
+        (["--kapa", "1"], r"'--kapa' \(did you mean '--kappa'\?\)"),
+        (["--learning_rat", "0.1"], "--learning_rat"),  # argparse would otherwise accept the abbreviation
+        (["--learning_rate", "abc"], "--learning_rate"),
+        (["--anchor", "linear"], "--anchor"),
+    ],
+)
+def test_bad_command_line_is_named(flags, key):
+    with pytest.raises(RecipeError, match=key):
+        parse_recipe(["mintrl", "--config", CPU_RECIPES["mintrl"], *flags])
+
+
+@pytest.mark.parametrize(
+    "body, base, message",
+    [
+        ("max_steps: many\n", "mintrl", r"'max_steps': invalid value 'many'"),
+        ("max_steps: 2.5\n", "mintrl", r"'max_steps': invalid value 2.5 \(expected int\)"),
+        ("bf16: maybe\n", "mintrl", r"'bf16': invalid value 'maybe' \(expected true or false\)"),
+        ("anchor: linear\n", "mintrl", r"'anchor': 'linear' is not one of \['const', 'proxy'\]"),
+        ("num_generations: 6\n", "mintrl", "num_generations=6 conflicts"),
+        ("reward_funcs: [nope]\n", "mintrl", "reward_funcs: unknown reward 'nope'"),
+        ("reward_funcs: [no_module.fn]\n", "mintrl", "reward_funcs: cannot import 'no_module.fn'"),
+        ("reward_weights: [1.0, 2.0]\n", "mintrl", "reward_weights has 2 entries"),
+        ("dataset_loader: nope\n", "grpo", "dataset_loader='nope' is not one of"),
+        (
+            "dataset_loader: mintrl_code\nreward_funcs: [math]\n",
+            "grpo",
+            "reward_funcs has 'math'.*use reward_funcs: \\[code\\]",
+        ),
+        ("prompt_template: 'no placeholder'\ndataset_loader: mintrl_math\n", "grpo", "prompt_template"),
+        ("judge_function: trl_mintrl.toy.task.rule_judge\n", "sort", "judge_function is a MInTRL setting"),
+        ("judge_function: trl_mintrl.toy.task.no_judge\n", "mintrl", "judge_function: cannot import"),
+        ("push_to_hub: true\n", "grpo", "push_to_hub=true needs hub_model_id"),
+        ("repair_beta: 2.0\n", "sort", "repair_beta"),
+    ],
+)
+def test_bad_recipe_values_are_named(tmp_path, body, base, message):
+    with pytest.raises(ValueError, match=message):
+        parse_recipe([base, "--config", recipe_file(tmp_path, body, base)])
+
+
+def test_method_and_config_file_are_checked():
+    with pytest.raises(RecipeError, match="one of \\['grpo', 'mintrl', 'sort'\\]"):
+        parse_recipe(["ppo", "--config", CPU_RECIPES["grpo"]])
+    with pytest.raises(RecipeError, match="no such file"):
+        parse_recipe(["grpo", "--config", "recipes/cpu/missing.yaml"])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--dataset_name", "recipes/cpu/data/missing.jsonl"],
+            "dataset_name='recipes/cpu/data/missing.jsonl': no such",
+        ),
+        (["--build_tiny_model", "false", "--model_name_or_path", "outputs/no-model-here"], "model_name_or_path="),
+        (["--build_tiny_model", "false", "--model_name_or_path", "someone/not-cached"], "HF_HUB_OFFLINE=1"),
+        (["--push_to_hub", "true", "--hub_model_id", "me/tiny"], "Hub is offline"),
+    ],
+)
+def test_environment_is_checked_before_loading(flags, message):
+    recipe = parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], *flags])
+    with pytest.raises(RecipeError, match=message):
+        check_environment(recipe)
+
+
+def test_push_without_token_fails_up_front(monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr("trl_mintrl.train._hub_offline", lambda: False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    recipe = parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--push_to_hub", "true", "--hub_model_id", "me/x"])
+    with pytest.raises(RecipeError, match="needs a Hugging Face token"):
+        check_environment(recipe)
+    recipe = parse_recipe(
+        [
+            "grpo",
+            "--config",
+            CPU_RECIPES["grpo"],
+            "--push_to_hub",
+            "true",
+            "--hub_model_id",
+            "me/x",
+            "--hub_token",
+            "t",
+        ]
+    )
+    check_environment(recipe)  # a token given in the recipe or on the command line is enough
+
+
+def test_missing_logging_integration_fails_up_front():
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    missing = next(name for name in INTEGRATION_TO_CALLBACK if name not in get_available_reporting_integrations())
+    recipe = parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--report_to", missing])
+    with pytest.raises(RecipeError, match=f"report_to=.*{missing}.* not installed"):
+        check_environment(recipe)
+
+
+def test_main_exits_with_the_message_and_loads_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["grpo", "--config", CPU_RECIPES["grpo"], "--output_dir", str(out), "--push_to_hub", "true"])
+    assert "trl-mintrl train: error: push_to_hub=true needs hub_model_id" in str(exit_info.value.code)
+    assert not out.exists()
+    main(["--help"])
+    assert "trl-mintrl train {grpo,mintrl,sort}" in capsys.readouterr().out
+
+
+def test_too_little_data_for_one_batch_fails_instead_of_training_zero_steps(tmp_path, tiny_model_path):
+    small = tmp_path / "three.jsonl"
+    small.write_text("".join(Path(ARITHMETIC).read_text().splitlines(keepends=True)[:3]))
+    with pytest.raises(SystemExit, match="the train split has 3 prompts but one generation batch takes 4"):
+        main(["grpo", "--config", CPU_RECIPES["grpo"], "--model_name_or_path", tiny_model_path, "--dataset_name",
+              str(small), "--output_dir", str(tmp_path / "out")])  # fmt: skip
+
+
+def test_secrets_stay_out_of_the_card_command():
+    command = _masked_command(
+        "grpo", ["--config", "r.yaml", "--hub_token", "hf_abc", "--hub_token=hf_def", "--seed", "1"]
+    )
+    assert command == "trl-mintrl train grpo --config r.yaml --hub_token *** --hub_token=*** --seed 1"
+
+
+def test_sort_recipe_trains_and_cards_name_method_base_model_and_recipe(tmp_path, tiny_model_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    main(["sort", "--config", CPU_RECIPES["sort"], "--model_name_or_path", tiny_model_path, "--output_dir", str(out),
+          "--max_steps", "2", "--save_steps", "2"])  # fmt: skip
+    card = (out / "README.md").read_text()
+    for expected in (
+        "Method: **SORT** (Selective Off-Policy Reference Tuning with Plan Guidance)",
+        f"Base model: `{tiny_model_path}`",
+        f"fine-tuned version of `{tiny_model_path}` (a local model)",
+        f"Recipe: `{CPU_RECIPES['sort']}`",
+        f"trl-mintrl train sort --config {CPU_RECIPES['sort']} --model_name_or_path {tiny_model_path}",
+        "@inproceedings{sort2026",  # the method's citation (TRL's mechanism, from SORTTrainer._paper)
+        "huggingface.co/papers/2605.11505",
+        f'model="{out}"',  # quick start loads the saved folder when there is no hub_model_id
+    ):
+        assert expected in card, expected
+    assert "None" not in card.split("### Framework versions")[0]
+    checkpoint = out / "checkpoint-2"
+    assert (checkpoint / "README.md").read_text().count("Method: **SORT**") == 1
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "sort_buffer.json"):
+        assert (checkpoint / name).is_file(), name
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in history if "loss" in h] == [1, 2]
+    assert history[-1]["sort/repairs"] >= 1  # the random model gets everything wrong: prompts were repaired
+    before, after = load_file(f"{tiny_model_path}/model.safetensors"), load_file(out / "model.safetensors")
+    assert any(not after[name].equal(before[name]) for name in before)
+
+
+def test_model_card_mixin_is_added_once_and_first():
+    from trl import GRPOTrainer
+
+    from trl_mintrl.model_card import ModelCardMixin, with_model_card
+
+    trainer_cls = with_model_card(GRPOTrainer)
+    assert trainer_cls.__name__ == "GRPOTrainer" and trainer_cls.__mro__[1:3] == (ModelCardMixin, GRPOTrainer)
+    assert with_model_card(trainer_cls) is trainer_cls

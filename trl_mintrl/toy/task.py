@@ -1,0 +1,176 @@
+"""Synthetic multi-step arithmetic: problems, reference solutions, the reward and a rule-based judge.
+
+`Compute 7-7+9-8 =` is solved one operation per step, steps separated by blank lines, then the answer:
+`7-7=0\n\n0+9=9\n\n9-8=1\n\nAnswer: 1`. Difficulty is the number of operations. Every running value stays in
+`[0, max_value]`, so the steps are small additions and subtractions and the hard part is carrying a long chain
+without a slip, which is where a weak policy's whole group goes wrong and a step-level judge can help.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+STEP_SEPARATOR = "\n\n"
+_QUESTION = re.compile(r"Compute\s+(\d+(?:\s*[-+]\s*\d+)+)\s*=")
+_TERM = re.compile(r"([-+]?)\s*(\d+)")
+_ANSWER = re.compile(r"Answer:\s*(-?\d+)(?!\d)")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """`first` followed by `(op, operand)` pairs, evaluated left to right."""
+
+    first: int
+    ops: tuple[tuple[str, int], ...]
+
+    @property
+    def question(self) -> str:
+        return "Compute " + str(self.first) + "".join(f"{op}{b}" for op, b in self.ops) + " ="
+
+    @property
+    def steps(self) -> list[str]:
+        """The reference steps, the final `Answer: n` line included (no separators)."""
+        steps, value = [], self.first
+        for op, b in self.ops:
+            new = value + b if op == "+" else value - b
+            steps.append(f"{value}{op}{b}={new}")
+            value = new
+        return [*steps, f"Answer: {value}"]
+
+    @property
+    def answer(self) -> int:
+        value = self.first
+        for op, b in self.ops:
+            value = value + b if op == "+" else value - b
+        return value
+
+    @property
+    def solution(self) -> str:
+        return STEP_SEPARATOR.join(self.steps)
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.ops)
+
+    def row(self) -> dict:
+        """A dataset row: conversational prompt, reference solution (for SORT and judges) and the answer."""
+        return {
+            "prompt": [{"role": "user", "content": self.question}],
+            "solution": self.solution,
+            "answer": self.answer,
+            "num_ops": self.num_ops,
+        }
+
+
+def parse_question(question: str) -> Problem:
+    """The problem a `Compute ... =` question asks (the question may sit inside a longer prompt)."""
+    match = _QUESTION.search(question)
+    if match is None:
+        raise ValueError(f"not a toy arithmetic question: {question!r}")
+    terms = _TERM.findall(match.group(1))
+    first = int(terms[0][1])
+    return Problem(first, tuple((op, int(b)) for op, b in terms[1:]))
+
+
+def make_problem(rng: random.Random, num_ops: int, max_operand: int = 9, max_value: int = 19) -> Problem:
+    """A random problem with `num_ops` operations whose running value stays in `[0, max_value]`."""
+    value = rng.randint(0, max_operand)
+    first, ops = value, []
+    for _ in range(num_ops):
+        choices = []
+        while not choices:  # terminates: b = 0 is always legal
+            b = rng.randint(0, max_operand)
+            choices = [op for op, ok in (("+", value + b <= max_value), ("-", value - b >= 0)) if ok]
+        op = rng.choice(choices)
+        value = value + b if op == "+" else value - b
+        ops.append((op, b))
+    return Problem(first, tuple(ops))
+
+
+def make_problems(
+    n: int, min_ops: int, max_ops: int, seed: int, max_operand: int = 9, max_value: int = 19
+) -> list[Problem]:
+    """`n` problems with `min_ops..max_ops` operations (uniform), deterministic for a seed."""
+    rng = random.Random(seed)
+    return [make_problem(rng, rng.randint(min_ops, max_ops), max_operand, max_value) for _ in range(n)]
+
+
+def make_dataset(n: int, min_ops: int, max_ops: int, seed: int, **kwargs):
+    """A `datasets.Dataset` of `make_problems(...)` rows (`prompt`, `solution`, `answer`, `num_ops`)."""
+    from datasets import Dataset
+
+    return Dataset.from_list([p.row() for p in make_problems(n, min_ops, max_ops, seed, **kwargs)])
+
+
+def final_answer(text: str) -> int | None:
+    """The number on the first `Answer:` line, or None when there is none."""
+    match = _ANSWER.search(text)
+    return int(match.group(1)) if match else None
+
+
+def toy_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 when the completion's first `Answer:` is the right number, else 0.0 (plain or conversational)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(final_answer(t) == int(a)) for t, a in zip(texts, answer, strict=True)]
+
+
+def _split(text: str) -> list[tuple[int, str, bool]]:
+    """(start offset, stripped text, closed by a blank line) of each step of `text`."""
+    from ..mintrl.steps import split_steps
+
+    out, offset = [], 0
+    for step in split_steps(text):
+        if step.strip():
+            out.append((offset, step.strip(), step.rstrip(" \t").endswith(STEP_SEPARATOR)))
+        offset += len(step)
+    return out
+
+
+def review_steps(question: str, prefix: str, steps: list[str], reference: str | None = None) -> int | None:
+    """Rule review: index in `steps` of the step holding the earliest wrong step of `prefix + steps`, else None.
+
+    A step is right when it equals the reference step. An unfinished last step (the chunk was cut mid-step) is right
+    while it is a prefix of the reference step. A step that straddles the prefix/chunk boundary maps to index 0.
+    """
+    expected = parse_question(question).steps
+    chunk = "".join(steps)
+    text = prefix + chunk
+    parsed = _split(text)
+    for j, (start, step, closed) in enumerate(parsed):
+        is_last = j == len(parsed) - 1
+        if j < len(expected) and (step == expected[j] or (is_last and not closed and expected[j].startswith(step))):
+            continue
+        offset = start - len(prefix)
+        if offset < 0:
+            return 0
+        index, end = 0, 0
+        for i, s in enumerate(steps):
+            end += len(s)
+            if offset < end:
+                index = i
+                break
+        return index
+    return None
+
+
+def correct_step(question: str, prefix: str, reference: str | None = None) -> str:
+    """Rule correction: the rest of the current step, or the next reference step, with its separator."""
+    expected = parse_question(question).steps
+    parsed = _split(prefix)
+    done = sum(closed for _, _, closed in parsed)
+    if done >= len(expected):
+        return ""
+    target = expected[done] + (STEP_SEPARATOR if done < len(expected) - 1 else "")
+    partial = prefix[parsed[-1][0] :].lstrip() if parsed and not parsed[-1][2] else ""
+    if partial and target.startswith(partial):
+        return target[len(partial) :]
+    return (STEP_SEPARATOR if partial else "") + target
+
+
+def rule_judge():
+    """A `FunctionJudge` that checks every step exactly and writes the correct step (a strong, cheap judge)."""
+    from ..judges.function import FunctionJudge
+
+    return FunctionJudge(review_steps, correct_step)

@@ -1,0 +1,432 @@
+"""`trl-mintrl train {grpo,mintrl,sort} --config RECIPE.yaml [--field value ...]`: run a TRL-style YAML recipe.
+
+Parsing goes through TRL's `TrlParser` with the method's config (`GRPOConfig`, `MInTRLConfig`, `SORTConfig`), TRL's
+`ModelConfig` (model, dtype, LoRA) and `TrainScriptArguments` (data, rewards); command-line flags override the
+recipe. What a recipe can get wrong fails before any model is loaded, with a message naming the key:
+`parse_recipe` checks keys, values, loader, rewards and judge; `check_environment` what this machine must provide
+(model, data, Hub token). Works the same under `accelerate launch ... -m trl_mintrl.cli train METHOD --config X`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+
+from trl import ModelConfig, ScriptArguments, TrlParser
+
+# method -> (module, config class, trainer class)
+METHODS = {
+    "grpo": ("trl", "GRPOConfig", "GRPOTrainer"),
+    "mintrl": ("trl_mintrl.mintrl", "MInTRLConfig", "MInTRLTrainer"),
+    "sort": ("trl_mintrl.sort", "SORTConfig", "SORTTrainer"),
+}
+
+# `reward_funcs` names -> "module:function"; any other entry must be a dotted import path
+REWARD_FUNCS = {
+    "math": "trl_mintrl.rewards:math_reward",
+    "code": "trl_mintrl.rewards:code_reward",
+    "toy": "trl_mintrl.toy.task:toy_reward",  # the CPU recipes' arithmetic task
+}
+
+
+class RecipeError(ValueError):
+    """A recipe or command line that cannot run; the message names the key and how to fix it."""
+
+
+@dataclass
+class TrainScriptArguments(ScriptArguments):
+    """TRL's `ScriptArguments` (dataset_name, dataset_train_split, ...) plus the data loader, rewards and tiny model."""
+
+    dataset_loader: str | None = field(
+        default=None,
+        metadata={
+            "help": "Loader from `trl_mintrl.data.LOADERS` that turns `dataset_name` into prompt + solution (math) "
+            "or prompt + tests (code) rows: 'mintrl_math', 'mintrl_code', 'sort_math', a benchmark name, or "
+            "'prepared' for data already in those columns."
+        },
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Prompt template for the loader: a string with a {question} placeholder; None "
+            "keeps the loader's default."
+        },
+    )
+    dataset_limit: int | None = field(
+        default=None, metadata={"help": "Use only the first N rows of the training split (None: all)."}
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math"],
+        metadata={
+            "help": f"Reward functions: {sorted(REWARD_FUNCS)} or dotted import paths (my_pkg.rewards.fn). Weight "
+            "them with `reward_weights`."
+        },
+    )
+    judge_function: str | None = field(
+        default=None,
+        metadata={
+            "help": "MInTRL only: dotted import path of a zero-argument factory returning a `trl_mintrl.judges.Judge` "
+            "(a rule-based or programmatic judge); it replaces the `judge` backend."
+        },
+    )
+    build_tiny_model: bool = field(
+        default=False,
+        metadata={
+            "help": "Build the offline tiny model at `model_name_or_path` first if that folder holds no model "
+            "(CPU demos and tests; same as `trl-mintrl tiny-model PATH`)."
+        },
+    )
+
+
+@dataclass
+class Recipe:
+    """A parsed and checked recipe: everything `run` needs."""
+
+    method: str
+    script_args: TrainScriptArguments
+    training_args: object  # the method's GRPOConfig subclass
+    model_args: ModelConfig
+    reward_funcs: list
+    config_path: str | None
+    command: str  # how it was invoked, secrets masked (goes into the model card)
+
+
+class RecipeParser(TrlParser):
+    """`TrlParser` that rejects unknown recipe keys and checks recipe values the way argparse checks flags.
+
+    TrlParser installs YAML values as argparse defaults, which argparse neither type-converts (unless they are
+    strings) nor checks against `choices`; a typo'd key would only be reported after the fact. Here both fail first.
+    """
+
+    def error(self, message: str):
+        raise RecipeError(message)
+
+    def set_defaults_with_config(self, **config) -> list[str]:
+        actions: dict[str, argparse.Action] = {}
+        for action in self._actions:
+            if action.option_strings and not isinstance(action, argparse._StoreFalseAction):
+                actions.setdefault(action.dest, action)
+        unknown = [key for key in config if key not in actions]
+        if unknown:
+            raise RecipeError(
+                f"unknown recipe key(s): {_with_hints(unknown, actions)}. Every key must be a field of {self.prog}'s "
+                "config, ModelConfig or TrainScriptArguments (see `--help`); remove or rename it."
+            )
+        checked = {key: _checked_value(actions[key], key, value) for key, value in config.items()}
+        return super().set_defaults_with_config(**checked)
+
+
+def _with_hints(keys: list[str], known) -> str:
+    """`'kapa' (did you mean 'kappa'?), 'foo'`."""
+    hints = []
+    for key in keys:
+        match = difflib.get_close_matches(key, known, n=1)
+        hints.append(f"{key!r} (did you mean {match[0]!r}?)" if match else repr(key))
+    return ", ".join(hints)
+
+
+def _checked_value(action: argparse.Action, key: str, value):
+    """The recipe value converted by the flag's own type and checked against its choices."""
+    if value is None or action.type is None:
+        return value
+    if action.nargs == "+":
+        return [_convert(action, key, item) for item in (value if isinstance(value, list) else [value])]
+    if isinstance(value, list | dict):  # fields typed `dict | str` (e.g. model_init_kwargs) take structured values
+        return value
+    return _convert(action, key, value)
+
+
+def _convert(action: argparse.Action, key: str, value):
+    try:
+        converted = action.type(value if isinstance(value, str) else str(value))
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        name = getattr(action.type, "__name__", "a valid value")
+        expected = "true or false" if name == "string_to_bool" else name
+        raise RecipeError(f"recipe key {key!r}: invalid value {value!r} (expected {expected}).") from None
+    if action.choices is not None and converted not in action.choices:
+        raise RecipeError(f"recipe key {key!r}: {value!r} is not one of {list(action.choices)}.")
+    return converted
+
+
+def _import(path: str):
+    """`module:attr` or `module.attr` -> the attribute."""
+    module, _, attr = path.replace(":", ".").rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def resolve_reward_funcs(names: list[str]) -> list:
+    if not names:
+        raise RecipeError(f"reward_funcs is empty: name at least one of {sorted(REWARD_FUNCS)} or a dotted path.")
+    funcs = []
+    for name in names:
+        if name not in REWARD_FUNCS and "." not in name:
+            raise RecipeError(
+                f"reward_funcs: unknown reward {name!r}. Use one of {sorted(REWARD_FUNCS)} or a dotted import path "
+                "such as my_pkg.rewards.my_reward."
+            )
+        try:
+            funcs.append(_import(REWARD_FUNCS.get(name, name)))
+        except (ImportError, AttributeError) as err:
+            raise RecipeError(f"reward_funcs: cannot import {name!r}: {err}.") from None
+    return funcs
+
+
+def _check_data(script_args: TrainScriptArguments) -> None:
+    from . import data
+
+    name, template = script_args.dataset_loader, script_args.prompt_template
+    if name not in data.LOADERS:
+        raise RecipeError(
+            f"dataset_loader={name!r} is not one of {sorted(data.LOADERS)}: set `dataset_loader` to the loader "
+            "matching your data ('prepared' for a dataset already in prompt/solution or prompt/tests columns)."
+        )
+    task = data.LOADERS[name].task
+    if task is None and not script_args.dataset_name:
+        raise RecipeError("dataset_loader='prepared' needs dataset_name: the path or Hub id of the dataset.")
+    if template is not None:
+        if task is None:
+            raise RecipeError("prompt_template does not apply to dataset_loader='prepared' (its prompts are written).")
+        try:
+            data.check_template(template)
+        except ValueError as err:
+            raise RecipeError(f"prompt_template: {err}") from None
+    clash = {"math": "code", "code": "math"}.get(task)
+    if clash in script_args.reward_funcs:
+        raise RecipeError(
+            f"reward_funcs has {clash!r} but dataset_loader={name!r} loads {task} problems: use reward_funcs: [{task}]."
+        )
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than a Hub id (`owner/name`): existing, explicit (./, ../, /, ~), deeper, or a data file."""
+    return (
+        os.path.exists(name)
+        or name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or name.endswith((".json", ".jsonl", ".parquet", ".csv"))
+    )
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE
+
+
+def _check_model_available(name: str, key: str) -> None:
+    if os.path.isdir(name):
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    offline_miss = _hub_offline() and not isinstance(try_to_load_from_cache(name, "config.json"), str)
+    if _looks_local(name) or offline_miss:
+        raise RecipeError(
+            f"{key}={name!r}: no such local folder"
+            + (", and the Hub is offline (HF_HUB_OFFLINE=1) with no cached copy" if offline_miss else "")
+            + ". Point it to a model folder or Hub id; for the offline tiny model run `trl-mintrl tiny-model "
+            f"{name}` or set `build_tiny_model: true`."
+        )
+
+
+def parse_recipe(argv: list[str]) -> Recipe:
+    """Parse `METHOD [--config RECIPE.yaml] [--field value ...]` and check everything that does not depend on this
+    machine (keys, values, loader, rewards, judge, Hub id). Raises `RecipeError` or the configs' `ValueError`."""
+    if not argv or argv[0] not in METHODS:
+        got = f"got {argv[0]!r}" if argv else "got nothing"
+        raise RecipeError(f"the first argument must be the method, one of {list(METHODS)} ({got}).")
+    method, rest = argv[0], argv[1:]
+    config_path = rest[rest.index("--config") + 1] if "--config" in rest[:-1] else None
+    if config_path is not None and not os.path.isfile(config_path):
+        raise RecipeError(f"--config {config_path!r}: no such file.")
+    module, config_name, _ = METHODS[method]
+    config_cls = getattr(importlib.import_module(module), config_name)
+    parser = RecipeParser(
+        (TrainScriptArguments, config_cls, ModelConfig), prog=f"trl-mintrl train {method}", allow_abbrev=False
+    )
+    script_args, training_args, model_args, remaining = parser.parse_args_and_config(
+        rest, return_remaining_strings=True
+    )
+    if remaining:
+        flags = [arg.partition("=")[0] for arg in remaining if arg.startswith("--")] or remaining
+        known = [option for action in parser._actions for option in action.option_strings]
+        raise RecipeError(
+            f"unknown command-line argument(s): {_with_hints(flags, known)}. See `trl-mintrl train {method} --help`."
+        )
+
+    if not model_args.model_name_or_path:
+        raise RecipeError("model_name_or_path is not set: give a Hub model id or a local folder.")
+    _check_data(script_args)
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(script_args.reward_funcs):
+        raise RecipeError(
+            f"reward_weights has {len(weights)} entries but reward_funcs {script_args.reward_funcs} has "
+            f"{len(script_args.reward_funcs)}: give one weight per reward function."
+        )
+    if script_args.judge_function is not None:
+        if method != "mintrl":
+            raise RecipeError(f"judge_function is a MInTRL setting; `train {method}` has no judge. Remove it.")
+        try:
+            _import(script_args.judge_function)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise RecipeError(f"judge_function: cannot import {script_args.judge_function!r}: {err}.") from None
+    if training_args.push_to_hub and not training_args.hub_model_id:
+        raise RecipeError(
+            "push_to_hub=true needs hub_model_id (e.g. `hub_model_id: your-name/Qwen3-1.7B-MInTRL`); set it in the "
+            "recipe or pass --hub_model_id, or set push_to_hub: false."
+        )
+    command = _masked_command(method, rest)
+    return Recipe(method, script_args, training_args, model_args, reward_funcs, config_path, command)
+
+
+def check_environment(recipe: Recipe) -> None:
+    """What this machine must provide: the model (or permission to build the tiny one), a judge model, the data,
+    the logging integrations and Hub access when pushing. Still before anything is loaded."""
+    script_args, training_args = recipe.script_args, recipe.training_args
+    if not script_args.build_tiny_model:
+        _check_model_available(recipe.model_args.model_name_or_path, "model_name_or_path")
+    if recipe.method == "mintrl" and script_args.judge_function is None and training_args.judge == "model":
+        _check_model_available(training_args.judge_model_name_or_path, "judge_model_name_or_path")
+    path = script_args.dataset_name
+    if path is not None and _looks_local(path) and not os.path.exists(path):
+        raise RecipeError(f"dataset_name={path!r}: no such file or folder (relative paths start at {os.getcwd()}).")
+    if path is None and _hub_offline():
+        from . import data
+
+        raise RecipeError(
+            f"dataset_name is not set, so loader {script_args.dataset_loader!r} would download "
+            f"{data.LOADERS[script_args.dataset_loader].source.hub!r}, but the Hub is offline (HF_HUB_OFFLINE=1): "
+            "set dataset_name to a local copy."
+        )
+    from transformers.integrations import get_available_reporting_integrations
+
+    missing = sorted(set(training_args.report_to) - set(get_available_reporting_integrations()))
+    if missing:
+        raise RecipeError(
+            f"report_to={training_args.report_to}: {missing} not installed here. Install it (e.g. `pip install "
+            f"{missing[0]}`) or pass --report_to none."
+        )
+    if training_args.push_to_hub:
+        from huggingface_hub import get_token
+
+        if _hub_offline():
+            raise RecipeError(
+                "push_to_hub=true but the Hub is offline (HF_HUB_OFFLINE=1): unset it or set push_to_hub: false."
+            )
+        if not (training_args.hub_token or get_token()):
+            raise RecipeError(
+                "push_to_hub=true needs a Hugging Face token with write access: run `hf auth login`, set HF_TOKEN, or "
+                "pass --hub_token; or set push_to_hub: false."
+            )
+
+
+def _masked_command(method: str, argv: list[str]) -> str:
+    """The command line for the model card, with the value of any token/key flag hidden."""
+    shown, hide_next = [], False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        secret = arg.startswith("--") and ("token" in flag or "key" in flag)
+        shown.append("***" if hide_next else f"{flag}=***" if secret and eq else arg)
+        hide_next = secret and not eq
+    return " ".join(["trl-mintrl train", method, *shown])
+
+
+def _load_split(script_args: TrainScriptArguments, split: str, limit: int | None):
+    from . import data
+
+    extra = {"name": script_args.dataset_config} if script_args.dataset_config else {}
+    loader = data.LOADERS[script_args.dataset_loader]
+    return loader(script_args.dataset_name, split, script_args.prompt_template, limit, **extra)
+
+
+def run(recipe: Recipe):
+    """Load model and data, train, save (with the model card) and push if asked; returns the trainer."""
+    from accelerate import PartialState
+    from trl import get_peft_config, get_quantization_config
+
+    from . import data
+    from .model_card import with_model_card
+
+    script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
+    if script_args.build_tiny_model:
+        with PartialState().main_process_first():
+            if not os.path.isfile(os.path.join(model_args.model_name_or_path, "config.json")):
+                from .tiny import build_tiny_model
+
+                build_tiny_model(model_args.model_name_or_path)
+
+    # as TRL's scripts do: ModelConfig's loading options reach the trainer through model_init_kwargs
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+    train_dataset = _load_split(script_args, script_args.dataset_train_split, script_args.dataset_limit)
+    prompts_per_batch = training_args.generation_batch_size // training_args.num_generations
+    if hasattr(train_dataset, "__len__") and len(train_dataset) < prompts_per_batch:
+        # TRL's sampler drops incomplete batches: training would silently stop at step 0
+        raise RecipeError(
+            f"the train split has {len(train_dataset)} prompts but one generation batch takes {prompts_per_batch} "
+            f"(per_device_train_batch_size={training_args.per_device_train_batch_size} x {training_args.world_size} "
+            f"processes x steps_per_generation={training_args.steps_per_generation} / num_generations="
+            f"{training_args.num_generations}): use more data or a smaller per_device_train_batch_size."
+        )
+    eval_dataset = None
+    if training_args.eval_strategy != "no":
+        eval_dataset = _load_split(script_args, script_args.dataset_test_split, None)
+
+    module, _, trainer_name = METHODS[recipe.method]
+    trainer_cls = with_model_card(getattr(importlib.import_module(module), trainer_name))
+    extra = {}
+    if script_args.judge_function is not None:
+        extra["judge"] = _import(script_args.judge_function)()
+    trainer = trainer_cls(
+        model=model_args.model_name_or_path,
+        reward_funcs=recipe.reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+        **extra,
+    )
+    trainer.recipe = {"path": recipe.config_path, "command": recipe.command}
+    dataset_id = script_args.dataset_name or data.LOADERS[script_args.dataset_loader].source.hub
+    dataset_id = None if _looks_local(dataset_id) else dataset_id  # the card links Hub datasets only
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.create_model_card(dataset_name=dataset_id)
+    processes = trainer.accelerator.num_processes
+    trainer.accelerator.print(
+        f"model and card saved to {training_args.output_dir} (trained on {processes} process"
+        f"{'es' if processes > 1 else ''})"
+    )
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=dataset_id)
+        trainer.accelerator.print(f"pushed to https://huggingface.co/{trainer.hub_model_id}")
+    trainer.accelerator.end_training()
+    return trainer
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(
+            f"usage: trl-mintrl train {{{','.join(METHODS)}}} --config RECIPE.yaml [--field value ...]\n\n"
+            "Recipes: recipes/ (paper setups) and recipes/cpu/ (CPU demos). Fields: trl-mintrl train METHOD --help"
+        )
+        return
+    try:
+        recipe = parse_recipe(argv)
+        check_environment(recipe)
+    except ValueError as err:  # RecipeError and the configs' own __post_init__ checks
+        sys.exit(f"trl-mintrl train: error: {err}")
+    try:
+        run(recipe)
+    except RecipeError as err:
+        sys.exit(f"trl-mintrl train: error: {err}")
