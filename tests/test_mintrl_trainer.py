@@ -8,47 +8,10 @@ import os
 import pytest
 import torch
 from conftest import params_changed, snapshot
+from mintrl_helpers import CORRECTION, RecordingTrainer, mintrl_args, revise_first_step_judge, role_reward
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer
-from trl_mintrl.judges import FunctionJudge
-
-CORRECTION = "7+7=14\n\n"
-
-
-def role_reward(completions, mintrl_intervened, completion_ids, **kwargs):
-    """Intervened rollouts score 1; controls score by length, so the control baseline varies but is known."""
-    return [1.0 if inter else (len(ids) % 4) / 4 for inter, ids in zip(mintrl_intervened, completion_ids)]
-
-
-def revise_first_step_judge(calls):
-    def review(question, prefix, steps, reference):
-        calls["review"] += 1
-        return 0 if not prefix else None  # revise the first chunk, keep the rest
-
-    def correct(question, prefix, reference):
-        calls["correct"] += 1
-        return CORRECTION
-
-    return FunctionJudge(review, correct)
-
-
-def mintrl_args(cpu_args, **overrides):
-    args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
-    args.update(num_control_generations=2, num_intervened_generations=2, chunk_size=6, max_reviews=2,
-                max_correction_tokens=8, max_completion_length=24, intervention_steps=100)
-    args.update(overrides)
-    return MInTRLConfig(**args)
-
-
-class RecordingTrainer(MInTRLTrainer):
-    """Keeps each generation batch's output and rewards for the assertions."""
-
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        self.records = getattr(self, "records", [])
-        self.records.append({**output, "rewards": self._batch_rewards().clone()})
-        return output
+from trl_mintrl import MInTRLTrainer
 
 
 def test_function_judge_end_to_end_advantages_masks_metrics(tiny_model_path, cpu_args, toy_dataset):

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import snapshot
 from datasets import Dataset
+from mintrl_helpers import CORRECTION, RecordingTrainer, mintrl_args, revise_first_step_judge, role_reward
 from transformers import AutoTokenizer
 
 from trl_mintrl import MInTRLConfig, MInTRLTrainer, SORTConfig, SORTTrainer
@@ -15,46 +16,6 @@ from trl_mintrl.engines.vllm import VLLMEngine
 from trl_mintrl.judges import FunctionJudge, GeneratingJudge
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
 
-CORRECTION = "7+7=14\n\n"
-
-
-def role_reward(completions, mintrl_intervened, completion_ids, **kwargs):
-    """Intervened rollouts score 1; controls score by length, so the control baseline varies but is known."""
-    return [1.0 if inter else (len(ids) % 4) / 4 for inter, ids in zip(mintrl_intervened, completion_ids)]
-
-
-def revise_first_chunk(question, prefix, steps, reference):
-    return 0 if not prefix else None
-
-
-def write_correction(question, prefix, reference):
-    return CORRECTION
-
-
-class RecordingTrainer(MInTRLTrainer):
-    """Keeps each generation batch's output and rewards for the assertions."""
-
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        self.records = getattr(self, "records", [])
-        self.records.append({**output, "rewards": self._batch_rewards().clone()})
-        return output
-
-
-def mintrl_args(cpu_args, **overrides):
-    args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
-    args.update(
-        num_control_generations=2,
-        num_intervened_generations=2,
-        chunk_size=6,
-        max_reviews=2,
-        max_correction_tokens=8,
-        max_completion_length=24,
-        intervention_steps=100,
-    )
-    args.update(overrides)
-    return MInTRLConfig(**args)
-
 
 def run_scripted(tiny_model_path, cpu_args, toy_dataset, use_vllm: bool) -> RecordingTrainer:
     trainer = RecordingTrainer(
@@ -62,7 +23,7 @@ def run_scripted(tiny_model_path, cpu_args, toy_dataset, use_vllm: bool) -> Reco
         reward_funcs=role_reward,
         args=mintrl_args(cpu_args, use_vllm=use_vllm, vllm_mode="colocate"),
         train_dataset=toy_dataset,
-        judge=FunctionJudge(revise_first_chunk, write_correction),
+        judge=revise_first_step_judge(),
     )
     before = snapshot(trainer.model)
     trainer.train()
@@ -126,7 +87,7 @@ def vllm_mintrl(tiny_model_path, tmp_path_factory):
         reward_funcs=role_reward,
         args=args,
         train_dataset=data,
-        judge=FunctionJudge(lambda *a: None, write_correction),
+        judge=FunctionJudge(lambda *a: None, lambda *a: CORRECTION),
     )
 
 

@@ -1,0 +1,48 @@
+"""MInTRL test helpers shared by the main suite and the real-vLLM suite: a reward whose control baseline is known,
+a scripted judge, small configs, and a trainer that records each generation batch."""
+
+from __future__ import annotations
+
+from trl_mintrl import MInTRLConfig, MInTRLTrainer
+from trl_mintrl.judges import FunctionJudge
+
+CORRECTION = "7+7=14\n\n"
+
+
+def role_reward(completions, mintrl_intervened, completion_ids, **kwargs):
+    """Intervened rollouts score 1; controls score by length, so the control baseline varies but is known."""
+    return [1.0 if inter else (len(ids) % 4) / 4 for inter, ids in zip(mintrl_intervened, completion_ids)]
+
+
+def revise_first_step_judge(calls: dict | None = None) -> FunctionJudge:
+    """Revises the first chunk of every intervened rollout (step 0) with CORRECTION, keeps the rest; counts calls."""
+    calls = {"review": 0, "correct": 0} if calls is None else calls
+
+    def review(question, prefix, steps, reference):
+        calls["review"] += 1
+        return 0 if not prefix else None
+
+    def correct(question, prefix, reference):
+        calls["correct"] += 1
+        return CORRECTION
+
+    return FunctionJudge(review, correct)
+
+
+def mintrl_args(cpu_args: dict, **overrides) -> MInTRLConfig:
+    """2 control + 2 intervened rollouts per prompt, small chunks, interventions on for the whole run."""
+    args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
+    args.update(num_control_generations=2, num_intervened_generations=2, chunk_size=6, max_reviews=2,
+                max_correction_tokens=8, max_completion_length=24, intervention_steps=100)
+    args.update(overrides)
+    return MInTRLConfig(**args)
+
+
+class RecordingTrainer(MInTRLTrainer):
+    """Keeps each generation batch's output and rewards for the assertions."""
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.records = getattr(self, "records", [])
+        self.records.append({**output, "rewards": self._batch_rewards().clone()})
+        return output
