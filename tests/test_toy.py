@@ -113,3 +113,69 @@ def test_rule_judge_corrections_repair_random_trajectories():
             prefix += correction.text
         assert prefix == problem.solution
         assert toy_reward([prefix], [problem.answer]) == [1.0]
+
+
+def test_char_tokenizer_round_trips_and_covers_prompts():
+    from trl_mintrl.toy import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    text = EXAMPLE.solution + "\nPlan: (1) add; {check} ~ok"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)  # one token per character, none unknown
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids) == text
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Compute 1+2 ="}], add_generation_prompt=True)
+    assert tokenizer.decode(chat).endswith("<|im_start|>assistant\n")
+
+
+def test_warm_start_build_is_deterministic(tmp_path):
+    from safetensors.torch import load_file
+
+    from trl_mintrl.toy import build_warm_start
+
+    a = load_file(build_warm_start(tmp_path / "a", seed=3, steps=3, batch_size=4, log_every=0) / "model.safetensors")
+    b = load_file(build_warm_start(tmp_path / "b", seed=3, steps=3, batch_size=4, log_every=0) / "model.safetensors")
+    c = load_file(build_warm_start(tmp_path / "c", seed=4, steps=3, batch_size=4, log_every=0) / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(a[k].equal(b[k]) for k in a)
+    assert not all(a[k].equal(c[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def warm_start():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_mintrl.toy import WARM_START_DIR
+
+    return AutoModelForCausalLM.from_pretrained(WARM_START_DIR), AutoTokenizer.from_pretrained(WARM_START_DIR)
+
+
+def test_warm_start_solves_easy_problems_more_often_than_hard_ones(warm_start):
+    from trl_mintrl.toy import evaluate, sample_correct
+
+    model, tokenizer = warm_start
+    easy = make_problems(16, 2, 2, seed=11)
+    hard = make_problems(16, 11, 11, seed=12)
+    correct = sample_correct(model, tokenizer, easy, 4)
+    scores = evaluate(model, tokenizer, easy, 4, ks=(1, 4))
+    assert scores["pass@1"] == pytest.approx(sum(correct) / (4 * len(easy)))  # same sampling seed
+    assert scores["pass@4"] >= scores["pass@1"]
+    assert scores["pass@1"] > 0.6
+    assert evaluate(model, tokenizer, hard, 4, ks=(1,))["pass@1"] < scores["pass@1"] - 0.3
+
+
+def test_mintrl_step_on_toy_task_intervenes_with_rule_judge(warm_start, tmp_path):
+    """One MInTRL step on the toy task wires the rule judge in: it revises rollouts, never fails, and its tokens are
+    a minority of the completion tokens."""
+    from trl_mintrl.toy.training import build_trainer, rl_config
+
+    model, tokenizer = warm_start
+    args = rl_config(
+        "mintrl-const", tmp_path, steps=1, per_device_train_batch_size=16, max_reviews=4, learning_rate=0.0
+    )
+    trainer = build_trainer("mintrl-const", model, tokenizer, make_dataset(8, 11, 11, seed=5), args)
+    trainer.train()
+    logs = next(entry for entry in trainer.state.log_history if "reward" in entry)
+    assert logs["mintrl/intervention_rate"] > 0
+    assert 0 < logs["mintrl/judge_token_frac"] < 0.5
+    assert logs["mintrl/judge_failures"] == 0

@@ -1,0 +1,80 @@
+"""Held-out evaluation on toy problems: sample `n_samples` completions per problem, report unbiased pass@k."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..eval import pass_at_k
+from .task import Problem, toy_reward
+
+
+def sample_correct(
+    model,
+    tokenizer,
+    problems: Sequence[Problem],
+    n_samples: int,
+    *,
+    temperature: float = 1.0,
+    batch_size: int = 256,
+    max_new_tokens: int | None = None,
+    seed: int = 0,
+) -> list[int]:
+    """Number of correct samples (out of `n_samples`, temperature sampling, top-p 1) for each problem."""
+    import torch
+    from transformers import GenerationConfig
+
+    from ..engines import TransformersEngine
+    from ..prompts import prompt_token_ids
+
+    if max_new_tokens is None:
+        max_new_tokens = 2 * max(len(p.solution) for p in problems) + 8
+    config = GenerationConfig(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+    engine = TransformersEngine(
+        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id], generation_config=config
+    )
+    rows = [
+        (i, prompt_token_ids(tokenizer, p.row()["prompt"])) for i, p in enumerate(problems) for _ in range(n_samples)
+    ]
+    rows.sort(key=lambda r: len(r[1]))  # similar lengths share a batch: less padding
+    correct = [0] * len(problems)
+    was_training = model.training
+    model.eval()
+    rng_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            outputs = engine.generate([ids for _, ids in batch], max_new_tokens)
+            texts = tokenizer.batch_decode([o.token_ids for o in outputs], skip_special_tokens=True)
+            rewards = toy_reward(texts, [problems[i].answer for i, _ in batch])
+            for (i, _), r in zip(batch, rewards, strict=True):
+                correct[i] += int(r)
+    finally:
+        torch.random.set_rng_state(rng_state)
+        model.train(was_training)
+    return correct
+
+
+def evaluate(
+    model, tokenizer, problems: Sequence[Problem], n_samples: int = 8, ks: Sequence[int] = (1, 8), **kwargs
+) -> dict[str, float]:
+    """Mean unbiased pass@k over `problems` for each k <= n_samples (keys `pass@k`), from `sample_correct`."""
+    correct = sample_correct(model, tokenizer, problems, n_samples, **kwargs)
+    return {
+        f"pass@{k}": sum(pass_at_k(n_samples, c, k) for c in correct) / len(problems) for k in ks if k <= n_samples
+    }
+
+
+def difficulty_table(model_path, n_problems: int = 200, ops=range(1, 13), n_samples: int = 8, seed: int = 1234) -> str:
+    """Markdown table of pass@1 / pass@8 by number of operations, on fresh problems (not the training stream)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .task import make_problems
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    lines = [f"| ops | pass@1 | pass@{n_samples} |", "|---|---|---|"]
+    for n_ops in ops:
+        scores = evaluate(model, tokenizer, make_problems(n_problems, n_ops, n_ops, seed=seed + n_ops), n_samples)
+        lines.append(f"| {n_ops} | {scores['pass@1']:.3f} | {scores[f'pass@{n_samples}']:.3f} |")
+    return "\n".join(lines)

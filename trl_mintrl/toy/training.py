@@ -1,0 +1,91 @@
+"""RL settings for the toy task shared by the demo, the benchmarks and the tests: one place to build a GRPO,
+MInTRL or SORT trainer on the warm start with the same data, budgets and optimiser.
+
+The optimiser settings are the ones that keep plain GRPO stable on this task (constant learning rate after a short
+warm-up, grad-norm clipping at 1.0, no KL, asymmetric clipping 0.2/0.28 as in SORT's main update), so a method's
+gain or loss is not an optimiser artefact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .task import toy_reward
+
+METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort")
+RL_MIN_OPS, RL_MAX_OPS = 8, 11
+
+
+def rl_config(method: str, output_dir: str | Path, *, steps: int, seed: int = 0, **overrides):
+    """The config object of `method` with the toy RL defaults; `overrides` are config fields."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    common = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        seed=seed,
+        max_steps=steps,
+        per_device_train_batch_size=128,  # 16 prompts x 8 rollouts per optimizer step
+        num_generations=8,
+        max_completion_length=160,
+        temperature=1.0,
+        learning_rate=1e-4,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=3,
+        max_grad_norm=1.0,
+        beta=0.0,
+    )
+    if method == "grpo":
+        from trl import GRPOConfig
+
+        return GRPOConfig(**{**common, "epsilon": 0.2, "epsilon_high": 0.28, **overrides})
+    if method == "sort":
+        from ..sort import SORTConfig
+
+        sort = dict(reference_column="solution", repair_batch_size=8, max_plan_tokens=64)
+        return SORTConfig(**{**common, **sort, **overrides})
+    from ..mintrl import MInTRLConfig
+
+    del common["num_generations"]
+    mintrl = dict(
+        num_control_generations=4,
+        num_intervened_generations=4,
+        chunk_size=16,
+        max_reviews=2,
+        max_correction_tokens=16,
+        intervention_steps=max(1, int(0.4 * steps)),  # paper: 200 of 500
+        anchor=method.removeprefix("mintrl-"),
+        reference_column="solution",
+    )
+    return MInTRLConfig(**{**common, **mintrl, **overrides})
+
+
+def build_trainer(method: str, model, tokenizer, train_dataset, args, judge="rule", callbacks=None):
+    """A trainer for `method` (`rl_config(method, ...)` as `args`). MInTRL's `judge`: "rule" (the toy rule judge),
+    a `Judge` object, or None to build the one `args.judge` names (e.g. the self-judge)."""
+    kwargs = dict(
+        model=model,
+        reward_funcs=toy_reward,
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+    if method == "grpo":
+        from trl import GRPOTrainer
+
+        return GRPOTrainer(**kwargs)
+    if method == "sort":
+        from ..sort import SORTTrainer
+
+        return SORTTrainer(**kwargs)
+    from ..mintrl import MInTRLTrainer
+    from .task import rule_judge
+
+    return MInTRLTrainer(**kwargs, judge=rule_judge() if judge == "rule" else judge)

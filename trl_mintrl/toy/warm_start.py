@@ -1,0 +1,96 @@
+"""Warm start: supervised training of the toy model, so that on longer RL problems its pass@1 is low and many groups
+are all wrong (the regime the papers target).
+
+Problems have 1-10 operations with longer ones exponentially rarer (weight 0.7 per extra operation), and training
+stops early (500 steps of 32 problems, ~4 min on one core): the model solves short problems, slips more and more as
+chains grow, and is still stochastic enough at temperature 1 for RL to explore. Deterministic for a seed (one CPU
+thread), so `python -m trl_mintrl.toy.warm_start_build` rebuilds the committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+from .model import build_char_tokenizer, build_toy_model, save
+from .task import make_problem
+
+WARM_START_DIR = Path(__file__).parent / "warm_start"
+SFT_MIN_OPS, SFT_MAX_OPS, SFT_OPS_DECAY = 1, 10, 0.7
+
+
+def sft_batch(tokenizer, problems) -> dict:
+    """Right-padded input ids, attention mask and labels (completion tokens only) for a list of problems."""
+    import torch
+
+    from ..prompts import prompt_token_ids
+
+    rows = []
+    for p in problems:
+        prompt = prompt_token_ids(tokenizer, p.row()["prompt"])
+        completion = tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((prompt + completion, [-100] * len(prompt) + completion))
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (ids, lab) in enumerate(rows):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, : len(lab)] = torch.tensor(lab)
+        attention_mask[i, : len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def build_warm_start(
+    out_dir: str | Path = WARM_START_DIR,
+    *,
+    seed: int = 0,
+    steps: int = 500,
+    batch_size: int = 32,
+    learning_rate: float = 3e-3,
+    warmup_steps: int = 100,
+    min_ops: int = SFT_MIN_OPS,
+    max_ops: int = SFT_MAX_OPS,
+    ops_decay: float = SFT_OPS_DECAY,
+    log_every: int = 100,
+) -> Path:
+    """Train the toy model with next-token loss on reference solutions of `min_ops..max_ops`-operation problems.
+
+    AdamW with linear warm-up and cosine decay to 10%, grad-norm clipping at 1.0. Runs on one CPU thread so the
+    result is identical for a seed; writes the model and tokenizer to `out_dir`.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = build_char_tokenizer()
+    model = build_toy_model(tokenizer, seed=seed)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    ops = list(range(min_ops, max_ops + 1))
+    ops_weights = [ops_decay**i for i in range(len(ops))]
+    start, running = time.time(), None
+    for step in range(steps):
+        problems = [make_problem(rng, rng.choices(ops, ops_weights)[0]) for _ in range(batch_size)]
+        loss = model(**sft_batch(tokenizer, problems)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        if log_every and (step + 1) % log_every == 0:
+            print(f"step {step + 1}/{steps}  loss {running:.4f}  {time.time() - start:.0f}s", flush=True)
+    model.eval()
+    return save(model, tokenizer, out_dir)
