@@ -17,5 +17,5 @@ if [ -n "$missing" ]; then
     "$python" -m pip install -q -e ".[vllm]"
   fi
 fi
-"$python" -c "import vllm" || { echo "gpu_smoke: vLLM does not import; see docs/vllm.md (GPU install)"; exit 1; }
+"$python" -c "import vllm" || { echo "gpu_smoke: vLLM does not import; see the README section "vLLM" (GPU install)"; exit 1; }
 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} "$python" scripts/gpu_smoke.py "$@"
