@@ -23,9 +23,25 @@ def sandbox():
     return Sandbox(timeout=2.0, max_processes=16, max_output_mb=1, num_workers=4)
 
 
+@pytest.fixture(autouse=True)
+def _children_before_test():
+    """Children this process already had (e.g. the math reward's worker pool from earlier tests): not leftovers."""
+    _PREEXISTING.clear()
+    _PREEXISTING.update(_processes(lambda parent, owner: parent == os.getpid()))
+
+
+_PREEXISTING: set[int] = set()
+
+
 def _sandboxed_processes(sandbox: Sandbox) -> list[int]:
-    """Processes left behind: our descendants, plus (programs run as nobody) any process of that user."""
-    leftover = []
+    """Processes left behind: our new children, plus (programs run as nobody) any process of that user."""
+    run_as = sandbox.run_as[0] if sandbox.run_as is not None else None
+    found = _processes(lambda parent, owner: parent == os.getpid() or owner == run_as)
+    return sorted(found - _PREEXISTING)
+
+
+def _processes(keep) -> set[int]:
+    leftover = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -35,8 +51,8 @@ def _sandboxed_processes(sandbox: Sandbox) -> list[int]:
             owner = os.stat(f"/proc/{entry}").st_uid
         except OSError:
             continue
-        if parent == os.getpid() or (sandbox.run_as is not None and owner == sandbox.run_as[0]):
-            leftover.append(int(entry))
+        if keep(parent, owner):
+            leftover.add(int(entry))
     return leftover
 
 
