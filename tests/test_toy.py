@@ -151,17 +151,27 @@ def warm_start():
 
 
 def test_warm_start_solves_easy_problems_more_often_than_hard_ones(warm_start):
-    from trl_mintrl.toy import evaluate, sample_correct
+    from trl_mintrl.toy import evaluate, sample_completions
 
     model, tokenizer = warm_start
     easy = make_problems(16, 2, 2, seed=11)
     hard = make_problems(16, 11, 11, seed=12)
-    correct = sample_correct(model, tokenizer, easy, 4)
+    completions = sample_completions(model, tokenizer, easy, 4)
+    assert [len(c) for c in completions] == [4] * len(easy)
+    correct = sum(sum(toy_reward(texts, [p.answer] * 4)) for p, texts in zip(easy, completions))
     scores = evaluate(model, tokenizer, easy, 4, ks=(1, 4))
-    assert scores["pass@1"] == pytest.approx(sum(correct) / (4 * len(easy)))  # same sampling seed
+    assert scores["pass@1"] == pytest.approx(correct / (4 * len(easy)))  # same sampling seed, same samples
     assert scores["pass@4"] >= scores["pass@1"]
     assert scores["pass@1"] > 0.6
     assert evaluate(model, tokenizer, hard, 4, ks=(1,))["pass@1"] < scores["pass@1"] - 0.3
+
+
+def test_step_count_diagnostics():
+    from trl_mintrl.toy.evaluate import _num_steps
+
+    assert _num_steps(EXAMPLE.solution) == EXAMPLE.num_ops
+    assert _num_steps("7-7=0\n\nAnswer: 0\n\n0+9=9") == 1  # steps after the answer do not count
+    assert _num_steps("7 - 7 = 0\n\n0+9=9\n\n9-8=1\n\n1+1=2") == 4
 
 
 def test_mintrl_step_on_toy_task_intervenes_with_rule_judge(warm_start, tmp_path):

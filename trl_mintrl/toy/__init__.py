@@ -5,7 +5,7 @@
 `WARM_START_DIR` holds the committed warm-start checkpoint (rebuild: `python -m trl_mintrl.toy.warm_start_build`).
 """
 
-from .evaluate import evaluate, sample_correct
+from .evaluate import evaluate, sample_completions
 from .model import build_char_tokenizer, build_toy_model
 from .task import (
     Problem,
@@ -34,6 +34,6 @@ __all__ = [
     "parse_question",
     "review_steps",
     "rule_judge",
-    "sample_correct",
+    "sample_completions",
     "toy_reward",
 ]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from ..eval import pass_at_k
 from .task import Problem, toy_reward
 
+_STEP = re.compile(r"\d+\s*[-+]\s*\d+\s*=")
 
-def sample_correct(
+
+def sample_completions(
     model,
     tokenizer,
     problems: Sequence[Problem],
@@ -18,8 +21,8 @@ def sample_correct(
     batch_size: int = 256,
     max_new_tokens: int | None = None,
     seed: int = 0,
-) -> list[int]:
-    """Number of correct samples (out of `n_samples`, temperature sampling, top-p 1) for each problem."""
+) -> list[list[str]]:
+    """`n_samples` completions per problem (temperature sampling, top-p 1), reproducible for a seed."""
     import torch
     from transformers import GenerationConfig
 
@@ -36,7 +39,7 @@ def sample_correct(
         (i, prompt_token_ids(tokenizer, p.row()["prompt"])) for i, p in enumerate(problems) for _ in range(n_samples)
     ]
     rows.sort(key=lambda r: len(r[1]))  # similar lengths share a batch: less padding
-    correct = [0] * len(problems)
+    completions: list[list[str]] = [[] for _ in problems]
     was_training = model.training
     model.eval()
     rng_state = torch.random.get_rng_state()
@@ -46,23 +49,35 @@ def sample_correct(
             batch = rows[start : start + batch_size]
             outputs = engine.generate([ids for _, ids in batch], max_new_tokens)
             texts = tokenizer.batch_decode([o.token_ids for o in outputs], skip_special_tokens=True)
-            rewards = toy_reward(texts, [problems[i].answer for i, _ in batch])
-            for (i, _), r in zip(batch, rewards, strict=True):
-                correct[i] += int(r)
+            for (i, _), text in zip(batch, texts, strict=True):
+                completions[i].append(text)
     finally:
         torch.random.set_rng_state(rng_state)
         model.train(was_training)
-    return correct
+    return completions
 
 
 def evaluate(
     model, tokenizer, problems: Sequence[Problem], n_samples: int = 8, ks: Sequence[int] = (1, 8), **kwargs
 ) -> dict[str, float]:
-    """Mean unbiased pass@k over `problems` for each k <= n_samples (keys `pass@k`), from `sample_correct`."""
-    correct = sample_correct(model, tokenizer, problems, n_samples, **kwargs)
-    return {
-        f"pass@{k}": sum(pass_at_k(n_samples, c, k) for c in correct) / len(problems) for k in ks if k <= n_samples
+    """Mean unbiased pass@k over `problems` for each k <= n_samples (keys `pass@k`), plus the share of samples that
+    write fewer (`too_few_steps`) or more (`too_many_steps`) computation steps than the problem has operations."""
+    completions = sample_completions(model, tokenizer, problems, n_samples, **kwargs)
+    correct = [sum(toy_reward(texts, [p.answer] * len(texts))) for p, texts in zip(problems, completions, strict=True)]
+    scores = {
+        f"pass@{k}": sum(pass_at_k(n_samples, int(c), k) for c in correct) / len(problems)
+        for k in ks
+        if k <= n_samples
     }
+    steps = [(_num_steps(t), p.num_ops) for p, texts in zip(problems, completions, strict=True) for t in texts]
+    scores["too_few_steps"] = sum(n < ops for n, ops in steps) / len(steps)
+    scores["too_many_steps"] = sum(n > ops for n, ops in steps) / len(steps)
+    return scores
+
+
+def _num_steps(text: str) -> int:
+    """Computation steps (`a+b=c` lines) written before the answer."""
+    return len(_STEP.findall(text.split("Answer:")[0]))
 
 
 def difficulty_table(model_path, n_problems: int = 200, ops=range(1, 13), n_samples: int = 8, seed: int = 1234) -> str:
