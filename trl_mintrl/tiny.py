@@ -99,14 +99,32 @@ def build_tiny_model(
     head_dim is fixed at 32 (vLLM's kernels need it); attention heads = hidden_size // 32, key/value heads half of
     that. Two builds with the same arguments produce identical files.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
     if hidden_size % 32:
         raise ValueError(f"hidden_size={hidden_size} must be a multiple of 32 (head_dim is 32).")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer(vocab_size=vocab_size, seed=seed)
+    model = build_qwen3_model(
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        seed=seed,
+    )
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_qwen3_model(
+    tokenizer, *, hidden_size: int, num_layers: int, intermediate_size: int, max_position_embeddings: int, seed: int
+):
+    """A randomly initialised Qwen3 causal LM for `tokenizer` (head_dim 32, KV heads half the attention heads),
+    initialised from `seed` without disturbing the global torch RNG."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
     n_heads = hidden_size // 32
     config = Qwen3Config(
         vocab_size=len(tokenizer),
@@ -132,6 +150,4 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
     )
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
+    return model

@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from ..tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
+from ..tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_qwen3_model
 
 CHARACTERS = "\n" + "".join(ch for ch in string.printable if ch.isprintable())
 
@@ -42,34 +42,14 @@ def build_toy_model(
     tokenizer, hidden_size: int = 128, num_layers: int = 4, intermediate_size: int = 384, seed: int = 0
 ):
     """A randomly initialised Qwen3 causal LM sized for the toy task (about 0.8M parameters by default)."""
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    n_heads = hidden_size // 32
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
+    return build_qwen3_model(
+        tokenizer,
         hidden_size=hidden_size,
+        num_layers=num_layers,
         intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=n_heads,
-        num_key_value_heads=max(1, n_heads // 2),
-        head_dim=32,
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        seed=seed,
     )
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = Qwen3ForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(state)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
-    )
-    return model
 
 
 def save(model, tokenizer, out_dir: str | Path) -> Path:
