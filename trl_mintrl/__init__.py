@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if sys.version_info < (3, 11):  # noqa: UP036 -- pip enforces requires-python; this catches source checkouts on sys.path
+    raise ImportError(
+        f"trl-mintrl needs Python >= 3.11 (this is {sys.version.split()[0]}). Create the environment with a newer "
+        "interpreter, e.g. `python3.11 -m venv .venv`."
+    )
 
 # Trainers import TRL (and torch); load them on first use so `trl-mintrl --help` stays fast.
 _LAZY = {
