@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import requires_deepspeed
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -74,6 +75,7 @@ def test_two_processes_gloo(tiny_model_path, tmp_path):
     assert (out / "checkpoint-2" / "sort_buffer.json").is_file()
 
 
+@requires_deepspeed
 def test_deepspeed_zero2_matches_the_plain_run(one_process_mintrl, tiny_model_path, tmp_path):
     out = tmp_path / "mintrl-zero2"
     output = launch("cpu_zero2", "mintrl", tiny_model_path, out)
