@@ -1,9 +1,10 @@
 """MInTRL: judge interventions during rollout + sequence-level advantage regression."""
 
 from .config import MInTRLConfig
+from .judge_factory import build_judge
 from .rollout import InterventionRollout, RolloutSettings, Trajectory
 from .steps import split_steps
-from .trainer import MInTRLTrainer, build_judge
+from .trainer import MInTRLTrainer
 
 __all__ = [
     "InterventionRollout",
