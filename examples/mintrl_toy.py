@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.toy
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -23,8 +26,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback  # noqa: E402
 
-from trl_mintrl.toy import WARM_START_DIR, evaluate, make_dataset, make_problems, rule_judge  # noqa: E402
-from trl_mintrl.toy.training import RL_MAX_OPS, RL_MIN_OPS, build_trainer, rl_config  # noqa: E402
+from benchmarks.toy import WARM_START_DIR, evaluate, make_dataset, make_problems, rule_judge  # noqa: E402
+from benchmarks.toy.training import RL_MAX_OPS, RL_MIN_OPS, build_trainer, rl_config  # noqa: E402
 
 
 class StepLine(TrainerCallback):

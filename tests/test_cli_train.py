@@ -36,7 +36,7 @@ def test_yaml_sets_fields_and_command_line_overrides_it():
     assert (args.max_steps, args.intervention_steps, args.max_completion_length, args.bf16) == (12, 8, 48, False)
     assert args.num_generations == 8  # derived from 4 controls + 4 intervened
     assert recipe.model_args.model_name_or_path == "outputs/tiny-model"
-    assert recipe.script_args.judge_function == "trl_mintrl.toy.task.rule_judge"
+    assert recipe.script_args.judge_function == "benchmarks.toy.task.rule_judge"
     assert recipe.method == "mintrl" and recipe.config_path == CPU_RECIPES["mintrl"]
 
 
@@ -86,8 +86,8 @@ def test_bad_command_line_is_named(flags, key):
             "reward_funcs has 'math'.*use reward_funcs: \\[code\\]",
         ),
         ("prompt_template: 'no placeholder'\ndataset_loader: mintrl_math\n", "grpo", "prompt_template"),
-        ("judge_function: trl_mintrl.toy.task.rule_judge\n", "sort", "judge_function is a MInTRL setting"),
-        ("judge_function: trl_mintrl.toy.task.no_judge\n", "mintrl", "judge_function: cannot import"),
+        ("judge_function: benchmarks.toy.task.rule_judge\n", "sort", "judge_function is a MInTRL setting"),
+        ("judge_function: benchmarks.toy.task.no_judge\n", "mintrl", "judge_function: cannot import"),
         ("push_to_hub: true\n", "grpo", "push_to_hub=true needs hub_model_id"),
         ("repair_beta: 2.0\n", "sort", "repair_beta"),
     ],

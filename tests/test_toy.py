@@ -4,9 +4,7 @@ import random
 
 import pytest
 
-from trl_mintrl.judges.base import CorrectionRequest, ReviewRequest
-from trl_mintrl.mintrl.steps import split_steps
-from trl_mintrl.toy.task import (
+from benchmarks.toy.task import (
     Problem,
     final_answer,
     make_dataset,
@@ -17,6 +15,8 @@ from trl_mintrl.toy.task import (
     rule_judge,
     toy_reward,
 )
+from trl_mintrl.judges.base import CorrectionRequest, ReviewRequest
+from trl_mintrl.mintrl.steps import split_steps
 
 EXAMPLE = Problem(7, (("-", 7), ("+", 9), ("-", 8)))
 
@@ -116,7 +116,7 @@ def test_rule_judge_corrections_repair_random_trajectories():
 
 
 def test_char_tokenizer_round_trips_and_covers_prompts():
-    from trl_mintrl.toy import build_char_tokenizer
+    from benchmarks.toy import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     text = EXAMPLE.solution + "\nPlan: (1) add; {check} ~ok"
@@ -131,7 +131,7 @@ def test_char_tokenizer_round_trips_and_covers_prompts():
 def test_warm_start_build_is_deterministic(tmp_path):
     from safetensors.torch import load_file
 
-    from trl_mintrl.toy import build_warm_start
+    from benchmarks.toy import build_warm_start
 
     a = load_file(build_warm_start(tmp_path / "a", seed=3, steps=3, batch_size=4, log_every=0) / "model.safetensors")
     b = load_file(build_warm_start(tmp_path / "b", seed=3, steps=3, batch_size=4, log_every=0) / "model.safetensors")
@@ -145,13 +145,13 @@ def test_warm_start_build_is_deterministic(tmp_path):
 def warm_start():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_mintrl.toy import WARM_START_DIR
+    from benchmarks.toy import WARM_START_DIR
 
     return AutoModelForCausalLM.from_pretrained(WARM_START_DIR), AutoTokenizer.from_pretrained(WARM_START_DIR)
 
 
 def test_warm_start_solves_easy_problems_more_often_than_hard_ones(warm_start):
-    from trl_mintrl.toy import evaluate, sample_completions
+    from benchmarks.toy import evaluate, sample_completions
 
     model, tokenizer = warm_start
     easy = make_problems(16, 2, 2, seed=11)
@@ -167,7 +167,7 @@ def test_warm_start_solves_easy_problems_more_often_than_hard_ones(warm_start):
 
 
 def test_step_count_diagnostics():
-    from trl_mintrl.toy.evaluate import _num_steps
+    from benchmarks.toy.evaluate import _num_steps
 
     assert _num_steps(EXAMPLE.solution) == EXAMPLE.num_ops
     assert _num_steps("7-7=0\n\nAnswer: 0\n\n0+9=9") == 1  # steps after the answer do not count
@@ -177,7 +177,7 @@ def test_step_count_diagnostics():
 def test_mintrl_step_on_toy_task_intervenes_with_rule_judge(warm_start, tmp_path):
     """One MInTRL step on the toy task wires the rule judge in: it revises rollouts, never fails, and its tokens are
     a minority of the completion tokens."""
-    from trl_mintrl.toy.training import build_trainer, rl_config
+    from benchmarks.toy.training import build_trainer, rl_config
 
     model, tokenizer = warm_start
     args = rl_config(

@@ -29,7 +29,7 @@ METHODS = {
 REWARD_FUNCS = {
     "math": "trl_mintrl.rewards:math_reward",
     "code": "trl_mintrl.rewards:code_reward",
-    "toy": "trl_mintrl.toy.task:toy_reward",  # the CPU recipes' arithmetic task
+    "toy": "benchmarks.toy.task:toy_reward",  # the CPU recipes' arithmetic task (a repository checkout's benchmarks/)
 }
 
 
@@ -153,7 +153,10 @@ def _convert(action: argparse.Action, key: str, value):
 
 
 def _import(path: str):
-    """`module:attr` or `module.attr` -> the attribute."""
+    """`module:attr` or `module.attr` -> the attribute; modules in the current folder resolve too (as in TRL), so
+    a repository checkout's `benchmarks.toy.task.toy_reward` works from its root."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     module, _, attr = path.replace(":", ".").rpartition(".")
     return getattr(importlib.import_module(module), attr)
 

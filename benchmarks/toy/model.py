@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from ..tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_qwen3_model
+from trl_mintrl.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_qwen3_model
 
 CHARACTERS = "\n" + "".join(ch for ch in string.printable if ch.isprintable())
 

@@ -1,6 +1,6 @@
-"""Rebuild the committed warm-start checkpoint: `python -m trl_mintrl.toy.warm_start_build [OUT_DIR]`.
+"""Rebuild the committed warm-start checkpoint: `python -m benchmarks.toy.warm_start_build [OUT_DIR]`.
 
-Defaults reproduce `trl_mintrl/toy/warm_start/` exactly (fixed seed, one CPU thread; ~4 min on a free core) and then
+Defaults reproduce `benchmarks/toy/warm_start/` exactly (fixed seed, one CPU thread; ~4 min on a free core) and then
 print held-out pass@1 / pass@8 by number of operations, the table docs/benchmarks.md records.
 """
 
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     from .evaluate import difficulty_table
     from .warm_start import WARM_START_DIR, build_warm_start
 
-    parser = argparse.ArgumentParser(prog="python -m trl_mintrl.toy.warm_start_build", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.toy.warm_start_build", description=__doc__)
     parser.add_argument("out_dir", nargs="?", default=str(WARM_START_DIR))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=500)

@@ -4,7 +4,7 @@ are all wrong (the regime the papers target).
 Problems have 1-10 operations with longer ones exponentially rarer (weight 0.7 per extra operation), and training
 stops early (500 steps of 32 problems, ~4 min on one core): the model solves short problems, slips more and more as
 chains grow, and is still stochastic enough at temperature 1 for RL to explore. Deterministic for a seed (one CPU
-thread), so `python -m trl_mintrl.toy.warm_start_build` rebuilds the committed checkpoint.
+thread), so `python -m benchmarks.toy.warm_start_build` rebuilds the committed checkpoint.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def sft_batch(tokenizer, problems) -> dict:
     """Right-padded input ids, attention mask and labels (completion tokens only) for a list of problems."""
     import torch
 
-    from ..prompts import prompt_token_ids
+    from trl_mintrl.prompts import prompt_token_ids
 
     rows = []
     for p in problems:

@@ -46,11 +46,11 @@ def rl_config(method: str, output_dir: str | Path, *, steps: int, seed: int = 0,
 
         return GRPOConfig(**{**common, "epsilon": 0.2, "epsilon_high": 0.28, **overrides})
     if method == "sort":
-        from ..sort import SORTConfig
+        from trl_mintrl.sort import SORTConfig
 
         sort = dict(reference_column="solution", repair_batch_size=8, max_plan_tokens=64)
         return SORTConfig(**{**common, **sort, **overrides})
-    from ..mintrl import MInTRLConfig
+    from trl_mintrl.mintrl import MInTRLConfig
 
     del common["num_generations"]
     mintrl = dict(
@@ -82,10 +82,11 @@ def build_trainer(method: str, model, tokenizer, train_dataset, args, judge="rul
 
         return GRPOTrainer(**kwargs)
     if method == "sort":
-        from ..sort import SORTTrainer
+        from trl_mintrl.sort import SORTTrainer
 
         return SORTTrainer(**kwargs)
-    from ..mintrl import MInTRLTrainer
+    from trl_mintrl.mintrl import MInTRLTrainer
+
     from .task import rule_judge
 
     return MInTRLTrainer(**kwargs, judge=rule_judge() if judge == "rule" else judge)

@@ -1,8 +1,8 @@
 """A toy task for CPU demos and benchmarks: multi-step arithmetic, a rule judge, a ~1M-parameter warm start.
 
-    from trl_mintrl.toy import WARM_START_DIR, make_dataset, make_problems, toy_reward, rule_judge, evaluate
+    from benchmarks.toy import WARM_START_DIR, make_dataset, make_problems, toy_reward, rule_judge, evaluate
 
-`WARM_START_DIR` holds the committed warm-start checkpoint (rebuild: `python -m trl_mintrl.toy.warm_start_build`).
+`WARM_START_DIR` holds the committed warm-start checkpoint (rebuild: `python -m benchmarks.toy.warm_start_build`).
 """
 
 from .evaluate import evaluate, sample_completions

@@ -118,7 +118,7 @@ def toy_reward(completions, answer, **kwargs) -> list[float]:
 
 def _split(text: str) -> list[tuple[int, str, bool]]:
     """(start offset, stripped text, closed by a blank line) of each step of `text`."""
-    from ..mintrl.steps import split_steps
+    from trl_mintrl.mintrl.steps import split_steps
 
     out, offset = [], 0
     for step in split_steps(text):
@@ -171,6 +171,6 @@ def correct_step(question: str, prefix: str, reference: str | None = None) -> st
 
 def rule_judge():
     """A `FunctionJudge` that checks every step exactly and writes the correct step (a strong, cheap judge)."""
-    from ..judges.function import FunctionJudge
+    from trl_mintrl.judges.function import FunctionJudge
 
     return FunctionJudge(review_steps, correct_step)

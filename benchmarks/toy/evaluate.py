@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ..eval import pass_at_k
+from trl_mintrl.eval import pass_at_k
+
 from .task import Problem, toy_reward
 
 _STEP = re.compile(r"\d+\s*[-+]\s*\d+\s*=")
@@ -26,8 +27,8 @@ def sample_completions(
     import torch
     from transformers import GenerationConfig
 
-    from ..engines import TransformersEngine
-    from ..prompts import prompt_token_ids
+    from trl_mintrl.engines import TransformersEngine
+    from trl_mintrl.prompts import prompt_token_ids
 
     if max_new_tokens is None:
         max_new_tokens = 2 * max(len(p.solution) for p in problems) + 8

@@ -1,0 +1,1 @@
+"""Benchmarks and the toy task they run on (not part of the installed package)."""
