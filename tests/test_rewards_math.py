@@ -65,6 +65,13 @@ def test_unparseable_gold_is_skipped_not_zero(reward):
     assert scores == [None, None, None, 1.0]
 
 
+def test_gold_whose_parsing_raises_is_skipped_not_zero(reward):
+    """A gold that breaks the parser (here not a string: the extraction raises TypeError) must not read as a wrong
+    answer, or SORT would defer the prompt as all-wrong; a malformed completion still scores 0."""
+    assert reward([r"\boxed{3}", r"\boxed{3}", r"\boxed{3}"], solution=[None, ["3"], "3"]) == [None, None, 1.0]
+    assert reward([None], solution=["3"]) == [0.0]
+
+
 def test_conversational_and_plain_completions(reward):
     chat = [[{"role": "assistant", "content": r"Thus \boxed{42}."}], [{"role": "assistant", "content": "no"}]]
     assert reward(chat, solution=["42", "42"]) == [1.0, 0.0]

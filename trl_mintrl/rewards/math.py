@@ -76,7 +76,7 @@ class MathVerifier:
 
     def score(self, golds: list[str], completions: list[str]) -> list[float | None]:
         """1.0 if the completion's final answer equals the gold answer, 0.0 if not (or on timeout), None if the
-        gold answer does not parse (the row carries no signal)."""
+        gold answer does not parse or its parsing raises (the row carries no signal)."""
         if len(golds) != len(completions):
             raise ValueError(f"got {len(completions)} completions but {len(golds)} gold answers (`solution`)")
         idle = self._workers()
@@ -182,8 +182,9 @@ def _default() -> MathVerifier:
 def math_reward(completions: list, solution: list[str], **kwargs) -> list[float | None]:
     """Reward 1.0 when the completion's final answer (its last `\\boxed{}`, otherwise its answer line, e.g.
     "The final answer is 12") equals `solution`'s per `math-verify`; 0.0 otherwise; None when the gold answer does
-    not parse. `solution` may be a bare answer or a worked solution ending in `\\boxed{answer}`. Completions may
-    be strings or conversations. TRL reward-function convention; works from any thread (10 s bound per item)."""
+    not parse or its parsing raises (e.g. a gold that is not a string): such a row carries no signal. `solution`
+    may be a bare answer or a worked solution ending in `\\boxed{answer}`. Completions may be strings or
+    conversations. TRL reward-function convention; works from any thread (10 s bound per item)."""
     return _default().score(list(solution), [completion_text(c) for c in completions])
 
 
@@ -259,8 +260,8 @@ def _serve() -> None:
                 reward = float(verify(gold, parse_answer(request["text"], gold=False), timeout_seconds=None))
         except _Timeout:
             reward = None if stage == "gold" else 0.0
-        except Exception:  # a malformed answer is a wrong answer
-            reward = 0.0
+        except Exception:  # a malformed answer is a wrong answer; a gold answer that breaks parsing is no signal
+            reward = None if stage == "gold" else 0.0
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         print(json.dumps({"reward": reward}), flush=True)
