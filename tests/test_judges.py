@@ -18,6 +18,7 @@ from trl_mintrl.judges import (
     ReviewRequest,
     Verdict,
     clean_correction,
+    parse_correction,
     parse_verdict,
     resolve_template,
 )
@@ -68,14 +69,34 @@ def test_parse_verdict_rejects_everything_else(text):
     assert parse_verdict(text, num_steps=3) == Verdict(failed=True)
 
 
-def test_clean_correction_strips_labels_and_never_fails():
+def test_clean_correction_strips_reasoning_and_labels():
     assert clean_correction("Correction: 2+3=5.\n") == "2+3=5."
     assert clean_correction("**Correction:** Then 7*6 = 42.") == "Then 7*6 = 42."
     assert clean_correction("  next step: divide by 2  ") == "divide by 2"
     assert clean_correction("<think>hmm, careful</think>\n\nSo x = 4.") == "So x = 4."
+    # a thinking template opens <think> in the prompt: the answer holds only the closing tag
+    assert clean_correction("hmm, careful\n</think>\n\nSo x = 4.") == "So x = 4."
+    assert clean_correction("<think>\n\n</think>\n\nSo x = 4.") == "So x = 4."
     assert clean_correction("Answer: \\boxed{5}") == "Answer: \\boxed{5}"  # content, not a label
     assert clean_correction("") == ""
     assert clean_correction(None) == ""
+    # an unclosed reasoning block is no correction at all
+    assert clean_correction("<think>\nLet me check 2+3. It is") is None
+    assert clean_correction("<think>a</think>\n<think>b") is None
+
+
+def test_parse_correction_fails_when_cut_off_or_still_thinking():
+    assert parse_correction("Correction: 2+3=5.", truncated=False) == Correction("2+3=5.")
+    assert parse_correction("", truncated=False) == Correction("")  # an empty correction is allowed
+    assert parse_correction("2+3=5. Then we multiply by", truncated=True) == Correction(failed=True)
+    assert parse_correction("<think>\nSo 2+3 is", truncated=False) == Correction(failed=True)
+
+
+def test_parse_verdict_reads_past_reasoning_and_fails_inside_it():
+    assert parse_verdict("<think>\nstep 1 ok\n</think>\n\nVERDICT: REVISE 2", 2) == Verdict(1)
+    assert parse_verdict("step 1 ok\n</think>\nVERDICT: KEEP", 2) == Verdict(None)
+    # the verdict line written inside an unclosed reasoning block is a thought, not an answer
+    assert parse_verdict("<think>\nmaybe VERDICT: KEEP\nVERDICT: KEEP", 2) == Verdict(failed=True)
 
 
 # ---------------------------------------------------------------------------------------------------------- templates
@@ -258,6 +279,6 @@ def test_model_judge_on_the_tiny_model_marks_garbage_failed(tiny_model_path):
     verdicts = judge.review(reviews)
     assert verdicts == [Verdict(failed=True)] * 3  # random weights never write a verdict line
     corrections = judge.correct([CorrectionRequest("Compute 1+1", "1+1", "2")] * 3)
-    assert len(corrections) == 3 and all(isinstance(c.text, str) and not c.failed for c in corrections)
-    assert corrections[0] == corrections[1] == corrections[2]  # greedy: same request, same answer
+    # random weights do not stop within 5 tokens: a correction cut by its cap is a failure, never inserted
+    assert corrections == [Correction(failed=True)] * 3
     assert judge.engine.num_calls == 2

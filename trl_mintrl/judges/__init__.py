@@ -8,7 +8,7 @@ from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
 from .endpoint import EndpointJudge
 from .function import FunctionJudge
 from .generating import GeneratingJudge
-from .parsing import clean_correction, parse_verdict
+from .parsing import clean_correction, parse_correction, parse_verdict
 from .templates import (
     CORRECTION_FIELDS,
     CORRECTION_TEMPLATES,
@@ -33,6 +33,7 @@ __all__ = [
     "ReviewRequest",
     "Verdict",
     "clean_correction",
+    "parse_correction",
     "parse_verdict",
     "resolve_template",
 ]

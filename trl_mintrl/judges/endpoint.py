@@ -1,15 +1,20 @@
 """A judge behind an OpenAI-compatible chat-completions endpoint (`vllm serve`, SGLang, hosted APIs).
 
 Standard library only (urllib + a thread pool). Each batch sends one request per item, at most `max_concurrency` at a
-time. Timeouts, connection errors, 5xx and 429 are retried with exponential backoff and jitter; other 4xx are not
-(the request itself is wrong). An item that still fails comes back `failed`, never as an exception. The API key is
-read from an environment variable when a batch starts and only ever put into the `Authorization` header: it is not
-stored on the judge, and any echo of it in an error body is redacted before logging.
+time. Each attempt has one deadline, `timeout_s`, for connecting, sending and reading the whole answer, so a server
+that hangs or trickles bytes cannot hold a request longer than `max_request_seconds`. Timeouts, connection errors,
+5xx and 429 are retried with exponential backoff and jitter; other 4xx are not (the request itself is wrong), nor are
+answers that arrived but are unusable (malformed, too long, no verdict). An item that still fails comes back
+`failed`, never as an exception, and is counted by kind in `failures`. The API key is read from an environment
+variable when a batch starts and only ever put into the `Authorization` header: it is not stored on the judge, and
+any echo of it in an error body is redacted before logging.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
 import json
 import logging
 import os
@@ -17,6 +22,7 @@ import random
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -29,6 +35,19 @@ logger = logging.getLogger(__name__)
 
 _ERROR_BODY_CHARS = 300  # of an error body, in log lines
 _READ_CHARS = 4096  # read before redacting, so a key is never cut in two by the truncation
+_READ_CHUNK = 65536
+
+FAILURE_KINDS = (
+    "timeout",  # no complete answer within the attempt's deadline
+    "connection",  # refused, reset, or closed before the whole body arrived
+    "http_429",
+    "http_5xx",
+    "http_4xx",  # other client errors: not retried
+    "malformed_response",  # not JSON, or JSON without choices[0].message
+    "too_long",  # body over `max_response_bytes`, or a review cut by its token budget
+    "unparseable_verdict",  # a review without a valid final `VERDICT:` line
+    "unexpected",  # any other exception (a bug, an odd server): logged, never raised
+)
 
 
 @dataclass
@@ -37,11 +56,18 @@ class _Reply:
     finish_reason: str | None
 
 
-class _AttemptError(Exception):
-    """One failed HTTP attempt: why, whether another attempt may succeed, and the server's Retry-After."""
+@dataclass
+class _Failure:
+    kind: str
+    reason: str
 
-    def __init__(self, reason: str, retryable: bool, retry_after: float | None = None):
+
+class _AttemptError(Exception):
+    """One failed HTTP attempt: its kind, why, whether another attempt may succeed, and the server's Retry-After."""
+
+    def __init__(self, kind: str, reason: str, retryable: bool, retry_after: float | None = None):
         super().__init__(reason)
+        self.kind = kind
         self.reason = reason
         self.retryable = retryable
         self.retry_after = retry_after
@@ -55,7 +81,7 @@ class EndpointJudge(Judge):
         model: the served model name sent in each request.
         api_key_env: environment variable holding the API key (sent as `Authorization: Bearer`); None or unset
             sends no key, as local servers need none.
-        timeout_s: socket timeout of one attempt (connect and each read).
+        timeout_s: deadline of one attempt: connecting, sending and receiving the whole answer.
         max_retries: extra attempts after the first for retryable failures.
         max_concurrency: most requests in flight at once.
         temperature: sampling temperature sent with each request.
@@ -65,6 +91,12 @@ class EndpointJudge(Judge):
         backoff_s / max_backoff_s: first retry delay and its cap; delays double per attempt, times a random factor
             in [0.5, 1] (jitter), and are at least the server's Retry-After (capped too).
         extra_body: extra JSON fields for every request, e.g. `{"chat_template_kwargs": {"enable_thinking": False}}`.
+        max_response_bytes: larger response bodies fail as `too_long` (a server ignoring `max_tokens` must not
+            exhaust the trainer's memory).
+
+    Attributes:
+        failures: requests that failed for good, by kind (see `FAILURE_KINDS`), since construction.
+        retries: failed attempts that were retried, by kind.
     """
 
     def __init__(
@@ -84,6 +116,7 @@ class EndpointJudge(Judge):
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
         extra_body: dict | None = None,
+        max_response_bytes: int = 4 << 20,
     ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"`judge_base_url` must start with http:// or https://, got {base_url!r}")
@@ -93,6 +126,7 @@ class EndpointJudge(Judge):
             "max_concurrency": max_concurrency,
             "max_review_tokens": max_review_tokens,
             "max_correction_tokens": max_correction_tokens,
+            "max_response_bytes": max_response_bytes,
         }
         for name, value in positive_ints.items():
             if not isinstance(value, int) or value < 1:
@@ -118,6 +152,9 @@ class EndpointJudge(Judge):
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.extra_body = dict(extra_body or {})
+        self.max_response_bytes = max_response_bytes
+        self.failures: Counter[str] = Counter()
+        self.retries: Counter[str] = Counter()
 
     def __repr__(self) -> str:
         return (
@@ -125,54 +162,75 @@ class EndpointJudge(Judge):
             f"timeout_s={self.timeout_s}, max_retries={self.max_retries}, max_concurrency={self.max_concurrency})"
         )
 
+    @property
+    def max_request_seconds(self) -> float:
+        """The longest one request can take: every attempt up to its deadline, every backoff at its cap."""
+        return (self.max_retries + 1) * self.timeout_s + self.max_retries * self.max_backoff_s
+
+    def state_dict(self) -> dict:
+        return {"failures": dict(self.failures), "retries": dict(self.retries)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.failures = Counter(state.get("failures", {}))
+        self.retries = Counter(state.get("retries", {}))
+
     def review(self, requests: list[ReviewRequest]) -> list[Verdict]:
         prompts = [self.templates.render_review(r) for r in requests]
-        replies = self._batch(prompts, self.max_review_tokens, "review")
-        verdicts = []
-        for req, reply in zip(requests, replies, strict=True):
-            if reply is None or reply.finish_reason == "length":
-                verdicts.append(Verdict(failed=True))
-            else:
-                verdicts.append(parse_verdict(reply.text, len(req.steps)))
-        return verdicts
+        replies = self._batch(prompts, self.max_review_tokens)
+        outcomes = [_verdict(reply, len(req.steps)) for req, reply in zip(requests, replies, strict=True)]
+        self._record("review", outcomes)
+        return [Verdict(failed=True) if isinstance(o, _Failure) else o for o in outcomes]
 
     def correct(self, requests: list[CorrectionRequest]) -> list[Correction]:
         prompts = [self.templates.render_correction(r) for r in requests]
-        replies = self._batch(prompts, self.max_correction_tokens, "correction")
-        return [Correction(failed=True) if r is None else Correction(clean_correction(r.text)) for r in replies]
+        replies = self._batch(prompts, self.max_correction_tokens)
+        outcomes = [r if isinstance(r, _Failure) else Correction(clean_correction(r.text)) for r in replies]
+        self._record("correction", outcomes)
+        return [Correction(failed=True) if isinstance(o, _Failure) else o for o in outcomes]
 
-    def _batch(self, prompts: list[str], max_tokens: int, kind: str) -> list[_Reply | None]:
-        """One reply per prompt (None where it failed), at most `max_concurrency` requests in flight."""
+    def _record(self, kind: str, outcomes: list) -> None:
+        """Count the failed requests by kind and log one line per batch."""
+        failures = [o for o in outcomes if isinstance(o, _Failure)]
+        if not failures:
+            return
+        by_kind = Counter(f.kind for f in failures)
+        self.failures.update(by_kind)
+        logger.warning(
+            "%d of %d judge %s requests to %s failed (%s); first: %s",
+            len(failures),
+            len(outcomes),
+            kind,
+            self.url,
+            ", ".join(f"{k}: {n}" for k, n in by_kind.most_common()),
+            failures[0].reason,
+        )
+
+    def _batch(self, prompts: list[str], max_tokens: int) -> list[_Reply | _Failure]:
+        """One outcome per prompt, at most `max_concurrency` requests in flight."""
         if not prompts:
             return []
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         headers = {"Content-Type": "application/json", "User-Agent": f"trl-mintrl/{__version__}"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        opener = urllib.request.build_opener(_DeadlineHTTPHandler, _DeadlineHTTPSHandler)  # reads proxy settings now
 
-        def call(prompt: str) -> _Reply | str:
+        def call(prompt: str) -> tuple[_Reply | _Failure, list[str]]:
+            retried = []  # kinds of the failed attempts that were retried
             try:
-                return self._complete(prompt, max_tokens, headers, key)
+                return self._complete(opener, prompt, max_tokens, headers, key, retried), retried
             except _AttemptError as err:
-                return err.reason
+                return _Failure(err.kind, err.reason), retried
             except Exception as err:  # a bug or an odd server must not take the rollout down
-                return _redact(f"{type(err).__name__}: {err}", key)
+                return _Failure("unexpected", _redact(f"{type(err).__name__}: {err}", key)), retried
 
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
             results = list(pool.map(call, prompts))
-        failures = [r for r in results if isinstance(r, str)]
-        if failures:
-            logger.warning(
-                "%d of %d judge %s requests to %s failed; first: %s",
-                len(failures),
-                len(results),
-                kind,
-                self.url,
-                failures[0],
-            )
-        return [None if isinstance(r, str) else r for r in results]
+        for _, retried in results:
+            self.retries.update(retried)
+        return [outcome for outcome, _ in results]
 
-    def _complete(self, prompt: str, max_tokens: int, headers: dict, key: str | None) -> _Reply:
+    def _complete(self, opener, prompt: str, max_tokens: int, headers: dict, key: str | None, retried: list) -> _Reply:
         body = {
             **self.extra_body,
             "model": self.model,
@@ -184,7 +242,7 @@ class EndpointJudge(Judge):
         attempt = 0
         while True:
             try:
-                return self._post(data, headers, key)
+                return self._post(opener, data, headers, key)
             except _AttemptError as err:
                 if not err.retryable or attempt == self.max_retries:
                     if attempt:
@@ -194,36 +252,133 @@ class EndpointJudge(Judge):
                 if err.retry_after is not None:
                     delay = max(delay, min(err.retry_after, self.max_backoff_s))
                 logger.debug("judge request attempt %d failed (%s); retrying in %.2fs", attempt + 1, err.reason, delay)
+                retried.append(err.kind)
                 time.sleep(delay)
                 attempt += 1
 
-    def _post(self, data: bytes, headers: dict, key: str | None) -> _Reply:
-        """One HTTP attempt, its failures classified as retryable or not."""
+    def _post(self, opener, data: bytes, headers: dict, key: str | None) -> _Reply:
+        """One HTTP attempt, its failures classified by kind and as retryable or not."""
         request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
+            with opener.open(request, timeout=self.timeout_s) as response:
+                raw = self._read_body(response)
         except urllib.error.HTTPError as err:
-            detail = _snippet(err.read(_READ_CHARS), key)
-            retry_after = err.headers.get("Retry-After") if err.headers else None
-            raise _AttemptError(
-                f"HTTP {err.code}: {detail}",
-                retryable=err.code >= 500 or err.code == 429,
-                retry_after=float(retry_after) if retry_after and retry_after.isdigit() else None,
-            ) from None
+            try:
+                detail = _snippet(err.read(_READ_CHARS), key)
+            except (OSError, http.client.HTTPException) as read_err:
+                detail = f"(body unreadable: {type(read_err).__name__})"
+            finally:
+                err.close()
+            kind = "http_429" if err.code == 429 else "http_5xx" if err.code >= 500 else "http_4xx"
+            retry_after = _seconds(err.headers.get("Retry-After")) if err.headers else None
+            raise _AttemptError(kind, f"HTTP {err.code}: {detail}", kind != "http_4xx", retry_after) from None
         except urllib.error.URLError as err:
-            raise _AttemptError(f"connection failed: {err.reason}", retryable=True) from None
-        except (TimeoutError, ConnectionError, http.client.HTTPException) as err:
-            raise _AttemptError(f"{type(err).__name__}: {err}", retryable=True) from None
+            kind = "timeout" if isinstance(err.reason, TimeoutError) else "connection"
+            raise _AttemptError(kind, f"connection failed: {err.reason}", retryable=True) from None
+        except TimeoutError as err:
+            raise _AttemptError("timeout", f"timed out after {self.timeout_s}s: {err}", retryable=True) from None
+        except (OSError, http.client.HTTPException) as err:
+            raise _AttemptError("connection", f"{type(err).__name__}: {err}", retryable=True) from None
         try:
             choice = json.loads(raw)["choices"][0]
             text = choice["message"].get("content") or ""
             return _Reply(text, choice.get("finish_reason"))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise _AttemptError(
-                f"malformed response: {_snippet(raw, key)}",
-                retryable=False,
-            ) from None
+            raise _AttemptError("malformed_response", f"malformed response: {_snippet(raw, key)}", False) from None
+
+    def _read_body(self, response) -> bytes:
+        """The whole body, refusing one over `max_response_bytes` and one cut short of its Content-Length."""
+        chunks, size = [], 0
+        while chunk := response.read(_READ_CHUNK):
+            size += len(chunk)
+            if size > self.max_response_bytes:
+                raise _AttemptError("too_long", f"response body over {self.max_response_bytes} bytes", False)
+            chunks.append(chunk)
+        declared = response.headers.get("Content-Length", "")
+        if declared.isdigit() and size < int(declared):
+            raise _AttemptError("connection", f"connection closed after {size} of {declared} bytes", True)
+        return b"".join(chunks)
+
+
+def _verdict(reply: _Reply | _Failure, num_steps: int) -> Verdict | _Failure:
+    """A review reply's verdict, or why it gives none."""
+    if isinstance(reply, _Failure):
+        return reply
+    if reply.finish_reason == "length":
+        return _Failure("too_long", "review cut by max_review_tokens (finish_reason=length)")
+    verdict = parse_verdict(reply.text, num_steps)
+    return (
+        _Failure("unparseable_verdict", "no valid final `VERDICT:` line, or a step out of range")
+        if verdict.failed
+        else verdict
+    )
+
+
+class _DeadlineReader(io.RawIOBase):
+    """Socket reads sharing one deadline: a server that trickles bytes cannot stretch an attempt past it."""
+
+    def __init__(self, sock, deadline: float):
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)  # holds the socket open until the response is closed
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("attempt deadline passed")
+        self._sock.settimeout(remaining)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    def __init__(self, sock, *args, deadline: float, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        plain = self.fp
+        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+        plain.close()
+
+
+class _DeadlineConnection:
+    """Mixin for http.client connections: status line, headers and body must all arrive within `timeout` of the
+    connection's creation (connect and send are bounded by the same socket timeout)."""
+
+    def __init__(self, *args, timeout: float, **kwargs):
+        super().__init__(*args, timeout=timeout, **kwargs)
+        self.response_class = functools.partial(_DeadlineResponse, deadline=time.monotonic() + timeout)
+
+
+class _DeadlineHTTPConnection(_DeadlineConnection, http.client.HTTPConnection):
+    pass
+
+
+class _DeadlineHTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    pass
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def do_open(self, http_class, req, **kwargs):
+        return super().do_open(_DeadlineHTTPConnection, req, **kwargs)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def do_open(self, http_class, req, **kwargs):
+        return super().do_open(_DeadlineHTTPSConnection, req, **kwargs)
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """A Retry-After header in seconds ("2", "1.5"); None for a date or anything else."""
+    try:
+        return max(0.0, float(retry_after)) if retry_after else None
+    except ValueError:
+        return None
 
 
 def _snippet(raw: bytes, key: str | None) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 
 from ..engines.base import Generation, GenerationEngine
-from ..prompts import chat_token_ids
+from ..prompts import NO_THINKING, chat_token_ids
 from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
-from .parsing import clean_correction, parse_verdict
+from .parsing import parse_correction, parse_verdict
 from .templates import JudgeTemplates
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,11 @@ class GeneratingJudge(Judge):
         max_review_tokens: budget of a review answer; a review cut by it fails (its verdict line may be cut too).
         max_correction_tokens: budget of a correction answer (the rollout loop caps it again in policy tokens).
         temperature: sampling temperature of the judge; 0 decodes greedily, None uses the engine's settings.
+        chat_template_kwargs: arguments of the chat template when rendering judge prompts; None means
+            `{"enable_thinking": False}` (a thinking template would spend the review budget inside `<think>`),
+            `{}` renders the template's defaults. Templates ignore variables they do not use.
+
+    A review or correction that hits its token cap before ending, or leaves a `<think>` block open, fails.
     """
 
     def __init__(
@@ -39,6 +44,7 @@ class GeneratingJudge(Judge):
         max_review_tokens: int = 1024,
         max_correction_tokens: int = 64,
         temperature: float | None = 0.0,
+        chat_template_kwargs: dict | None = None,
     ):
         for name, value in (
             ("max_review_tokens", max_review_tokens),
@@ -46,6 +52,8 @@ class GeneratingJudge(Judge):
         ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GeneratingJudge `{name}` must be a positive integer, got {value!r}")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError(f"GeneratingJudge `chat_template_kwargs` must be a dict, got {chat_template_kwargs!r}")
         if temperature is not None and temperature < 0:
             raise ValueError(f"GeneratingJudge `temperature` must be >= 0 or None, got {temperature}")
         self.engine = engine
@@ -54,6 +62,7 @@ class GeneratingJudge(Judge):
         self.max_review_tokens = max_review_tokens
         self.max_correction_tokens = max_correction_tokens
         self.temperature = temperature
+        self.chat_template_kwargs = dict(NO_THINKING if chat_template_kwargs is None else chat_template_kwargs)
 
     @classmethod
     def from_pretrained(
@@ -88,11 +97,12 @@ class GeneratingJudge(Judge):
     def __repr__(self) -> str:
         return (
             f"GeneratingJudge(engine={type(self.engine).__name__}, max_review_tokens={self.max_review_tokens}, "
-            f"max_correction_tokens={self.max_correction_tokens}, temperature={self.temperature})"
+            f"max_correction_tokens={self.max_correction_tokens}, temperature={self.temperature}, "
+            f"chat_template_kwargs={self.chat_template_kwargs})"
         )
 
     def _generate(self, texts: list[str], max_new_tokens: int) -> list[Generation]:
-        prompts = [chat_token_ids(self.tokenizer, text) for text in texts]
+        prompts = [chat_token_ids(self.tokenizer, text, **self.chat_template_kwargs) for text in texts]
         return self.engine.generate(prompts, max_new_tokens, self.temperature)
 
     def _decode(self, generation: Generation) -> str:
@@ -121,4 +131,10 @@ class GeneratingJudge(Judge):
         if not requests:
             return []
         outputs = self._generate([self.templates.render_correction(r) for r in requests], self.max_correction_tokens)
-        return [Correction(clean_correction(self._decode(out))) for out in outputs]
+        corrections = [
+            parse_correction(self._decode(out), self._truncated(out, self.max_correction_tokens)) for out in outputs
+        ]
+        for out, correction in zip(outputs, corrections, strict=True):
+            if correction.failed:
+                logger.debug("unusable judge correction (%d tokens): %r", out.num_tokens, self._decode(out)[-200:])
+        return corrections

@@ -3,17 +3,21 @@
 Only the last non-empty line of a review counts, and it must be `VERDICT: KEEP` or `VERDICT: REVISE <k>`: a judge
 that rambles, hedges or names a step that does not exist gives a failed verdict (treated as KEEP and counted),
 never a guess. Tolerated: case, spacing, brackets around the line or around k, markdown emphasis, a final period.
+
+Reasoning blocks: text up to the last `</think>` is reasoning (a thinking template may open `<think>` in the prompt,
+so the answer can hold only the closing tag). An answer that opens `<think>` and never closes it, or that hit its
+token cap before ending, is unusable: the judge was still thinking.
 """
 
 from __future__ import annotations
 
 import re
 
-from .base import Verdict
+from .base import Correction, Verdict
 
 _VERDICT_LINE = re.compile(r"verdict\s*:\s*(?:(keep)|revise\s*[\[(<]?\s*(\d+)\s*[\])>]?)", re.IGNORECASE)
 _EMPHASIS = "*_`"
-_THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _LABEL = re.compile(
     r"^\s*(?:[*_#>]+\s*)?(?:correction|corrected step|next step|continuation|revised step)\s*[*_]*\s*:[*_]*\s*",
     re.IGNORECASE,
@@ -22,7 +26,8 @@ _LABEL = re.compile(
 
 def parse_verdict(text: str, num_steps: int) -> Verdict:
     """Parse a review answer into a 0-based `Verdict`; anything but a well-formed, in-range last line fails."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    answer = strip_reasoning(text)
+    lines = [line.strip() for line in (answer or "").splitlines() if line.strip()]
     if not lines:
         return Verdict(failed=True)
     line = lines[-1].strip(_EMPHASIS + " \t").rstrip(".").strip(_EMPHASIS + " \t")
@@ -39,10 +44,26 @@ def parse_verdict(text: str, num_steps: int) -> Verdict:
     return Verdict(wrong_step=k - 1)
 
 
-def clean_correction(text: str) -> str:
-    """The correction text without a leading reasoning block, label ("Correction:") or surrounding whitespace.
+def strip_reasoning(text: str | None) -> str | None:
+    """The answer after any reasoning block (up to the last `</think>`); None when a `<think>` block is left open."""
+    text = text or ""
+    if _THINK_CLOSE in text:
+        text = text.rsplit(_THINK_CLOSE, 1)[1]
+    return None if _THINK_OPEN in text else text
 
-    Never fails: an empty answer is an empty correction, which the rollout loop allows.
+
+def clean_correction(text: str | None) -> str | None:
+    """The correction text without a reasoning block, label ("Correction:") or surrounding whitespace.
+
+    An empty answer is an empty correction, which the rollout loop allows; None when a `<think>` block is left open.
     """
-    text = _THINK_BLOCK.sub("", text or "")
-    return _LABEL.sub("", text, count=1).strip()
+    answer = strip_reasoning(text)
+    return None if answer is None else _LABEL.sub("", answer, count=1).strip()
+
+
+def parse_correction(text: str | None, truncated: bool) -> Correction:
+    """A `Correction` from a judge's answer; failed when the answer hit its token cap before ending (likely cut in
+    the middle of reasoning or of a sentence) or leaves a `<think>` block open. Failed corrections are never
+    inserted: the rollout keeps the chunk as if the judge had said KEEP."""
+    cleaned = None if truncated else clean_correction(text)
+    return Correction(failed=True) if cleaned is None else Correction(cleaned)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
 from ..judges.templates import resolve_template
+from ..prompts import NO_THINKING
 
 ANCHORS = ("const", "proxy")
-JUDGE_BACKENDS = ("self", "model", "endpoint")
+JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
 
 
 @dataclass
@@ -19,6 +21,8 @@ class MInTRLConfig(GRPOConfig):
     Defaults follow the paper (Table 6) where it gives a value. `num_generations` is
     `num_control_generations + num_intervened_generations`; leave it unset or set it to that sum.
     """
+
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["judge_chat_template_kwargs"]
 
     # group composition
     num_control_generations: int = field(
@@ -40,9 +44,7 @@ class MInTRLConfig(GRPOConfig):
     max_reviews: int = field(
         default=4, metadata={"help": "Reviews per intervened rollout; afterwards the rest is generated unreviewed."}
     )
-    max_correction_tokens: int = field(
-        default=64, metadata={"help": "Cap on a judge correction, in policy tokens."}
-    )
+    max_correction_tokens: int = field(default=64, metadata={"help": "Cap on a judge correction, in policy tokens."})
     intervention_steps: int = field(
         default=200,
         metadata={
@@ -71,7 +73,8 @@ class MInTRLConfig(GRPOConfig):
         },
     )
     kappa: float = field(
-        default=-0.2, metadata={"help": "Constant anchor for judge tokens with anchor='const' (paper: -0.2 math, -0.1 code)."}
+        default=-0.2,
+        metadata={"help": "Constant anchor for judge tokens with anchor='const' (paper: -0.2 math, -0.1 code)."},
     )
     regression_beta: float = field(
         default=1e-3, metadata={"help": "Scale of the summed log-ratio in the advantage regression (paper's beta2)."}
@@ -87,7 +90,9 @@ class MInTRLConfig(GRPOConfig):
     judge: str = field(
         default="self",
         metadata={
-            "help": "Judge backend: 'self' (the policy with the reference solution as privileged context), 'model' "
+            "help": "Judge backend: 'self' (the current policy with the reference solution as privileged context), "
+            "'base' (the initial weights with the same context, as in the paper's self-intervention ablation: the "
+            "policy with its PEFT adapter disabled, or else a frozen copy loaded from the policy's path), 'model' "
             "(a second model from `judge_model_name_or_path`), 'endpoint' (OpenAI-compatible server at "
             "`judge_base_url`). Ignored when a judge object is passed to the trainer.",
             "choices": list(JUDGE_BACKENDS),
@@ -96,16 +101,28 @@ class MInTRLConfig(GRPOConfig):
     judge_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Judge model (local path or Hub id) for judge='model'."}
     )
+    judge_chat_template_kwargs: dict | str | None = field(
+        default_factory=lambda: dict(NO_THINKING),
+        metadata={
+            "help": "Chat-template arguments for the judge's prompts (judge='self', 'base', 'model', on either "
+            "engine). The default turns thinking off: a thinking template (Qwen3) otherwise spends the review "
+            "budget inside <think>, the review is cut off and counted as a failure, and the judge never intervenes. "
+            "Templates that do not use a variable ignore it; {} renders the template's defaults. The endpoint judge "
+            "renders on its server and does not use this field."
+        },
+    )
     judge_vllm_gpu_memory_utilization: float | None = field(
         default=None,
         metadata={
-            "help": "With judge='model' and use_vllm: run the judge in a second colocated vLLM engine with this "
+            "help": "With judge='model' (or 'base' without PEFT) and use_vllm: run the judge in a second colocated "
+            "vLLM engine with this "
             "share of GPU memory (lower the policy's vllm_gpu_memory_utilization to fit both). None generates the "
             "judge with transformers."
         },
     )
     judge_base_url: str | None = field(
-        default=None, metadata={"help": "OpenAI-compatible base URL for judge='endpoint', e.g. http://127.0.0.1:8000/v1."}
+        default=None,
+        metadata={"help": "OpenAI-compatible base URL for judge='endpoint', e.g. http://127.0.0.1:8000/v1."},
     )
     judge_model: str | None = field(default=None, metadata={"help": "Model name sent to the endpoint judge."})
     judge_api_key_env: str = field(
@@ -116,7 +133,10 @@ class MInTRLConfig(GRPOConfig):
     judge_max_concurrency: int = field(default=16, metadata={"help": "Concurrent endpoint judge requests."})
     judge_temperature: float = field(default=0.0, metadata={"help": "Judge sampling temperature (0: greedy)."})
     judge_max_review_tokens: int = field(
-        default=256, metadata={"help": "Token budget of a judge review answer (reasoning + verdict line)."}
+        default=256,
+        metadata={
+            "help": "Token budget of a judge review answer (reasoning + verdict line). A review cut by it fails."
+        },
     )
     judge_review_template: str = field(
         default="math",
@@ -128,13 +148,17 @@ class MInTRLConfig(GRPOConfig):
     )
     reference_column: str = field(
         default="solution",
-        metadata={"help": "Dataset column with the reference solution shown to the judge (required for judge='self')."},
+        metadata={
+            "help": "Dataset column with the reference solution shown to the judge (required for judge='self')."
+        },
     )
 
     def __post_init__(self):
         total = self.num_control_generations + self.num_intervened_generations
         if self.num_control_generations < 1:
-            raise ValueError("num_control_generations must be >= 1: the control rollouts' mean reward is the baseline.")
+            raise ValueError(
+                "num_control_generations must be >= 1: the control rollouts' mean reward is the baseline."
+            )
         if self.num_intervened_generations < 0:
             raise ValueError("num_intervened_generations must be >= 0.")
         if self.num_generations is None:
@@ -149,6 +173,7 @@ class MInTRLConfig(GRPOConfig):
             raise ValueError(f"anchor={self.anchor!r} is not one of {ANCHORS}.")
         if self.judge not in JUDGE_BACKENDS:
             raise ValueError(f"judge={self.judge!r} is not one of {JUDGE_BACKENDS}.")
+        self.judge_chat_template_kwargs = _chat_template_kwargs(self.judge_chat_template_kwargs)
         if self.judge == "model" and not self.judge_model_name_or_path:
             raise ValueError("judge='model' needs judge_model_name_or_path (a local path or Hub id of the judge).")
         if self.judge == "endpoint" and not (self.judge_base_url and self.judge_model):
@@ -173,3 +198,23 @@ class MInTRLConfig(GRPOConfig):
                 f"beta={self.beta}: MInTRL's advantage regression has no KL term. Set beta=0 and tune regression_beta."
             )
         super().__post_init__()
+
+
+def _chat_template_kwargs(value) -> dict:
+    """`judge_chat_template_kwargs` as a dict: a JSON string (command line) is parsed, None means {}."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"judge_chat_template_kwargs={value!r} is not valid JSON ({err}); write e.g. "
+                "'{\"enable_thinking\": false}'."
+            ) from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"judge_chat_template_kwargs must be a mapping of chat-template arguments, e.g. "
+            f"{{'enable_thinking': False}}, got {value!r}."
+        )
+    return dict(value)

@@ -25,7 +25,7 @@ from ..losses import control_baseline_advantages, regression_residuals
 from ..model_card import ModelCardMixin
 from ..prompts import question_text
 from .config import MInTRLConfig
-from .judge_factory import build_judge
+from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend
 from .rollout import InterventionRollout, RolloutSettings, Trajectory
 
 STATE_FILE = "mintrl_state.json"
@@ -75,8 +75,10 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
             raise ValueError("MInTRLTrainer provides its own rollout_func (the intervention loop); do not pass one.")
         if judge is not None and not isinstance(judge, Judge):
             raise TypeError(f"judge must be a trl_mintrl.judges.Judge (e.g. FunctionJudge), got {type(judge)}.")
-        if judge is None and args.judge == "self" and args.intervention_steps > 0:
+        if judge is None and args.judge in ("self", "base") and args.intervention_steps > 0:
             _require_column(train_dataset, args.reference_column)
+        if judge is None:
+            check_judge_backend(args, model, peft_config)
         if not args.ds3_gather_for_generation:
             raise ValueError(
                 "ds3_gather_for_generation=False is not supported by MInTRL: ranks run different numbers of rollout "
@@ -102,6 +104,7 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
         self.rollout_func = self._intervention_rollout
         self.policy_engine = engine_for_trainer(self)
         self.judge = judge if judge is not None else build_judge(args, self)
+        self.judge_failure_warning = JudgeFailureWarning(args, enabled=self.accelerator.is_main_process)
         self._intervening = False
         self._rollout_stats: torch.Tensor | None = None
         self._prefix_cache_hit_rate: float | None = None
@@ -206,6 +209,7 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
             metrics["mintrl/prefix_cache_hit_rate"].append(self.accelerator.gather(rate).mean().item())
         if mode == "train":
             self.judge_failures_total += int(failures)
+            self.judge_failure_warning.update(stats["reviews"].sum().item(), failures)
         reward_control = torch.nanmean(rewards[is_control]).item()
         metrics["mintrl/reward_control"].append(reward_control)
         if intervened.any():
