@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections import defaultdict
 
 import pytest
 
-from trl_mintrl.rewards import extract_code, make_code_reward, parse_tests
+from trl_mintrl.rewards import RunResult, Sandbox, extract_code, make_code_reward, parse_tests
+from trl_mintrl.rewards import sandbox as sandbox_module
 from trl_mintrl.rewards.code import stdout_matches, values_equal
+from trl_mintrl.rewards.sandbox import ISOLATION_ENV, Limits, _namespace_prefix
+
+NAMESPACES = _namespace_prefix() is not None
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +93,14 @@ def test_stdin_programs_passing_failing_crashing_and_hostile(reward):
         fenced("import sys\nwhile True:\n    sys.stdout.write('3\\n' * 10000)"),  # huge output
         fenced(KILL_PARENT_THEN_ADD),  # tries to kill its parent, then answers: graded like any program
     ]
-    scores = reward(completions, tests=[STDIN_TESTS] * len(completions))
+    metrics = defaultdict(list)
+    scores = reward(completions, tests=[STDIN_TESTS] * len(completions), log_metric=lambda k, v: metrics[k].append(v))
     assert scores == [1.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    runs = 2 * 7  # two stdin cases for each completion with code
+    assert metrics["code_reward/limit_file_size"] == [2 / runs]  # the huge output, cut at the cap
+    assert metrics["code_reward/limit_wall_time"][0] + metrics["code_reward/limit_cpu_time"][0] >= 4 / runs  # loops
+    assert metrics["code_reward/executor_errors"] == [0.0]
+    assert metrics["code_reward/no_network_isolation"] == [0.0 if NAMESPACES else 1.0]
     binary = make_code_reward(binary=True, timeout=2.0)
     assert binary(completions[:2], tests=[STDIN_TESTS] * 2) == [1.0, 0.0]
     assert binary.__name__ == "code_reward"
@@ -122,3 +135,42 @@ def test_conversational_completions(reward):
 def test_length_mismatch_is_an_error(reward):
     with pytest.raises(ValueError, match="2 completions but 1 `tests` rows"):
         reward(["a", "b"], tests=[STDIN_TESTS])
+
+
+def test_a_remote_executor_runs_every_program(monkeypatch):
+    """A user's sandbox service plugs in as `executor`: it gets every job with the configured limits, nothing runs
+    locally, and rows whose runs the service lost get None (no signal) and count in a metric."""
+    monkeypatch.setattr(Sandbox, "_run_locally", lambda self, job: pytest.fail("ran locally"))
+    seen = []
+
+    def service(job, limits):  # stands in for an HTTP call to a sandbox service
+        seen.append(limits)
+        if "service cannot run this" in job.code:
+            raise ConnectionError("503 from the sandbox service")
+        done = subprocess.run([sys.executable, "-c", job.code], input=job.stdin, capture_output=True, text=True)
+        return RunResult("ok" if done.returncode == 0 else "error", done.returncode, None, done.stdout, "", None, 0.1)
+
+    remote_reward = make_code_reward(executor=service, timeout=3.0, memory_mb=256)
+    completions = [
+        fenced("a, b = map(int, input().split())\nprint(a + b)"),
+        fenced("a, b = map(int, input().split())\nprint(3)"),
+        fenced("# service cannot run this\nprint(0)"),
+    ]
+    metrics = {}
+    scores = remote_reward(completions, tests=[STDIN_TESTS] * 3, log_metric=metrics.__setitem__)
+    assert scores == [1.0, 0.5, None]
+    assert metrics["code_reward/executor_errors"] == 2 / 6
+    assert set(seen) == {Limits(3.0, None, 256, 32, 64, 16)}
+
+
+def test_falling_back_without_network_isolation_is_a_metric(monkeypatch):
+    monkeypatch.setattr(sandbox_module, "_namespace_prefix", lambda: None)
+    monkeypatch.setattr(sandbox_module, "interpreter_hidden_paths", lambda: [])  # as root, nobody must read Python
+    monkeypatch.delenv(ISOLATION_ENV, raising=False)
+    metrics = {}
+    scores = make_code_reward(timeout=2.0)(
+        [fenced("print(int(input()) * 2)")],
+        tests=[{"inputs": ["21\n"], "outputs": ["42\n"]}],
+        log_metric=metrics.__setitem__,
+    )
+    assert scores == [1.0] and metrics["code_reward/no_network_isolation"] == 1.0

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import socket
 import time
 
 import pytest
 
-from trl_mintrl.rewards.sandbox import Job, Sandbox, _namespace_prefix, interpreter_hidden_paths
+from trl_mintrl.rewards import sandbox as sandbox_module
+from trl_mintrl.rewards.sandbox import (
+    ISOLATION_ENV,
+    Job,
+    Limits,
+    RunResult,
+    Sandbox,
+    _namespace_prefix,
+    interpreter_hidden_paths,
+)
 
 NAMESPACES = _namespace_prefix() is not None
 ROOT = os.geteuid() == 0
@@ -59,6 +70,7 @@ def _processes(keep) -> set[int]:
 def test_reports_its_isolation(sandbox):
     assert sandbox.isolation == ("namespaces" if NAMESPACES else "process")
     assert (sandbox.run_as is not None) == ROOT
+    assert sandbox.run("pass").isolation == sandbox.isolation
 
 
 def test_program_has_no_privileges(sandbox):
@@ -95,10 +107,10 @@ def test_crash_and_exit_codes(sandbox):
     assert sandbox.run("import sys\nsys.exit(3)").returncode == 3
 
 
-def test_infinite_loop_is_stopped_by_the_wall_clock(sandbox):
+def test_a_blocked_program_is_stopped_by_the_wall_clock(sandbox):
     start = time.monotonic()
-    result = sandbox.run("while True:\n    pass", timeout=1.0)
-    assert result.status == "timeout"
+    result = sandbox.run("import time\ntime.sleep(60)", timeout=1.0)  # uses no CPU: only the wall clock stops it
+    assert (result.status, result.limit) == ("timeout", "wall_time")
     assert time.monotonic() - start < 8  # 1 s + 1 s start-up allowance, plenty of slack for a loaded machine
     assert _sandboxed_processes(sandbox) == []
 
@@ -119,8 +131,8 @@ def test_huge_allocation_fails_inside_the_program(sandbox):
 def test_huge_output_is_capped(sandbox):
     result = sandbox.run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)")
     # Python ignores SIGXFSZ, so the write past the file-size limit fails (EFBIG), long before the wall clock.
-    assert result.status == "error" and "File too large" in result.stderr
-    assert 0 < len(result.stdout) <= sandbox.max_output_bytes
+    assert (result.status, result.limit) == ("error", "file_size") and "File too large" in result.stderr
+    assert 0 < len(result.stdout) <= 2**20
 
 
 def test_killing_its_parent_does_not_reach_the_trainer(sandbox):
@@ -223,8 +235,223 @@ def test_process_isolation_still_contains_hostile_programs():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"timeout": 0}, "timeout"), ({"memory_mb": -1}, "memory_mb"), ({"isolation": "vm"}, "isolation")],
+    [
+        ({"timeout": 0}, "timeout"),
+        ({"cpu_seconds": 0}, "cpu_seconds"),
+        ({"memory_mb": -1}, "memory_mb"),
+        ({"isolation": "vm"}, "isolation"),
+    ],
 )
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Sandbox(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Each limit pinned from both sides: the program reports how far it got, so a loosened limit fails the test.
+
+
+@pytest.fixture(scope="module")
+def limited():
+    """Small limits, a generous wall clock: on a loaded machine every run must still end by its own limit."""
+    return Sandbox(
+        timeout=20.0, cpu_seconds=1, memory_mb=128, max_processes=16, max_open_files=32, max_output_mb=1, num_workers=2
+    )
+
+
+FORK_UNTIL_REFUSED = """import errno, os, time
+forked = 0
+while forked < 200:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print(forked, errno.errorcode[e.errno])
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    forked += 1
+"""
+
+
+def test_process_limit(limited):
+    """RLIMIT_NPROC counts every process of the real user (nobody, when the trainer is root), so the budget is the
+    user's processes when the run starts plus `max_processes`: another nobody process starting meanwhile (another
+    run, another service) takes from it. The program itself is one of its `max_processes`."""
+    result = limited.run(FORK_UNTIL_REFUSED)
+    forked, reason = result.stdout.split()
+    assert reason == "EAGAIN" and abs(int(forked) - (limited.limits.max_processes - 1)) <= 3, result.stdout
+    assert (result.status, result.limit) == ("ok", None)  # ended by the limit, long before the 20 s wall clock
+    assert result.seconds < 10
+    assert _sandboxed_processes(limited) == []  # the sleeping children die with the run
+
+
+ALLOCATE_AROUND_THE_LIMIT = """def address_space():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmSize'):
+            return int(line.split()[1]) * 1024
+limit, margin = {memory_mb} * 2**20, 8 * 2**20
+for total in (limit - margin, limit + margin):
+    try:
+        block = bytearray(total - address_space())
+        print('allocated', flush=True)
+        del block
+    except MemoryError:
+        print('MemoryError')
+"""
+
+
+def test_memory_limit(limited):
+    """A program may grow its address space (interpreter included) to just below `memory_mb`, not past it."""
+    result = limited.run(ALLOCATE_AROUND_THE_LIMIT.format(memory_mb=limited.limits.memory_mb))
+    assert result.stdout.split("\n")[:2] == ["allocated", "MemoryError"], result.stdout + result.stderr
+
+
+CPU_REPORTING_BUSY_LOOP = """import time
+last = 0.0
+while True:
+    now = time.process_time()
+    if now - last >= 0.05:
+        print(f'{now:.2f}', flush=True)
+        last = now
+"""
+
+
+def test_cpu_time_limit(limited):
+    """A busy loop dies of SIGXCPU once it has used `cpu_seconds` of CPU, long before the wall clock, and the result
+    says so; the CPU seconds it reported last pin the limit from above and below."""
+    result = limited.run(CPU_REPORTING_BUSY_LOOP)
+    assert (result.status, result.signal, result.limit) == ("killed", signal.SIGXCPU, "cpu_time")
+    assert 0.8 <= float(result.stdout.split()[-1]) <= 1.0
+    assert result.seconds < limited.limits.timeout
+
+
+def test_cpu_time_limit_holds_when_sigxcpu_is_ignored(limited):
+    result = limited.run("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass")
+    assert (result.status, result.limit) == ("killed", "cpu_time")  # SIGKILL at the hard limit, 1 s later
+    assert result.seconds < limited.limits.timeout
+
+
+OPEN_UNTIL_REFUSED = """import errno, os
+last = None
+for _ in range(10000):
+    try:
+        last = os.open('/dev/null', os.O_RDONLY)
+    except OSError as e:
+        print(last, errno.errorcode[e.errno])
+        break
+"""
+
+
+def test_open_files_limit(limited):
+    """Descriptors 0 .. max_open_files - 1 open (stdin, stdout, stderr included); one more is refused."""
+    result = limited.run(OPEN_UNTIL_REFUSED)
+    assert result.stdout.split() == [str(limited.limits.max_open_files - 1), "EMFILE"], result.stdout + result.stderr
+
+
+WRITE_THE_CAP_THEN_ONE_BYTE = """import errno, os
+with open('big', 'wb', buffering=0) as f:
+    f.write(b'x' * {cap})
+    try:
+        f.write(b'x')
+        print('one more byte written')
+    except OSError as e:
+        print(errno.errorcode[e.errno])
+print(os.path.getsize('big'))
+"""
+FLOOD_STDOUT = """import os
+written = 0
+while written < 2**26:
+    try:
+        written += os.write(1, b'x' * 65536)
+    except OSError as e:
+        break
+os.write(2, str(written).encode())
+"""
+
+
+def test_file_size_limit(limited):
+    """A file may grow to `max_output_mb`, not one byte more; stdout is a file, so what the kernel accepted from a
+    flood (counted by the program, not by what we read back) stops at the same cap."""
+    cap = limited.limits.max_output_mb * 2**20
+    result = limited.run(WRITE_THE_CAP_THEN_ONE_BYTE.format(cap=cap))
+    assert result.stdout.split() == ["EFBIG", str(cap)], result.stdout + result.stderr
+    flood = limited.run(FLOOD_STDOUT)
+    assert (int(flood.stderr), len(flood.stdout), flood.limit) == (cap, cap, "file_size")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Falling back without network isolation: warned once, marked on every result, refused in strict mode.
+
+
+@pytest.fixture
+def without_namespaces(monkeypatch):
+    """This machine as one where `unshare` is not permitted (as root, Python must then be readable by nobody: the
+    programs below import nothing, so they run even where it is not)."""
+    monkeypatch.setattr(sandbox_module, "_namespace_prefix", lambda: None)
+    monkeypatch.setattr(sandbox_module, "interpreter_hidden_paths", lambda: [])
+    monkeypatch.setattr(sandbox_module, "_fallback_warned", False)
+    monkeypatch.delenv(ISOLATION_ENV, raising=False)
+
+
+def test_fallback_to_process_mode_warns_once_and_marks_results(without_namespaces, caplog):
+    with caplog.at_level(logging.WARNING, logger=sandbox_module.__name__):
+        fallback = Sandbox(timeout=2.0)
+        Sandbox(timeout=2.0)
+    warnings = [record.getMessage() for record in caplog.records if "network isolation" in record.getMessage()]
+    assert len(warnings) == 1 and ISOLATION_ENV in warnings[0]
+    result = fallback.run("print(6 * 7)")
+    assert (fallback.isolation, result.isolation, result.stdout) == ("process", "process", "42\n")
+    assert _sandboxed_processes(fallback) == []
+
+
+def test_strict_isolation_refuses_to_fall_back(without_namespaces, monkeypatch, caplog):
+    with pytest.raises(RuntimeError, match="isolation='namespaces'.*network access"):
+        Sandbox(isolation="namespaces")
+    monkeypatch.setenv(ISOLATION_ENV, "namespaces")
+    with pytest.raises(RuntimeError, match="isolation='namespaces'"):
+        Sandbox()
+    monkeypatch.setenv(ISOLATION_ENV, "vm")
+    with pytest.raises(ValueError, match=ISOLATION_ENV):
+        Sandbox()
+    assert not caplog.records  # refusing is not falling back
+
+
+@needs_namespaces
+def test_strict_isolation_runs_where_namespaces_work():
+    assert Sandbox(isolation="namespaces").run("pass").isolation == "namespaces"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The executor seam: a remote sandbox service replaces local child processes.
+
+
+def test_executor_replaces_local_runs(monkeypatch):
+    monkeypatch.setattr(Sandbox, "_run_locally", lambda self, job: pytest.fail("ran locally"))
+    seen = []
+
+    def service(job: Job, limits: Limits) -> RunResult:
+        seen.append((job.code, limits))
+        return RunResult("ok", 0, None, job.code.upper(), "", None, 0.01, isolation="remote")
+
+    remote = Sandbox(timeout=3.0, cpu_seconds=2, memory_mb=64, max_processes=4, num_workers=3, executor=service)
+    results = remote.run_many([Job("a"), Job("b", timeout=0.5), Job("c")])
+    assert [(r.stdout, r.isolation) for r in results] == [("A", "remote"), ("B", "remote"), ("C", "remote")]
+    limits = {code: limits for code, limits in seen}
+    assert limits["a"] == Limits(
+        timeout=3.0, cpu_seconds=2, memory_mb=64, max_processes=4, max_open_files=64, max_output_mb=16
+    )
+    assert limits["b"].timeout == 0.5  # a job's own timeout reaches the executor
+
+
+def test_executor_failures_are_results_and_bad_executors_errors(caplog):
+    def down(job, limits):
+        raise ConnectionError("sandbox service unreachable")
+
+    result = Sandbox(executor=down).run("print(1)")
+    assert result.status == "executor_error" and "ConnectionError: sandbox service unreachable" in result.stderr
+    assert "sandbox service unreachable" in caplog.text
+    with pytest.raises(TypeError, match="must return a RunResult"):
+        Sandbox(executor=lambda job, limits: {"stdout": "1"}).run("print(1)")
+    with pytest.raises(TypeError, match="executor"):
+        Sandbox(executor="http://sandbox:8080")

@@ -10,6 +10,9 @@ Test formats (the `tests` column: a dict or list, or a string holding one as JSO
 - `{"script": CODE}`: test code appended to the program that must exit cleanly (HumanEval+, MBPP+ checkers).
 
 Function calls go to `Solution().name` when the program defines LeetCode-style `class Solution`, else `name`.
+
+Under a trainer the reward logs `code_reward/...` metrics: runs without network isolation, runs ended or cut by a
+limit, and runs an executor failed (their rows get None: nothing is known about the program).
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .math import completion_text
-from .sandbox import Job, RunResult, Sandbox
+from .sandbox import Executor, Job, RunResult, Sandbox
 
 _PYTHON_FENCES = ("", "python", "py", "python3")
 
@@ -147,9 +152,12 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def score_programs(programs: list[str | None], suites: list[list[TestCase]], sandbox: Sandbox) -> list[float]:
-    """Fraction of each program's tests passed. All runs of all programs go to the sandbox at once (in parallel):
-    one run per stdin or script case, one run per program for all its function calls."""
+def score_programs(
+    programs: list[str | None], suites: list[list[TestCase]], sandbox: Sandbox, log_metric: Callable | None = None
+) -> list[float | None]:
+    """Fraction of each program's tests passed; None when the executor failed on one of its runs. All runs of all
+    programs go to the sandbox at once (in parallel): one run per stdin or script case, one run per program for all
+    its function calls. `log_metric(name, value)` (TRL's reward kwarg) gets the run statistics."""
     jobs, plan = [], []  # plan: (row, cases, job index) per job
     for row, (program, cases) in enumerate(zip(programs, suites, strict=True)):
         if program is None:
@@ -166,10 +174,23 @@ def score_programs(programs: list[str | None], suites: list[list[TestCase]], san
                 plan.append((row, [case], len(jobs)))
                 jobs.append(Job(f"{program}\n\n{case.input}"))
     results = sandbox.run_many(jobs)
-    passed = [0] * len(programs)
+    if log_metric is not None and results:
+        _log_run_metrics(results, log_metric)
+    passed, unknown = [0] * len(programs), set()
     for row, cases, index in plan:
+        if results[index].status == "executor_error":
+            unknown.add(row)
         passed[row] += _passed(cases, results[index])
-    return [passed[row] / len(cases) if cases else 0.0 for row, cases in enumerate(suites)]
+    return [None if row in unknown else passed[row] / len(cases) if cases else 0.0 for row, cases in enumerate(suites)]
+
+
+def _log_run_metrics(results: list[RunResult], log_metric: Callable) -> None:
+    """Fractions of this batch's runs: without network isolation, stopped by each limit, lost to the executor."""
+    log_metric("code_reward/no_network_isolation", sum(r.isolation == "process" for r in results) / len(results))
+    log_metric("code_reward/executor_errors", sum(r.status == "executor_error" for r in results) / len(results))
+    limits = Counter(r.limit for r in results)
+    for limit in ("wall_time", "cpu_time", "file_size"):
+        log_metric(f"code_reward/limit_{limit}", limits[limit] / len(results))
 
 
 def _passed(cases: list[TestCase], result: RunResult) -> int:
@@ -197,32 +218,35 @@ def _sandbox() -> Sandbox:
         return _default_sandbox
 
 
-def _reward(completions: list, tests: list, binary: bool, sandbox: Sandbox) -> list[float | None]:
+def _reward(
+    completions: list, tests: list, binary: bool, sandbox: Sandbox, log_metric: Callable | None
+) -> list[float | None]:
     suites = [None if row is None or row == "" else parse_tests(row) for row in tests]
     programs = [extract_code(completion_text(c)) for c in completions]
     if len(suites) != len(programs):
         raise ValueError(f"got {len(programs)} completions but {len(suites)} `tests` rows")
     scored = [i for i, cases in enumerate(suites) if cases]
-    scores = score_programs([programs[i] for i in scored], [suites[i] for i in scored], sandbox)
+    scores = score_programs([programs[i] for i in scored], [suites[i] for i in scored], sandbox, log_metric)
     rewards: list[float | None] = [None] * len(programs)  # rows without tests carry no signal
     for i, score in zip(scored, scores):
-        rewards[i] = float(score == 1.0) if binary else score
+        rewards[i] = score if score is None or not binary else float(score == 1.0)
     return rewards
 
 
 def code_reward(completions: list, tests: list, binary: bool = False, **kwargs) -> list[float | None]:
     """Fraction of the row's tests that the completion's last fenced Python block passes (1/0 with
     `binary=True`); 0 without a code block, None for a row without tests. TRL reward-function convention."""
-    return _reward(completions, tests, binary, _sandbox())
+    return _reward(completions, tests, binary, _sandbox(), kwargs.get("log_metric"))
 
 
-def make_code_reward(binary: bool = False, **sandbox_kwargs):
-    """`code_reward` with its own `Sandbox(**sandbox_kwargs)` (timeout, memory_mb, num_workers, ...), as a named
-    function for TRL."""
-    sandbox = Sandbox(**sandbox_kwargs)
+def make_code_reward(binary: bool = False, executor: Executor | None = None, **sandbox_kwargs):
+    """`code_reward` with its own `Sandbox(executor=executor, **sandbox_kwargs)` (timeout, cpu_seconds, memory_mb,
+    num_workers, isolation, ...), as a named function for TRL. `executor(job, limits) -> RunResult` runs the
+    programs elsewhere, e.g. on a remote sandbox service; the default is the local sandbox."""
+    sandbox = Sandbox(executor=executor, **sandbox_kwargs)
 
     def code_reward(completions: list, tests: list, **kwargs) -> list[float | None]:
-        return _reward(completions, tests, binary, sandbox)
+        return _reward(completions, tests, binary, sandbox, kwargs.get("log_metric"))
 
     code_reward.sandbox = sandbox
     return code_reward

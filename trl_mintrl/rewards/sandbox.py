@@ -12,22 +12,26 @@ Each run is a child process tree of its own:
   address space, processes, open files and file size (which also caps captured output, since stdout and stderr
   are files), with `no_new_privs` and no capabilities, and as user `nobody` when the trainer is root (a Python
   installed where nobody cannot read it, e.g. pyenv under /root, is bind-mounted back read-only in the mount
-  namespace).
+  namespace). docs/sandbox.md lists each limit, how it is enforced and the test that pins it.
 - Network: a new network namespace (only a downed loopback) when the OS allows it: as root, or as any user where
   unprivileged user namespaces are enabled. Otherwise runs fall back to plain child processes (`isolation ==
-  "process"`): limits, clean environment and process-group cleanup still apply; network isolation does not, and
-  a non-root program then runs as the trainer's user (it can touch that user's files).
+  "process"`, warned about once per process and marked on every result): limits, clean environment and
+  process-group cleanup still apply; network isolation does not, and a non-root program then runs as the
+  trainer's user (it can touch that user's files). `isolation="namespaces"` refuses the fallback.
 - The trainer waits on a pidfd with a wall-clock timeout, then kills the whole process group and waits until it
   is gone, so nothing outlives the run.
 
 Expected outputs never enter the sandbox: a run returns what the program printed (or, for function calls, the
-values it returned) and the caller compares.
+values it returned) and the caller compares. A remote sandbox service plugs in as `Sandbox(executor=...)`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import logging
+import math
 import os
 import resource
 import select
@@ -37,14 +41,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+
+logger = logging.getLogger(__name__)
 
 _NOBODY = 65534
 _PR_SET_NO_NEW_PRIVS = 38
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
 _NAMESPACE_FLAGS = ("--net", "--pid", "--fork", "--mount-proc", "--kill-child")
+ISOLATION_ENV = "TRL_MINTRL_SANDBOX_ISOLATION"
+_fallback_warned = False
 
 
 @dataclass
@@ -58,11 +67,28 @@ class Job:
     timeout: float | None = None
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one run may use; every executor gets these. `timeout`: wall-clock seconds per run (per call for function
+    calls); `cpu_seconds`: CPU time per run (per call), rounded up to whole seconds, None to follow `timeout`."""
+
+    timeout: float
+    cpu_seconds: float | None
+    memory_mb: int
+    max_processes: int
+    max_open_files: int
+    max_output_mb: int
+
+
 @dataclass
 class RunResult:
     """What a run did. `status`: "ok" (exit 0), "error" (non-zero exit, e.g. an exception, or a write past the
-    file-size limit), "timeout" (wall clock), "killed" (by a signal, e.g. SIGXCPU at the CPU-time limit).
-    `values`: one `{"value": ...}` or `{"error": "..."}` per call, in order, for the calls that finished."""
+    file-size limit), "timeout" (wall clock), "killed" (by a signal, e.g. SIGXCPU at the CPU-time limit),
+    "executor_error" (the executor failed: nothing is known about the program).
+    `values`: one `{"value": ...}` or `{"error": "..."}` per call, in order, for the calls that finished.
+    `limit`: the limit that ended or cut the run: "wall_time", "cpu_time", "file_size" (output reached the cap), or
+    None. Memory, process and open-file limits make the failing call raise inside the program instead.
+    `isolation`: "namespaces" (no network), "process" (no network isolation) or what an executor reports."""
 
     status: str
     returncode: int | None
@@ -71,6 +97,12 @@ class RunResult:
     stderr: str
     values: list[dict] | None
     seconds: float
+    limit: str | None = None
+    isolation: str = "namespaces"
+
+
+Executor = Callable[[Job, Limits], RunResult]
+"""Runs one job somewhere (e.g. a remote sandbox service) under the given limits: `Sandbox(executor=...)`."""
 
 
 class Sandbox:
@@ -78,46 +110,62 @@ class Sandbox:
 
     Args:
         timeout: wall-clock seconds per run (per call for function calls); 1 s is added for interpreter start-up.
-        memory_mb: address-space limit of the program.
+        cpu_seconds: CPU-time limit per run (per call), rounded up to whole seconds; default: `timeout`.
+        memory_mb: address-space limit of the program (the interpreter itself takes about 20 MB of it).
         max_processes: processes/threads the program may add (counted per user, as the kernel does).
-        max_open_files: file-descriptor limit.
+        max_open_files: file-descriptor limit (stdin, stdout and stderr included).
         max_output_mb: largest file the program may write; stdout and stderr are files, so this caps output too.
         num_workers: concurrent runs (default: CPU count).
-        isolation: "auto" (namespaces when permitted, else processes), "namespaces" (fail if not permitted) or
-            "process".
+        isolation: "auto" (namespaces when permitted, else processes with a warning), "namespaces" (strict: fail if
+            not permitted) or "process". Default: the `TRL_MINTRL_SANDBOX_ISOLATION` environment variable, else
+            "auto".
+        executor: run jobs with this callable `(job, limits) -> RunResult` (e.g. a remote sandbox service) instead
+            of local child processes; `isolation` is then the executor's business.
     """
 
     def __init__(
         self,
         timeout: float = 10.0,
+        cpu_seconds: float | None = None,
         memory_mb: int = 1024,
         max_processes: int = 32,
         max_open_files: int = 64,
         max_output_mb: int = 16,
         num_workers: int | None = None,
-        isolation: str = "auto",
+        isolation: str | None = None,
+        executor: Executor | None = None,
     ):
-        if not sys.platform.startswith("linux"):
-            raise RuntimeError("the code sandbox needs Linux (pidfd, setrlimit, namespaces)")
-        limits = dict(timeout=timeout, memory_mb=memory_mb, max_processes=max_processes)
-        limits.update(max_open_files=max_open_files, max_output_mb=max_output_mb, num_workers=num_workers or 1)
-        for name, value in limits.items():
-            if value <= 0:
+        values = dict(timeout=timeout, cpu_seconds=cpu_seconds, memory_mb=memory_mb, max_processes=max_processes)
+        values.update(max_open_files=max_open_files, max_output_mb=max_output_mb, num_workers=num_workers)
+        for name, value in values.items():
+            if value is not None and value <= 0:
                 raise ValueError(f"Sandbox({name}=...) must be > 0, got {value!r}")
+        isolation = isolation or os.environ.get(ISOLATION_ENV) or "auto"
         if isolation not in ("auto", "namespaces", "process"):
-            raise ValueError(f"isolation must be 'auto', 'namespaces' or 'process', got {isolation!r}")
-        self.timeout = float(timeout)
-        self.memory_mb = memory_mb
-        self.max_processes = max_processes
-        self.max_open_files = max_open_files
-        self.max_output_bytes = max_output_mb * 2**20
+            raise ValueError(
+                f"Sandbox(isolation=...) (or ${ISOLATION_ENV}) must be 'auto', 'namespaces' or 'process', got "
+                f"{isolation!r}"
+            )
+        if executor is not None and not callable(executor):
+            raise TypeError(f"Sandbox(executor=...) must be a callable (job, limits) -> RunResult, got {executor!r}")
+        self.limits = Limits(float(timeout), cpu_seconds, memory_mb, max_processes, max_open_files, max_output_mb)
         self.num_workers = num_workers or os.cpu_count() or 1
+        self.executor = executor
+        if executor is not None:
+            self.isolation, self.run_as = "executor", None
+            return
+        if not sys.platform.startswith("linux"):
+            raise RuntimeError("the code sandbox needs Linux (pidfd, setrlimit, namespaces); or pass an executor")
         prefix = _namespace_prefix() if isolation != "process" else None
-        if isolation == "namespaces" and prefix is None:
+        if prefix is None and isolation == "namespaces":
             raise RuntimeError(
                 "isolation='namespaces' but `unshare --net --pid` is not permitted here (needs root, or unprivileged "
-                "user namespaces); use isolation='auto' to fall back to plain child processes"
+                "user namespaces), so programs would run with network access. Allow it (e.g. give the container "
+                "CAP_SYS_ADMIN, or set sysctl kernel.unprivileged_userns_clone=1), or accept the fallback with "
+                "isolation='auto'."
             )
+        if prefix is None and isolation == "auto":
+            _warn_fallback_once()
         self._prefix = list(prefix or ())
         self.isolation = "namespaces" if prefix else "process"
         self.run_as, self._expose = self._unprivileged_user()
@@ -152,7 +200,22 @@ class Sandbox:
             return list(pool.map(self._run, jobs))
 
     def _run(self, job: Job) -> RunResult:
-        per_call = float(job.timeout or self.timeout)
+        if self.executor is None:
+            return self._run_locally(job)
+        limits = dataclasses.replace(self.limits, timeout=float(job.timeout or self.limits.timeout))
+        start = time.monotonic()
+        try:
+            result = self.executor(job, limits)
+        except Exception as err:  # e.g. the service is down: the run is unknown, not the program's failure
+            logger.warning("sandbox executor failed: %s: %s", type(err).__name__, err)
+            message = f"executor failed: {type(err).__name__}: {err}"
+            return RunResult("executor_error", None, None, "", message, None, time.monotonic() - start)
+        if not isinstance(result, RunResult):
+            raise TypeError(f"Sandbox(executor=...) must return a RunResult, got {type(result).__name__}")
+        return result
+
+    def _run_locally(self, job: Job) -> RunResult:
+        per_call = float(job.timeout or self.limits.timeout)
         wall = per_call * max(1, len(job.calls or ())) + 1.0
         base = tempfile.mkdtemp(prefix="trl_mintrl_sandbox_")
         try:
@@ -191,6 +254,7 @@ class Sandbox:
             for path in (work, os.path.join(work, "solution.py")):
                 os.chown(path, *self.run_as)
         uid = self.run_as[0] if self.run_as else os.getuid()
+        limits = self.limits
         spec = {
             "workdir": work,
             "calls": job.calls,
@@ -198,11 +262,11 @@ class Sandbox:
             "run_as": self.run_as,
             "expose": self._expose,
             "limits": {
-                "cpu": int(wall) + 1,
-                "memory": self.memory_mb * 2**20,
-                "nproc": _count_tasks(uid) + self.max_processes,
-                "nofile": self.max_open_files,
-                "fsize": self.max_output_bytes,
+                "cpu": math.ceil((limits.cpu_seconds or per_call) * max(1, len(job.calls or ()))),
+                "memory": limits.memory_mb * 2**20,
+                "nproc": _count_tasks(uid) + limits.max_processes,
+                "nofile": limits.max_open_files,
+                "fsize": limits.max_output_mb * 2**20,
             },
         }
         with _private_file(base, "job.json") as f:
@@ -233,6 +297,15 @@ class Sandbox:
             status = "killed"
         else:
             status = "ok" if returncode == 0 else "error"
+        cap = self.limits.max_output_mb * 2**20
+        if timed_out:
+            limit = "wall_time"
+        elif sig == signal.SIGXCPU:
+            limit = "cpu_time"
+        elif max(os.path.getsize(os.path.join(base, name)) for name in ("stdout", "stderr")) >= cap:
+            limit = "file_size"
+        else:
+            limit = None
         values = None
         if with_calls:
             values = []
@@ -247,11 +320,25 @@ class Sandbox:
             stderr=self._read(base, "stderr"),
             values=values,
             seconds=seconds,
+            limit=limit,
+            isolation=self.isolation,
         )
 
     def _read(self, base: str, name: str) -> str:
         with open(os.path.join(base, name), "rb") as f:
-            return f.read(self.max_output_bytes).decode("utf-8", errors="replace")
+            return f.read(self.limits.max_output_mb * 2**20).decode("utf-8", errors="replace")
+
+
+def _warn_fallback_once() -> None:
+    global _fallback_warned
+    if not _fallback_warned:
+        _fallback_warned = True
+        logger.warning(
+            "code sandbox: `unshare --net --pid` is not permitted here, so programs run as plain child processes "
+            "WITHOUT network isolation (limits and cleanup still apply). Set isolation='namespaces' (or $%s="
+            "namespaces) to refuse this instead.",
+            ISOLATION_ENV,
+        )
 
 
 @cache
@@ -383,13 +470,15 @@ def _harness_main(job_path: str, values_fd: int) -> None:
             os._exit(70)  # unreachable unless the harness itself failed
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
+            _, status, usage = os.wait4(pid, 0)
             break
         except ChildProcessError:  # pragma: no cover - the child is ours; only an odd kernel gets here
             os._exit(70)
         except InterruptedError:
             continue
     code = os.waitstatus_to_exitcode(status)
+    if code == -signal.SIGKILL and usage.ru_utime + usage.ru_stime >= spec["limits"]["cpu"]:
+        code = -signal.SIGXCPU  # SIGXCPU ignored, then SIGKILL at the hard limit: the CPU limit ended it
     os._exit(128 - code if code < 0 else code)
 
 
