@@ -1,8 +1,8 @@
-"""pass@k and `trl-mintrl eval`: estimator values, argument checks, scoring, the CLI end to end with resume."""
+"""pass@k and `trl-mintrl eval`: estimator values, argument checks, scoring, the CLI end to end with resume, YAML
+configs, and the sweep over a training run's checkpoints."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import itertools
 import json
@@ -11,9 +11,10 @@ from math import comb
 
 import pytest
 
+from trl_mintrl.cli.eval import main
 from trl_mintrl.data import LOADERS, fixture_path
 from trl_mintrl.engines import Generation, GenerationEngine
-from trl_mintrl.eval import evaluate, format_table, main, pass_at_k, summarize
+from trl_mintrl.eval import SamplingSettings, evaluate, format_table, pass_at_k, summarize
 
 AIME = f"aime24={fixture_path('aime24')}"
 HUMANEVAL = f"humanevalplus={fixture_path('humanevalplus')}"
@@ -99,11 +100,10 @@ class ScriptedEngine(GenerationEngine):
 def test_evaluate_scores_and_aggregates(tiny_tokenizer, tmp_path):
     dataset = LOADERS["aime24"](str(fixture_path("aime24")))
     engine = ScriptedEngine(tiny_tokenizer, {"remainder": "24", "divisors": "12"}, {"remainder": 2, "divisors": 0})
-    args = argparse.Namespace(
-        num_samples=4, k=[1, 2, 4], max_new_tokens=8, batch_size=3, math_timeout=5.0, code_timeout=5.0
+    settings = SamplingSettings(
+        "scripted", temperature=1.0, top_p=1.0, max_new_tokens=8, num_samples=4, k=[1, 2, 4], batch_size=3
     )
-    args.model, args.temperature, args.top_p = "scripted", 1.0, 1.0
-    summaries = evaluate({"aime24": dataset}, engine, tiny_tokenizer, tmp_path, args)
+    summaries = evaluate({"aime24": dataset}, engine, tiny_tokenizer, tmp_path, settings)
     # problem 0: 2 of 4 correct, problem 1: none
     assert summaries["aime24"]["pass@1"] == pytest.approx(0.25)
     assert summaries["aime24"]["pass@2"] == pytest.approx((1 - 1 / 6) / 2)
@@ -116,26 +116,65 @@ def test_evaluate_scores_and_aggregates(tiny_tokenizer, tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--dataset", AIME, "--num-samples", "4", "--k", "1,8"], "--k values must be between 1 and --num-samples"),
+        (["--dataset", AIME, "--num_samples", "4", "--k", "1,8"], "--k values must be between 1 and --num_samples"),
         (["--dataset", "aime1999"], "unknown dataset 'aime1999'"),
         (["--dataset", AIME, "--dataset", AIME], "given twice"),
         (["--dataset", AIME, "--k", "1,x"], "--k must be comma-separated integers"),
-        (["--dataset", AIME, "--top-p", "0"], "0 < --top-p <= 1"),
+        (["--dataset", AIME, "--top_p", "0"], "0 < --top_p <= 1"),
+        (["--dataset", AIME, "--top-p", "0.5"], "unrecognized arguments: --top-p"),  # TRL spelling only
+        (["--dataset", AIME, "--num_sam", "4"], "unrecognized arguments: --num_sam"),  # no abbreviations
+        (["--dataset", AIME, "--chat_template_kwargs", "[1]"], "invalid JSON object value"),
+        (["--dataset", AIME, "--select_metric", "pass@64"], "--select_metric must be one of"),
+        (["--dataset", AIME, "--model", "no/such-model"], "no such local folder (and the Hub is offline)"),
+        (["--dataset", AIME, "--all_checkpoints"], "no checkpoint-N/ folder with model weights"),
+        (["--model", "x"], "--dataset is required"),
     ],
 )
-def test_bad_arguments_fail_before_loading_a_model(extra, message, tmp_path, capsys):
+def test_bad_arguments_fail_as_one_line_before_loading_a_model(extra, message, tiny_model_path, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoint-3").mkdir(parents=True)  # cut short: no weights
+    model = str(run_dir) if "--all_checkpoints" in extra else tiny_model_path
     with pytest.raises(SystemExit) as exit_:
-        main(["--model", str(tmp_path / "no-such-model"), "--output", str(tmp_path / "out"), *extra])
+        main(["--model", model, "--output", str(tmp_path / "out"), *extra])
     assert exit_.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_unloadable_dataset_fails_as_one_line_before_the_model(tiny_model_path, tmp_path, capsys):
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"problem": "1+1", "answer": 2}\n{not json\n')
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model", tiny_model_path, "--output", str(tmp_path / "out"), "--dataset", f"aime24={broken}"])
+    message = str(exit_.value.code)
+    assert message.startswith("trl-mintrl eval: error: --dataset aime24=") and "cannot load it" in message
+    assert "\n" not in message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("num_samples: [4\n", "invalid YAML (line 2, column 1)"),
+        ("num_sample: 4\n", "unknown key 'num_sample'; did you mean 'num_samples'?"),
+        ("- 1\n", "expected a mapping of flag names to values"),
+    ],
+)
+def test_bad_config_files_fail_as_one_line(text, message, tmp_path, capsys):
+    config = tmp_path / "eval.yaml"
+    config.write_text(text)
+    with pytest.raises(SystemExit):
+        main(["--config", str(config)])
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed in this environment")
 def test_vllm_backend_without_vllm_names_the_install(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model", "m", "--output", str(tmp_path / "out"), "--dataset", AIME, "--backend", "vllm"])
-    assert 'pip install "trl-mintrl[vllm]"' in capsys.readouterr().err
+    assert 'pip install -e ".[vllm]"' in capsys.readouterr().err
 
 
 def _samples(path):
@@ -145,7 +184,7 @@ def _samples(path):
 def test_cli_end_to_end_with_resume(tiny_model_path, tmp_path, capsys):
     out = tmp_path / "eval"
     argv = ["--model", tiny_model_path, "--dataset", AIME, "--dataset", HUMANEVAL, "--output", str(out)]
-    argv += ["--num-samples", "2", "--k", "1,2", "--max-new-tokens", "12", "--batch-size", "3", "--device", "cpu"]
+    argv += ["--num_samples", "2", "--k", "1,2", "--max_new_tokens", "12", "--batch_size", "3", "--device", "cpu"]
     main(argv)
     captured = capsys.readouterr()
     assert captured.out.splitlines()[0].split() == ["benchmark", "problems", "samples", "pass@1", "pass@2"]
@@ -169,9 +208,69 @@ def test_cli_end_to_end_with_resume(tiny_model_path, tmp_path, capsys):
     assert (out / "humanevalplus.samples.jsonl").read_text() == before["humanevalplus"]  # nothing redone
 
     # more samples later: only the new ones are drawn
-    main([*argv[:-10], "--num-samples", "3", "--k", "1,3", *argv[-6:]])
+    main([*argv[:-10], "--num_samples", "3", "--k", "1,3", *argv[-6:]])
     grown = _samples(path)
     assert grown[:4] == resumed and sorted(r["sample"] for r in grown[4:]) == [2, 2]
 
     with pytest.raises(SystemExit, match="different settings.*temperature"):
         main([*argv, "--temperature", "1.0"])
+
+
+def test_config_file_sets_defaults_and_flags_win(tiny_model_path, tmp_path):
+    from trl_mintrl.cli.eval import parse_args
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        f"model: {tiny_model_path}\ndataset: [{AIME}, {HUMANEVAL}]\noutput: {tmp_path / 'out'}\n"
+        "num_samples: 4\nk: [1, 4]\ntemperature: 1.0\nchat_template_kwargs: {enable_thinking: false}\n"
+    )
+    args = parse_args(["--config", str(config), "--num_samples", "8", "--k", "1,8"])
+    assert (args.num_samples, args.k, args.temperature) == (8, [1, 8], 1.0)  # flags win, the rest from YAML
+    assert list(args.benchmarks) == ["aime24", "humanevalplus"]
+    assert args.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_best_checkpoint_and_table_over_steps():
+    from trl_mintrl.eval.checkpoints import best_checkpoint, steps_table
+
+    def summary(p1):
+        return {"pass@1": p1, "problems": 1, "samples": 1}
+
+    results = {
+        10: {"a": summary(0.25), "b": summary(0.25)},  # mean 0.25
+        20: {"a": summary(0.75), "b": summary(0.25)},  # mean 0.5: best
+        30: {"a": summary(0.5), "b": summary(0.5)},  # mean 0.5 exactly: a tie goes to the earlier step
+        40: {"a": summary(1.0)},  # b not scored: the mean is over the scored benchmarks
+    }
+    assert best_checkpoint({s: r for s, r in results.items() if s < 40}, "pass@1") == (20, 0.5)
+    assert best_checkpoint(results, "pass@1") == (40, 1.0)
+    lines = steps_table(results, [1]).splitlines()
+    assert lines[0] == "| step | a pass@1 | b pass@1 | mean pass@1 |"
+    assert lines[3] == "| 20 | 75.0 | 25.0 | 50.0 |"
+    assert lines[5] == "| 40 | 100.0 | - | 100.0 |"
+    assert best_checkpoint({10: {"a": {"pass@1": None}}}, "pass@1") is None
+
+
+def test_all_checkpoints_of_a_run_in_one_command(tiny_model_path, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    for step in (2, 4):
+        shutil.copytree(tiny_model_path, run / f"checkpoint-{step}")
+    (run / "checkpoint-6").mkdir()  # cut short by a kill: no weights, left out
+    out = tmp_path / "eval"
+    main(["--model", str(run), "--all_checkpoints", "--dataset", AIME, "--output", str(out), "--num_samples", "2",
+          "--k", "1,2", "--max_new_tokens", "8", "--device", "cpu", "--limit", "1"])  # fmt: skip
+    printed = capsys.readouterr().out
+    report = json.loads((out / "checkpoints.json").read_text())
+    assert sorted(report["checkpoints"]) == ["2", "4"]
+    for step in ("2", "4"):  # each checkpoint evaluated into its own resumable folder
+        saved = json.loads((out / f"checkpoint-{step}" / "summary.json").read_text())
+        assert saved["benchmarks"] == report["checkpoints"][step]
+        assert saved["run"]["model"] == str(run / f"checkpoint-{step}")
+    scores = {int(s): v["aime24"]["pass@1"] for s, v in report["checkpoints"].items()}
+    best = max(sorted(scores), key=lambda s: (scores[s], -s))
+    assert report["best"]["step"] == best and f"best checkpoint: checkpoint-{best}" in printed
+    rows = [line for line in (out / "checkpoints.md").read_text().splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| 2", "| 4"]
+    assert (out / "checkpoints.png").stat().st_size > 0

@@ -37,7 +37,7 @@ def test_tiny_tokenizer_chat_template_and_padding(tiny_tokenizer):
 def test_cli_builds_tiny_model(tmp_path):
     from trl_mintrl.cli import main
 
-    main(["tiny-model", str(tmp_path / "m"), "--num-layers", "1", "--hidden-size", "64"])
+    main(["tiny-model", str(tmp_path / "m"), "--num_layers", "1", "--hidden_size", "64"])
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
     assert model.config.num_hidden_layers == 1 and model.config.hidden_size == 64
     AutoTokenizer.from_pretrained(tmp_path / "m")

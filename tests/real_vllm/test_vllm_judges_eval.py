@@ -151,7 +151,7 @@ def test_eval_cli_vllm_backend_matches_transformers(tiny_model_path, tmp_path, m
     real_llm = vllm.LLM
     monkeypatch.setattr(vllm, "LLM", lambda *args, **kwargs: real_llm(*args, **{**kwargs, **llm_kwargs}))
     common = ["--model", tiny_model_path, "--dataset", f"math500={fixture_path('math500')}", "--limit", "2",
-              "--num-samples", "2", "--k", "1,2", "--temperature", "0", "--max-new-tokens", "12"]  # fmt: skip
+              "--num_samples", "2", "--k", "1,2", "--temperature", "0", "--max_new_tokens", "12"]  # fmt: skip
     samples = {}
     for backend in ("vllm", "transformers"):
         out = tmp_path / backend

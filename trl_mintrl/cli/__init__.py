@@ -1,0 +1,36 @@
+"""`trl-mintrl` command line: `train`, `eval`, `tiny-model`, `env`, `--version`. Also `python -m trl_mintrl.cli`.
+
+Each sub-command lives in its own module and parses its own arguments (`train` goes through TRL's `TrlParser`),
+so this file only dispatches; heavy imports happen after the sub-command is chosen.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# sub-command -> (module with a `main(argv)`, one-line help)
+COMMANDS = {
+    "train": ("trl_mintrl.train", "train with GRPO, MInTRL or SORT from a TRL-style YAML recipe"),
+    "eval": ("trl_mintrl.cli.eval", "pass@k of a model, or of every checkpoint of a training run, on benchmarks"),
+    "tiny-model": ("trl_mintrl.cli.tiny_model", "build the offline tiny model + tokenizer used by tests"),
+    "env": ("trl_mintrl.cli.env", "print the versions and devices to paste into a bug report"),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        from .. import __version__
+
+        print(f"trl-mintrl {__version__}")
+        return
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        lines = "\n".join(f"  {name:<11} {help_}" for name, (_, help_) in COMMANDS.items())
+        message = f"usage: trl-mintrl [--version] {{{','.join(COMMANDS)}}} [args...]\n\ncommands:\n{lines}\n"
+        if argv and argv[0] not in ("-h", "--help"):
+            sys.exit(f"{message}\ntrl-mintrl: error: unknown command {argv[0]!r}")
+        print(message)
+        return
+    module, _ = COMMANDS[argv[0]]
+    importlib.import_module(module).main(argv[1:])

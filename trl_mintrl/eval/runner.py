@@ -1,0 +1,156 @@
+"""Sampling and scoring a model on benchmarks, resumable sample by sample.
+
+Each benchmark's samples are scored with the matching reward (`math_reward` for `solution`, `code_reward` for
+`tests`) and appended to `OUTPUT/<benchmark>.samples.jsonl` batch by batch, so an interrupted run resumes where it
+stopped. `OUTPUT/summary.json` gives pass@k per benchmark. Code counts as correct when all tests pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .passk import summarize
+
+
+@dataclass
+class SamplingSettings:
+    """How samples are drawn and scored; the first four must stay the same for a folder to be resumed."""
+
+    model: str
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 4096
+    num_samples: int = 32
+    k: list[int] = field(default_factory=lambda: [1, 8, 32])
+    batch_size: int = 64
+    chat_template_kwargs: dict = field(default_factory=dict)
+    math_timeout: float = 10.0
+    code_timeout: float = 10.0
+
+    def resume_key(self) -> dict:
+        return {
+            "model": self.model,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_new_tokens": self.max_new_tokens,
+            "chat_template_kwargs": self.chat_template_kwargs,
+        }
+
+
+def load_samples(path: Path) -> dict[tuple[int, int], dict]:
+    """Finished samples by (problem, sample); a line cut short by an interruption is dropped from the file."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        path.write_bytes(complete)
+    records = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+    return {(r["problem"], r["sample"]): r for r in records}
+
+
+class Scorer:
+    """The reward of each task, created on first use (math starts worker processes, code a sandbox)."""
+
+    def __init__(self, math_timeout: float, code_timeout: float):
+        self.math_timeout, self.code_timeout = math_timeout, code_timeout
+        self._rewards = {}
+
+    def __call__(self, task: str, completions: list[str], rows: list[dict]) -> list[float | None]:
+        if task not in self._rewards:
+            from ..rewards import make_code_reward, make_math_reward
+
+            if task == "math":
+                self._rewards[task] = make_math_reward(timeout=self.math_timeout)
+            else:
+                self._rewards[task] = make_code_reward(binary=False, timeout=self.code_timeout)
+        column = "solution" if task == "math" else "tests"
+        return self._rewards[task](completions, **{column: [row[column] for row in rows]})
+
+
+def evaluate_benchmark(name, dataset, engine, tokenizer, scorer, output: Path, settings: SamplingSettings):
+    """Sample what is missing in `OUTPUT/<name>.samples.jsonl`, score it, append it; return all records."""
+    from tqdm.auto import tqdm
+
+    from ..data import dataset_task
+    from ..prompts import prompt_token_ids
+
+    task = dataset_task(dataset)
+    path = output / f"{name}.samples.jsonl"
+    done = load_samples(path)
+    todo = [(p, s) for p in range(len(dataset)) for s in range(settings.num_samples) if (p, s) not in done]
+    prompt_ids = {}
+    with path.open("a") as sink, tqdm(total=len(todo), desc=name, unit="sample") as bar:
+        for start in range(0, len(todo), settings.batch_size):
+            batch = todo[start : start + settings.batch_size]
+            rows = [dataset[p] for p, _ in batch]
+            for (p, _), row in zip(batch, rows):
+                if p not in prompt_ids:
+                    prompt_ids[p] = prompt_token_ids(tokenizer, row["prompt"], **settings.chat_template_kwargs)
+            generations = engine.generate([prompt_ids[p] for p, _ in batch], settings.max_new_tokens, temperature=None)
+            texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
+            rewards = scorer(task, texts, rows)
+            for (p, s), text, generation, reward in zip(batch, texts, generations, rewards):
+                record = {
+                    "problem": p,
+                    "sample": s,
+                    "reward": reward,
+                    "correct": None if reward is None else reward == 1.0,
+                    "num_tokens": generation.num_tokens,
+                    "completion": text,
+                }
+                done[(p, s)] = record
+                sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            bar.update(len(batch))
+    return [done[(p, s)] for p in range(len(dataset)) for s in range(settings.num_samples)]
+
+
+def build_engine(
+    model_path: str,
+    settings: SamplingSettings,
+    backend: str = "transformers",
+    seed: int = 0,
+    device: str | None = None,
+    vllm_kwargs: dict | None = None,
+):
+    """(engine, tokenizer) for the chosen backend, sampling with the settings' temperature and top-p.
+    `vllm_kwargs` go to `vllm.LLM` (tensor_parallel_size, max_model_len, gpu_memory_utilization, ...)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if backend == "vllm":
+        from ..engines.vllm import VLLMEngine
+
+        engine = VLLMEngine.from_model_path(
+            model_path, temperature=settings.temperature, top_p=settings.top_p, seed=seed, **(vllm_kwargs or {})
+        )
+        return engine, tokenizer
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from ..engines import TransformersEngine
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto").to(device).eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+    sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p}
+    config = GenerationConfig(**sampling) if settings.temperature > 0 else GenerationConfig(do_sample=False)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    return TransformersEngine(
+        model, pad_token_id=pad, eos_token_ids=sorted(eos_ids), generation_config=config
+    ), tokenizer
+
+
+def evaluate(benchmarks: dict, engine, tokenizer, output: Path, settings: SamplingSettings) -> dict[str, dict]:
+    """Sample, score and summarize every benchmark; write `summary.json`."""
+    scorer = Scorer(settings.math_timeout, settings.code_timeout)
+    summaries = {}
+    for name, dataset in benchmarks.items():
+        records = evaluate_benchmark(name, dataset, engine, tokenizer, scorer, output, settings)
+        summaries[name] = summarize(records, settings.k)
+    (output / "summary.json").write_text(json.dumps({"run": settings.resume_key(), "benchmarks": summaries}, indent=2))
+    return summaries
