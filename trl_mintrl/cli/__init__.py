@@ -33,4 +33,11 @@ def main(argv: list[str] | None = None) -> None:
         print(message)
         return
     module, _ = COMMANDS[argv[0]]
+    if argv[0] == "train":
+        from .launch import launch_training, split_launch_args
+
+        launch, train_argv = split_launch_args(argv[1:])
+        if launch:  # --accelerate_config / --num_processes ...: relaunch through accelerate, as `trl grpo` does
+            launch_training(launch, train_argv)
+            return
     importlib.import_module(module).main(argv[1:])
