@@ -5,7 +5,28 @@ Shapes: B rows (rollouts or references), T completion/reference tokens. Masks ar
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+def mintrl_anchors(old_logps: torch.Tensor, judge_mask: torch.Tensor, anchor: str, kappa: float) -> torch.Tensor:
+    """(B, T) regression anchors a_t, detached: log pi_old on every token, except judge tokens under `const`,
+    which get the constant kappa (a weak policy gives judge tokens very low probability; anchoring them there
+    would over-constrain the regression).
+
+    Args:
+        old_logps: (B, T) log pi_old of each completion token (the policy that sampled the batch).
+        judge_mask: (B, T) True on judge tokens (the judge's corrections), False on policy tokens and padding.
+        anchor: "const" (judge tokens anchored at kappa) or "proxy" (judge tokens anchored at log pi_old).
+        kappa: the constant anchor of judge tokens (paper: -0.2 math, -0.1 code).
+    """
+    old_logps = old_logps.detach()
+    if anchor == "proxy":
+        return old_logps
+    if anchor == "const":
+        return torch.where(judge_mask.bool(), torch.full_like(old_logps, kappa), old_logps)
+    raise ValueError(f"anchor={anchor!r}: use 'const' or 'proxy'.")
 
 
 def advantage_regression_loss(
@@ -14,36 +35,26 @@ def advantage_regression_loss(
     mask: torch.Tensor,
     advantages: torch.Tensor,
     beta: float,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """MInTRL's sequence-level advantage regression (no ratio, no clipping, no importance sampling).
 
     `l(y) = (beta * sum_t mask_t * (log pi_theta(y_t) - a_t) - A(y))**2`, averaged over rows.
 
     Args:
         per_token_logps: (B, T) log pi_theta of each completion token, with grad.
-        anchor_logps: (B, T) anchors a_t, no grad: log pi_old for policy tokens; for judge tokens log pi_old
-            (variant `proxy`) or the constant kappa (variant `const`), filled in by the caller.
+        anchor_logps: (B, T) anchors a_t (see `mintrl_anchors`); gradients never flow into them.
         mask: (B, T) 1 on completion tokens (policy and judge alike), 0 on padding.
         advantages: (B,) A(y) = r(y) - mean reward of the prompt's control rollouts.
         beta: the regression temperature (paper's beta2, 1e-3).
 
     Returns:
-        scalar: mean over rows of the squared residual.
+        (loss, residuals): the scalar mean over rows of the squared residual, and the (B,) residuals
+        `beta * sum_t mask_t * (log pi_theta - a_t) - A` (logged as `mintrl/regression_residual`).
     """
-    return regression_residuals(per_token_logps, anchor_logps, mask, advantages, beta).pow(2).mean()
-
-
-def regression_residuals(
-    per_token_logps: torch.Tensor,
-    anchor_logps: torch.Tensor,
-    mask: torch.Tensor,
-    advantages: torch.Tensor,
-    beta: float,
-) -> torch.Tensor:
-    """(B,) residuals `beta * sum_t mask_t * (log pi_theta - a_t) - A` (see `advantage_regression_loss`)."""
     mask = mask.to(per_token_logps.dtype)
     log_ratio_sum = ((per_token_logps - anchor_logps.detach()) * mask).sum(dim=-1)
-    return beta * log_ratio_sum - advantages.to(per_token_logps.dtype)
+    residuals = beta * log_ratio_sum - advantages.to(per_token_logps.dtype)
+    return residuals.pow(2).mean(), residuals
 
 
 def control_baseline_advantages(rewards: torch.Tensor, is_control: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -69,10 +80,18 @@ def sort_repair_weights(base_logps: torch.Tensor, plan_logps: torch.Tensor, beta
     return torch.exp((1.0 - beta) * base_logps.detach() + beta * plan_logps.detach())
 
 
-def sort_repair_loss(
+class RepairTerms(NamedTuple):
+    """What SORT's repair computes: the loss to backpropagate and the per-token quantities it logs."""
+
+    loss: torch.Tensor  # scalar, gradients through base_logps only
+    weights: torch.Tensor  # (B, T) w_t, detached
+    salience: torch.Tensor  # (B, T) log p_plan - log p_base, detached
+
+
+def sort_repair_terms(
     base_logps: torch.Tensor, plan_logps: torch.Tensor, mask: torch.Tensor, beta: float
-) -> torch.Tensor:
-    """SORT's salience-weighted repair loss on reference tokens.
+) -> RepairTerms:
+    """SORT's salience-weighted repair loss on reference tokens, with its weights and salience.
 
     Args:
         base_logps: (B, T) log pi_theta(y*_t | base_prompt(q), y*_<t), with grad (the only path gradients take).
@@ -81,8 +100,16 @@ def sort_repair_loss(
         beta: exponent of the plan probability; 0 gives DFT-style weights p_base, 1 gives plan-only weights p_plan.
 
     Returns:
-        scalar: `-(w * base_logps * mask).sum() / mask.sum()`.
+        loss `-(w * base_logps * mask).sum() / mask.sum()`, weights `w` and salience `log p_plan - log p_base`.
     """
     mask = mask.to(base_logps.dtype)
     weights = sort_repair_weights(base_logps, plan_logps, beta)
-    return -(weights * base_logps * mask).sum() / mask.sum().clamp(min=1.0)
+    loss = -(weights * base_logps * mask).sum() / mask.sum().clamp(min=1.0)
+    return RepairTerms(loss, weights, (plan_logps - base_logps).detach())
+
+
+def sort_repair_loss(
+    base_logps: torch.Tensor, plan_logps: torch.Tensor, mask: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """The scalar loss of `sort_repair_terms`."""
+    return sort_repair_terms(base_logps, plan_logps, mask, beta).loss

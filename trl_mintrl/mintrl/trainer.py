@@ -5,39 +5,59 @@ The trainer only wires TRL's seams:
   hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's `tool_mask`);
 - `_generate_and_score_completions` replaces TRL's group-normalised advantages by `r - mean(control rewards)`;
 - `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included.
+`rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import textwrap
+from dataclasses import dataclass
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from ..engines import engine_for_trainer
-from ..grpo_hooks import BatchCaptureMixin
 from ..judges import Judge
-from ..losses import control_baseline_advantages, regression_residuals
+from ..losses import advantage_regression_loss, control_baseline_advantages, mintrl_anchors
 from ..model_card import ModelCardMixin
 from ..prompts import question_text
+from ..trainer_base import GRPOTrainerBase, check_reference_column
 from .config import MInTRLConfig
 from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend
 from .rollout import InterventionRollout, RolloutSettings, Trajectory
 
 STATE_FILE = "mintrl_state.json"
 
-# per-rollout statistics gathered across processes: column order of `_rollout_stats`
-_STAT_COLUMNS = ("intervened", "revised", "reviews", "judge_tokens", "completion_tokens", "judge_failures")
+
+@dataclass
+class RolloutBatch:
+    """What one `rollout_func` call hands to the advantage and metrics code, for this process's rows."""
+
+    STAT_COLUMNS = ("intervened", "revised", "reviews", "judge_tokens", "completion_tokens", "judge_failures")
+
+    intervening: bool  # interventions were on for this batch
+    is_control: torch.Tensor  # (rows,) bool: purely on-policy rollouts, whose mean reward is the baseline
+    stats: torch.Tensor  # (rows, len(STAT_COLUMNS)) float per-rollout statistics
+    prefix_cache_hit_rate: float | None  # engines with a prefix cache (vLLM); None otherwise
+
+    def stat(self, name: str) -> torch.Tensor:
+        """(rows,) one column of `stats`."""
+        return self.stats[:, self.STAT_COLUMNS.index(name)]
+
+    def gathered(self, accelerator) -> RolloutBatch:
+        """The batch over the global rows, in TRL's row order (a collective: every process calls it)."""
+        rows = accelerator.gather(torch.cat([self.is_control.unsqueeze(1).to(self.stats.dtype), self.stats], dim=1))
+        rate = self.prefix_cache_hit_rate
+        if rate is not None:
+            rate = accelerator.gather(torch.tensor([rate], device=self.stats.device)).mean().item()
+        return RolloutBatch(self.intervening, rows[:, 0].bool(), rows[:, 1:], rate)
 
 
-class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
+class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
     """Minimal-Intervention RL. Used exactly like `GRPOTrainer`, plus an optional `judge` object (e.g. a
     `FunctionJudge`) that overrides `args.judge`."""
 
+    extra_state_file = STATE_FILE
     _tag_names = ["trl", "mintrl"]
     _name = "MInTRL"
     _paper = {
@@ -76,7 +96,7 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
         if judge is not None and not isinstance(judge, Judge):
             raise TypeError(f"judge must be a trl_mintrl.judges.Judge (e.g. FunctionJudge), got {type(judge)}.")
         if judge is None and args.judge in ("self", "base") and args.intervention_steps > 0:
-            _require_column(train_dataset, args.reference_column)
+            check_reference_column(train_dataset, args.reference_column, f"judge={args.judge!r}")
         if judge is None:
             check_judge_backend(args, model, peft_config)
         if not args.ds3_gather_for_generation:
@@ -102,12 +122,9 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
             **kwargs,
         )
         self.rollout_func = self._intervention_rollout
-        self.policy_engine = engine_for_trainer(self)
         self.judge = judge if judge is not None else build_judge(args, self)
         self.judge_failure_warning = JudgeFailureWarning(args, enabled=self.accelerator.is_main_process)
-        self._intervening = False
-        self._rollout_stats: torch.Tensor | None = None
-        self._prefix_cache_hit_rate: float | None = None
+        self.last_rollout: RolloutBatch | None = None  # set by rollout_func, read by the advantage code
         self.judge_failures_total = 0
         self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
         self.interventions_stopped_at: int | None = None
@@ -137,21 +154,22 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
     # ----- rollout (TRL's rollout_func seam) -----
     def _intervention_rollout(self, prompts: list, trainer: GRPOTrainer) -> dict:
         args = self.args
-        self._intervening = self.interventions_active()
-        group = self.num_generations if self.model.training else self.num_generations_eval
-        first_row = self.accelerator.process_index * len(prompts)  # global row index of this process's first row
+        intervening = self.interventions_active()
+        rows = self._process_slice(len(prompts))  # this process's global rows: a row's role is its group column
+        column = torch.arange(rows.start, rows.stop, device=self.accelerator.device) % self._group_size()
+        is_control = column < args.num_control_generations if intervening else torch.ones_like(column, dtype=bool)
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
-        trajectories = []
-        for i, (prompt, ids, row) in enumerate(zip(prompts, prompt_ids, self._batch_inputs, strict=True)):
-            intervened = self._intervening and (first_row + i) % group >= args.num_control_generations
-            trajectories.append(
-                Trajectory(
-                    prompt_ids=list(ids),
-                    question=question_text(prompt),
-                    reference=row.get(args.reference_column),
-                    review_budget=args.max_reviews if intervened else 0,
-                )
+        trajectories = [
+            Trajectory(
+                prompt_ids=list(ids),
+                question=question_text(prompt),
+                reference=row.get(args.reference_column),
+                review_budget=0 if control else args.max_reviews,
             )
+            for prompt, ids, row, control in zip(
+                prompts, prompt_ids, self._batch_inputs, is_control.tolist(), strict=True
+            )
+        ]
         settings = RolloutSettings(
             chunk_size=args.chunk_size,
             max_reviews=args.max_reviews,
@@ -160,14 +178,15 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
         )
         self.policy_engine.reset_cache_stats()
         InterventionRollout(self.policy_engine, self.judge, self.processing_class, settings).run(trajectories)
-        self._prefix_cache_hit_rate = self.policy_engine.prefix_cache_hit_rate()
-        self._rollout_stats = torch.tensor(
-            [
-                [t.review_budget > 0, t.revisions > 0, t.reviews, t.judge_tokens, len(t.completion_ids), t.judge_failures]
-                for t in trajectories
-            ],
-            dtype=torch.float32,
-            device=self.accelerator.device,
+        stats = [
+            [t.review_budget > 0, t.revisions > 0, t.reviews, t.judge_tokens, len(t.completion_ids), t.judge_failures]
+            for t in trajectories
+        ]
+        self.last_rollout = RolloutBatch(
+            intervening=intervening,
+            is_control=is_control,
+            stats=torch.tensor(stats, dtype=torch.float32, device=self.accelerator.device),
+            prefix_cache_hit_rate=self.policy_engine.prefix_cache_hit_rate(),
         )
         logprobs = [t.logprobs for t in trajectories]
         return {
@@ -182,31 +201,29 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
     # ----- advantages -----
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        group = self.num_generations if self.model.training else self.num_generations_eval
+        rollout = self.last_rollout.gathered(self.accelerator)
         rewards = self._batch_rewards()
-        column = torch.arange(rewards.numel(), device=rewards.device) % group
-        is_control = column < self.args.num_control_generations if self._intervening else torch.ones_like(column).bool()
-        advantages = control_baseline_advantages(rewards, is_control, group)
+        advantages = control_baseline_advantages(rewards, rollout.is_control, self._group_size())
         output["advantages"] = advantages[self._process_slice(len(inputs))]
-        self._log_rollout_metrics(rewards, is_control)
+        self._log_rollout_metrics(rewards, rollout)
         return output
 
-    def _log_rollout_metrics(self, rewards: torch.Tensor, is_control: torch.Tensor) -> None:
-        mode = "train" if self.model.training else "eval"
-        stats = dict(zip(_STAT_COLUMNS, self.accelerator.gather(self._rollout_stats).T, strict=True))
+    def _log_rollout_metrics(self, rewards: torch.Tensor, rollout: RolloutBatch) -> None:
+        """`rollout` and `rewards` are over the global rows: every process logs the same numbers."""
+        mode, is_control = self._mode(), rollout.is_control
+        stats = {name: rollout.stat(name) for name in rollout.STAT_COLUMNS}
         intervened = stats["intervened"].bool()
         n_intervened = max(int(intervened.sum()), 1)
         metrics = self._metrics[mode]
-        metrics["mintrl/interventions_active"].append(float(self._intervening))
+        metrics["mintrl/interventions_active"].append(float(rollout.intervening))
         metrics["mintrl/intervention_rate"].append(stats["revised"][intervened].sum().item() / n_intervened)
         metrics["mintrl/reviews_per_rollout"].append(stats["reviews"][intervened].sum().item() / n_intervened)
         total_tokens = max(stats["completion_tokens"].sum().item(), 1.0)
         metrics["mintrl/judge_token_frac"].append(stats["judge_tokens"].sum().item() / total_tokens)
         failures = stats["judge_failures"].sum().item()
         metrics["mintrl/judge_failures"].append(failures)
-        if self._prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
-            rate = torch.tensor([self._prefix_cache_hit_rate], device=self.accelerator.device)
-            metrics["mintrl/prefix_cache_hit_rate"].append(self.accelerator.gather(rate).mean().item())
+        if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
+            metrics["mintrl/prefix_cache_hit_rate"].append(rollout.prefix_cache_hit_rate)
         if mode == "train":
             self.judge_failures_total += int(failures)
             self.judge_failure_warning.update(stats["reviews"].sum().item(), failures)
@@ -221,7 +238,7 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
 
     # ----- loss -----
     def _compute_loss(self, model, inputs):
-        mode = "train" if self.model.training else "eval"
+        mode = self._mode()
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
@@ -237,13 +254,12 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
         # pi_old: the policy that sampled the batch. TRL only computes old log-probs when a generation batch serves
         # several optimizer steps; otherwise pi_old == pi_theta at this forward and the detached log-probs are exact.
         old_logps = inputs.get("old_per_token_logps")
-        anchors = (per_token_logps if old_logps is None else old_logps).detach()
-        if self.args.anchor == "const":
-            anchors = torch.where(judge_tokens, torch.full_like(anchors, self.args.kappa), anchors)
-        residuals = regression_residuals(
+        anchors = mintrl_anchors(
+            per_token_logps if old_logps is None else old_logps, judge_tokens, self.args.anchor, self.args.kappa
+        )
+        loss, residuals = advantage_regression_loss(
             per_token_logps, anchors, mask, inputs["advantages"], self.args.regression_beta
         )
-        loss = residuals.pow(2).mean()
         if mode == "train":
             loss = loss / self.current_gradient_accumulation_steps  # TRL turns off the Trainer's GA scaling
 
@@ -260,42 +276,19 @@ class MInTRLTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
         metrics["mintrl/regression_residual"].append(residual_rms.item())
         return loss
 
-    # ----- checkpoint state -----
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            state = {
-                "judge": self.judge.state_dict() if self.judge is not None else {},
-                "judge_failures_total": self.judge_failures_total,
-                "reward_gap_ema": self.reward_gap_ema,
-                "interventions_stopped_at": self.interventions_stopped_at,
-            }
-            with open(os.path.join(folder, STATE_FILE), "w") as f:
-                json.dump(state, f)
+    # ----- checkpoint state (written to and read from STATE_FILE by GRPOTrainerBase) -----
+    def _extra_state(self) -> dict:
+        return {
+            "judge": self.judge.state_dict() if self.judge is not None else {},
+            "judge_failures_total": self.judge_failures_total,
+            "reward_gap_ema": self.reward_gap_ema,
+            "interventions_stopped_at": self.interventions_stopped_at,
+        }
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        path = os.path.join(checkpoint, STATE_FILE) if checkpoint is not None else None
-        if path is not None and os.path.exists(path):
-            with open(path) as f:
-                state = json.load(f)
-            if self.judge is not None:
-                self.judge.load_state_dict(state["judge"])
-            self.judge_failures_total = state["judge_failures_total"]
-            self.reward_gap_ema = state["reward_gap_ema"]
-            self.interventions_stopped_at = state["interventions_stopped_at"]
-
-
-def _require_column(dataset, column: str) -> None:
-    columns = getattr(dataset, "column_names", None)
-    if dataset is None or columns is None:
-        return
-    if isinstance(columns, dict):  # DatasetDict
-        columns = next(iter(columns.values()))
-    if column not in columns:
-        raise ValueError(
-            f"judge='self' shows the judge the reference solution from column {column!r}, which the train dataset "
-            f"lacks (columns: {columns}). Set reference_column to the right column, or pass a judge object."
-        )
-
+    def _load_extra_state(self, state: dict) -> None:
+        if self.judge is not None:
+            self.judge.load_state_dict(state["judge"])
+        self.judge_failures_total = int(state["judge_failures_total"])
+        self.reward_gap_ema = None if state["reward_gap_ema"] is None else float(state["reward_gap_ema"])
+        stopped = state["interventions_stopped_at"]
+        self.interventions_stopped_at = None if stopped is None else int(stopped)

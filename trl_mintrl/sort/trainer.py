@@ -7,34 +7,28 @@ How it plugs into `GRPOTrainer` (all by wrapping `super()`):
 - `_compute_loss`: on the first micro-batch of an optimizer step, when the buffer holds `repair_batch_size` items,
   they are popped, the policy writes a plan for each, the reference is scored under the base and the teacher
   prompt, and `repair_loss_weight * repair_loss` is added to that micro-batch's GRPO loss.
-- `_save_checkpoint` / `_load_optimizer_and_scheduler`: the buffer is written to and read from `sort_buffer.json`.
+- `_extra_state` / `_load_extra_state`: the buffer is the extra state `GRPOTrainerBase` writes atomically to
+  `sort_buffer.json` in every checkpoint and requires on resume.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import textwrap
 from dataclasses import dataclass
 
 import torch
-from accelerate.logging import get_logger
 from accelerate.utils import gather_object
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 from trl.trainer.utils import get_config_model_id, selective_log_softmax
 
-from ..engines import engine_for_trainer
 from ..engines.vllm import check_vllm_mode_supported
-from ..grpo_hooks import BatchCaptureMixin
-from ..losses import sort_repair_loss, sort_repair_weights
+from ..losses import sort_repair_terms
 from ..model_card import ModelCardMixin
 from ..prompts import question_text
-from .buffer import RepairBuffer, RepairItem, classify_groups
+from ..trainer_base import GRPOTrainerBase, check_reference_column
+from .buffer import BUFFER_FILE, RepairBuffer, RepairItem, classify_groups
 from .config import SORTConfig
-
-logger = get_logger(__name__)
 
 
 @dataclass
@@ -46,7 +40,7 @@ class _Reference:
     truncated: bool
 
 
-class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
+class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
     """Selective Off-policy Reference Tuning: GRPO whose all-wrong prompts are repaired later from their references.
 
     Used exactly like [`~trl.GRPOTrainer`] (same arguments) with a [`SORTConfig`]. The train dataset must have the
@@ -55,6 +49,7 @@ class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
     processes is that of the repair over all items, as in a single process.
     """
 
+    extra_state_file = BUFFER_FILE
     _tag_names = ["trl", "sort"]
     _name = "SORT"
     _paper = {
@@ -76,12 +71,7 @@ class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
             args = SORTConfig(f"{model_id.split('/')[-1]}-SORT")
         if not isinstance(args, SORTConfig):
             raise TypeError(f"SORTTrainer needs `args` to be a SORTConfig, got {type(args).__name__}.")
-        columns = getattr(train_dataset, "column_names", None)  # None for iterable datasets: checked per row
-        if columns is not None and args.reference_column not in columns:
-            raise ValueError(
-                f"The train dataset has no column {args.reference_column!r} for the reference solutions (columns: "
-                f"{columns}). Add it, or set `reference_column` to the column that holds them."
-            )
+        check_reference_column(train_dataset, args.reference_column, "SORT's repair")  # iterable: checked per row
         check_vllm_mode_supported(args)  # plans are written by the colocated engine, never by a server
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
         self.sort_buffer = RepairBuffer()
@@ -96,9 +86,9 @@ class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
 
     def _defer_all_wrong_groups(self, inputs: list[dict]) -> None:
         """Push every all-wrong prompt of the gathered batch into the buffer (same items, same order, every rank)."""
-        all_wrong, all_right = classify_groups(self._batch_rewards(), self.num_generations)
+        all_wrong, all_right = classify_groups(self._batch_rewards(), self._group_size())
         rows = self._process_slice(len(inputs))
-        first_rows = [g * self.num_generations for g in all_wrong.nonzero().flatten().tolist()]
+        first_rows = [g * self._group_size() for g in all_wrong.nonzero().flatten().tolist()]
         mine = [
             (row, inputs[row - rows.start]["prompt"], self._reference_of(inputs[row - rows.start]))
             for row in first_rows
@@ -177,14 +167,18 @@ class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
             plan_logps, _ = self._reference_logps(model, teacher_prompts, reference_ids)
         mask = mask * torch.tensor(real, device=mask.device).unsqueeze(1)
 
-        beta = self.args.repair_beta
-        base, plan = base_logps.detach().float(), plan_logps.float()
-        weights, salience = sort_repair_weights(base, plan, beta), plan - base
+        repair = sort_repair_terms(base_logps.float(), plan_logps.float(), mask, self.args.repair_beta)
         local = torch.stack(
-            [mask.sum(), -(weights * base * mask).sum(), (weights * mask).sum(), (salience * mask).sum()]
+            [
+                mask.sum(),
+                repair.loss.detach() * mask.sum(),  # the loss is normalised by this process's token count
+                (repair.weights * mask).sum(),
+                (repair.salience * mask).sum(),
+            ]
         )
         tokens, loss_sum, weight_sum, salience_sum = self.accelerator.reduce(local, reduction="sum").tolist()
-        salience_max = self.accelerator.gather(salience.masked_fill(mask == 0, -math.inf).max().reshape(1)).max()
+        local_max = repair.salience.masked_fill(mask == 0, -math.inf).max().reshape(1)
+        salience_max = self.accelerator.gather(local_max).max()
         metrics = self._metrics["train"]
         metrics["sort/repair_loss"].append(loss_sum / tokens)
         metrics["sort/mean_weight"].append(weight_sum / tokens)
@@ -193,7 +187,7 @@ class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
 
         # Gradients are averaged over processes (DDP, DeepSpeed): scale so that the average is the global loss.
         scale = mask.sum() * world / tokens
-        return sort_repair_loss(base_logps.float(), plan, mask, beta) * scale
+        return repair.loss * scale
 
     def _prepare_reference(self, reference: str) -> _Reference:
         ids = self._reference_token_ids(reference)
@@ -211,7 +205,7 @@ class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
             ],
             [item.prompt for item in items],
         )
-        generations = engine_for_trainer(self).generate(
+        generations = self.policy_engine.generate(
             prompts, self.args.max_plan_tokens, temperature=self.args.plan_temperature
         )
         return [self._tokenizer.decode(g.token_ids, skip_special_tokens=True).strip() for g in generations]
@@ -256,13 +250,8 @@ class SORTTrainer(ModelCardMixin, BatchCaptureMixin, GRPOTrainer):
 
     # ---- checkpoints -----------------------------------------------------------------------------------------------
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            self.sort_buffer.save(os.path.join(self._get_output_dir(trial=trial), folder))
+    def _extra_state(self) -> dict:
+        return self.sort_buffer.state_dict()
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and not self.sort_buffer.load(checkpoint):
-            logger.warning(f"{checkpoint} holds no SORT buffer (sort_buffer.json): resuming with an empty buffer.")
+    def _load_extra_state(self, state: dict) -> None:
+        self.sort_buffer.load_state_dict(state)

@@ -1,0 +1,165 @@
+"""`GRPOTrainerBase`: the glue MInTRL and SORT share on top of TRL's `GRPOTrainer`.
+
+TRL computes rewards and group advantages inside `_generate_and_score_completions` (~600 lines). Rather than copy
+it, the base keeps what a subclass needs from the current generation batch (its dataset rows and the rewards
+gathered across processes), so the subclass can adjust `super()`'s output afterwards. It also owns the extra
+training state a subclass saves with each checkpoint: one JSON file, written atomically, and refused on resume
+when it is missing or corrupt rather than silently reset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOTrainer
+
+from .engines import GenerationEngine, engine_for_trainer
+
+
+class GRPOTrainerBase(GRPOTrainer):
+    """Base of `MInTRLTrainer` and `SORTTrainer`. A subclass sets `extra_state_file` and implements
+    `_extra_state()` / `_load_extra_state(state)`; the base writes that state into every checkpoint folder and
+    restores it on resume."""
+
+    extra_state_file: str  # file name of the subclass's extra state inside a checkpoint folder
+
+    _batch_inputs: list[dict] | None = None
+    _batch_rewards_per_func: torch.Tensor | None = None
+    _policy_engine: GenerationEngine | None = None
+
+    # ----- the batch being generated and scored -----
+    def _generate_and_score_completions(self, inputs):
+        self._batch_inputs = inputs
+        return super()._generate_and_score_completions(inputs)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._batch_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _batch_rewards(self) -> torch.Tensor:
+        """(global rows,) weighted reward of each rollout, NaN where every reward function returned None."""
+        per_func = self._batch_rewards_per_func
+        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _process_slice(self, local_rows: int) -> slice:
+        """This process's rows within the gathered batch (TRL's own convention)."""
+        start = self.accelerator.process_index * local_rows
+        return slice(start, start + local_rows)
+
+    def _mode(self) -> str:
+        """The key of `self._metrics` the current batch logs to: "train" or "eval"."""
+        return "train" if self.model.training else "eval"
+
+    def _group_size(self) -> int:
+        """Rollouts per prompt in the current batch (TRL samples a different number in evaluation)."""
+        return self.num_generations if self.model.training else self.num_generations_eval
+
+    @property
+    def policy_engine(self) -> GenerationEngine:
+        """The policy's generation engine (the colocated vLLM engine with `use_vllm`, else transformers), built
+        on first use because TRL creates the vLLM engine inside `GRPOTrainer.__init__`."""
+        if self._policy_engine is None:
+            self._policy_engine = engine_for_trainer(self)
+        return self._policy_engine
+
+    # ----- extra state in checkpoints -----
+    def _extra_state(self) -> dict:
+        """The subclass's training state beyond TRL's (JSON-serialisable), saved with every checkpoint."""
+        raise NotImplementedError
+
+    def _load_extra_state(self, state: dict) -> None:
+        """Restore what `_extra_state()` returned; raise KeyError/TypeError/ValueError on a malformed state."""
+        raise NotImplementedError
+
+    def _checkpoint_folder(self, trial) -> str:
+        """The folder TRL's `_save_checkpoint` writes for the current step."""
+        return os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+
+    def _save_checkpoint(self, model, trial):
+        # Written before TRL's files, so a folder that has TRL's `trainer_state.json` (written last) has ours too.
+        if self.args.should_save:
+            folder = self._checkpoint_folder(trial)
+            os.makedirs(folder, exist_ok=True)
+            write_json_atomically(os.path.join(folder, self.extra_state_file), self._extra_state())
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, self.extra_state_file)
+        state = read_extra_state(path, expected_keys=set(self._extra_state()))
+        try:
+            self._load_extra_state(state)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{_refusal(path)} It holds a malformed {type(self).__name__} state ({err}).") from err
+
+
+def write_json_atomically(path: str, obj) -> None:
+    """Write `obj` as JSON to `path` so that a reader sees the old file or the whole new one, never a part: a
+    temporary file in the same folder, flushed and fsynced, then renamed over `path`."""
+    folder, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(folder or ".", os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+
+
+def read_extra_state(path: str, expected_keys: set[str]) -> dict:
+    """The JSON object at `path`; a missing, unparseable or incomplete file is refused with an error naming it."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{_refusal(path)} The file is missing: this folder was not saved by this trainer.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{_refusal(path)} The file is not valid JSON ({err}).") from err
+    if not isinstance(state, dict):
+        raise ValueError(f"{_refusal(path)} It holds a {type(state).__name__}, not a JSON object.")
+    missing = sorted(expected_keys - set(state))
+    if missing:
+        raise ValueError(f"{_refusal(path)} It lacks the keys {missing}.")
+    return state
+
+
+def _refusal(path: str) -> str:
+    return (
+        f"Cannot resume from {os.path.dirname(path)}: the trainer's extra state {path} is needed to continue the run "
+        "exactly and is not usable, so resuming is refused rather than silently starting it afresh. Resume from an "
+        "earlier complete checkpoint, or start a new run from these weights (model=<checkpoint folder>, no "
+        "resume_from_checkpoint)."
+    )
+
+
+def check_reference_column(dataset, column: str, used_for: str) -> None:
+    """Fail before the model loads when the train dataset lacks the reference column (datasets without column
+    names, e.g. iterable ones, are checked row by row by the caller)."""
+    columns = getattr(dataset, "column_names", None)
+    if dataset is None or columns is None:
+        return
+    if isinstance(columns, dict):  # DatasetDict
+        columns = next(iter(columns.values()))
+    if column not in columns:
+        raise ValueError(
+            f"The train dataset has no column {column!r} (columns: {columns}); {used_for} reads the reference "
+            "solutions from it. Add it, or set `reference_column` to the column that holds them."
+        )
