@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -279,11 +280,29 @@ def test_process_limit(limited):
     user's processes when the run starts plus `max_processes`: another nobody process starting meanwhile (another
     run, another service) takes from it. The program itself is one of its `max_processes`."""
     result = limited.run(FORK_UNTIL_REFUSED)
-    forked, reason = result.stdout.split()
-    assert reason == "EAGAIN" and abs(int(forked) - (limited.limits.max_processes - 1)) <= 3, result.stdout
+    _assert_forked_up_to_the_limit(result, limited)
     assert (result.status, result.limit) == ("ok", None)  # ended by the limit, long before the 20 s wall clock
     assert result.seconds < 10
     assert _sandboxed_processes(limited) == []  # the sleeping children die with the run
+
+
+def _assert_forked_up_to_the_limit(result, sandbox):
+    fields = result.stdout.split()
+    assert len(fields) == 2 and fields[1] == "EAGAIN", f"forking was never refused: {result.stdout}{result.stderr}"
+    assert abs(int(fields[0]) - (sandbox.limits.max_processes - 1)) <= 3, result.stdout
+
+
+@needs_root
+def test_process_limit_is_counted_from_the_users_running_processes(limited):
+    """Processes nobody already runs (here 6 sleepers) neither eat into the program's budget nor let it exceed."""
+    sleepers = [subprocess.Popen(["sleep", "60"], user=limited.run_as[0], group=limited.run_as[1]) for _ in range(6)]
+    try:
+        result = limited.run(FORK_UNTIL_REFUSED)
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+    _assert_forked_up_to_the_limit(result, limited)
 
 
 ALLOCATE_AROUND_THE_LIMIT = """def address_space():
