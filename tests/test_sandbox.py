@@ -256,7 +256,7 @@ def test_bad_arguments(kwargs, message):
 def limited():
     """Small limits, a generous wall clock: on a loaded machine every run must still end by its own limit."""
     return Sandbox(
-        timeout=20.0, cpu_seconds=1, memory_mb=128, max_processes=16, max_open_files=32, max_output_mb=1, num_workers=2
+        timeout=60.0, cpu_seconds=1, memory_mb=128, max_processes=16, max_open_files=32, max_output_mb=1, num_workers=2
     )
 
 
@@ -281,8 +281,8 @@ def test_process_limit(limited):
     run, another service) takes from it. The program itself is one of its `max_processes`."""
     result = limited.run(FORK_UNTIL_REFUSED)
     _assert_forked_up_to_the_limit(result, limited)
-    assert (result.status, result.limit) == ("ok", None)  # ended by the limit, long before the 20 s wall clock
-    assert result.seconds < 10
+    assert (result.status, result.limit) == ("ok", None)  # ended by the limit, long before the wall clock
+    assert result.seconds < limited.limits.timeout / 2
     assert _sandboxed_processes(limited) == []  # the sleeping children die with the run
 
 

@@ -88,7 +88,7 @@ class RunResult:
     `values`: one `{"value": ...}` or `{"error": "..."}` per call, in order, for the calls that finished.
     `limit`: the limit that ended or cut the run: "wall_time", "cpu_time", "file_size" (output reached the cap), or
     None. Memory, process and open-file limits make the failing call raise inside the program instead.
-    `isolation`: "namespaces" (no network), "process" (no network isolation) or what an executor reports."""
+    `isolation`: "namespaces" (no network), "process" (no network isolation), or what an executor reports."""
 
     status: str
     returncode: int | None
@@ -98,7 +98,7 @@ class RunResult:
     values: list[dict] | None
     seconds: float
     limit: str | None = None
-    isolation: str = "namespaces"
+    isolation: str = "unknown"
 
 
 Executor = Callable[[Job, Limits], RunResult]
