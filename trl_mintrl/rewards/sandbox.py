@@ -200,6 +200,8 @@ class Sandbox:
             return list(pool.map(self._run, jobs))
 
     def _run(self, job: Job) -> RunResult:
+        """One job, through the executor when there is one (its failure becomes an "executor_error" result, so a
+        flaky service never stops training), else locally."""
         if self.executor is None:
             return self._run_locally(job)
         limits = dataclasses.replace(self.limits, timeout=float(job.timeout or self.limits.timeout))
