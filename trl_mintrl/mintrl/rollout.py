@@ -86,7 +86,9 @@ class InterventionRollout:
         with self.policy.session():  # e.g. one vLLM wake/sleep or one ZeRO-3 gather for all rounds
             for t in trajectories:
                 t.finished = t.finished or self._remaining(t) <= 0
-            while active := [t for t in trajectories if not t.finished]:
+            # A synchronized engine (vLLM tensor-parallel group, vLLM server) is called by all ranks of its group
+            # together: a rank whose trajectories are done keeps joining each round and call while others work.
+            while self.policy.any_rank(bool(active := [t for t in trajectories if not t.finished])):
                 self._round(active, counts)
         return counts
 
@@ -107,12 +109,17 @@ class InterventionRollout:
 
         to_review = []  # (trajectory, chunk, its steps); a chunk with no text (only EOS) has nothing to review
         for t, chunk in zip(active, chunks, strict=True):
-            steps = split_steps(self._decode(chunk.token_ids)) if self._reviewable(t) else []
+            # the accepted prefix says whether the chunk starts inside a code block
+            steps = (
+                split_steps(self._decode(chunk.token_ids), self._decode(t.completion_ids))
+                if self._reviewable(t)
+                else []
+            )
             if steps:
                 to_review.append((t, chunk, steps))
             else:
                 self._accept(t, chunk)
-        if not to_review:
+        if not self.policy.any_rank(bool(to_review)):
             return
 
         verdicts = self.judge.review(
@@ -141,7 +148,7 @@ class InterventionRollout:
             else:
                 kept_chars = sum(len(s) for s in steps[:wrong])
                 revise.append((t, chunk, cut_point(chunk.token_ids, kept_chars, self._decode)))
-        if not revise:
+        if not self.policy.any_rank(bool(revise)):
             return
 
         corrections = self.judge.correct(
@@ -156,7 +163,10 @@ class InterventionRollout:
         )
         counts.correction_calls += 1
         for (t, chunk, keep), correction in zip(revise, corrections, strict=True):
-            if correction.failed:  # nothing to hand back: keep the chunk as if the judge had said KEEP
+            # A failed correction (error, cut off by its cap, unclosed <think>) is never inserted. Keep the whole
+            # chunk as if the judge had said KEEP: a cut with nothing after it would hand the policy the same prefix
+            # it wrote the wrong step from, and it would likely write it again.
+            if correction.failed:
                 t.judge_failures += 1
                 self._accept(t, chunk)
                 continue
