@@ -77,7 +77,7 @@ def test_an_unfinished_prefix_line_continues_into_the_chunk():
     # the prefix ends in the middle of a fence line: the chunk's first line finishes it
     assert split_steps("thon\nx = 1\n```\ny", prefix="Code:\n```py") == ["thon\nx = 1\n```\n", "y"]
     # the prefix ends in the middle of a code line: "```" inside that line is not a fence
-    assert split_steps('```")\nz = 2\n\nw', prefix="```\nprint(\"") == ['```")\nz = 2\n\n', "w"]
+    assert split_steps('```")\nz = 2\n\nw', prefix='```\nprint("') == ['```")\nz = 2\n\n', "w"]
 
 
 @pytest.mark.parametrize(

@@ -116,8 +116,9 @@ def _self_judge_trainer(tiny_model_path, cpu_args, toy_dataset, tokenizer, **ove
     return trainer
 
 
-def test_self_judge_step_renders_judge_prompts_without_thinking(tiny_model_path, cpu_args, toy_dataset,
-                                                                thinking_tokenizer):
+def test_self_judge_step_renders_judge_prompts_without_thinking(
+    tiny_model_path, cpu_args, toy_dataset, thinking_tokenizer
+):
     """A real MInTRLTrainer step (judge='self', the tiny model): policy prompts keep the template's thinking default
     (the trainer's own chat_template_kwargs), judge prompts turn it off."""
     trainer = _self_judge_trainer(tiny_model_path, cpu_args, toy_dataset, thinking_tokenizer, max_steps=1)
@@ -139,8 +140,9 @@ def test_self_judge_step_renders_judge_prompts_without_thinking(tiny_model_path,
 
 
 @pytest.mark.parametrize("kwargs", [None, {}])
-def test_trainer_counts_thinking_failures_and_warns_once(tiny_model_path, cpu_args, toy_dataset, thinking_tokenizer,
-                                                         caplog, kwargs):
+def test_trainer_counts_thinking_failures_and_warns_once(
+    tiny_model_path, cpu_args, toy_dataset, thinking_tokenizer, caplog, kwargs
+):
     """The trainer's judge (built from the config) answered by the thinking engine over two training steps: the
     default intervenes with no failure and no warning; {} fails every review, counts it and warns exactly once."""
     overrides = {} if kwargs is None else {"judge_chat_template_kwargs": kwargs}
