@@ -172,3 +172,25 @@ def test_judge_chat_template_kwargs_config_parsing(cpu_args):
         mintrl_args(cpu_args, judge_chat_template_kwargs="{not json")
     with pytest.raises(ValueError, match="judge_chat_template_kwargs"):
         mintrl_args(cpu_args, judge_chat_template_kwargs=["enable_thinking"])
+
+
+def test_endpoint_correction_cut_by_its_cap_or_still_thinking_fails(monkeypatch):
+    """The endpoint renders its own template: a correction it cut (finish_reason "length") or that leaves <think>
+    open is failed, never inserted; a closed reasoning block is stripped."""
+    from openai_server import ScriptedServer
+
+    from trl_mintrl.judges import EndpointJudge
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    replies = {
+        "cut": {"choices": [{"message": {"content": "So 2+3 is 5 and then"}, "finish_reason": "length"}]},
+        "open": "<think>\nThe student added 2 and 3, which",
+        "closed": "<think>\nfine\n</think>\n\n2+3=5\n",
+    }
+    server = ScriptedServer(lambda question, attempt, body: (200, replies[question], 0.0))
+    try:
+        judge = EndpointJudge(server.url, "judge-model", api_key_env=None, timeout_s=2.0, max_retries=0)
+        corrections = judge.correct([CorrectionRequest(q, "x", None) for q in replies])
+    finally:
+        server.close()
+    assert corrections == [Correction(failed=True), Correction(failed=True), Correction("2+3=5\n")]

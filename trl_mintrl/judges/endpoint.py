@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
-from .parsing import clean_correction, parse_verdict
+from .parsing import parse_correction, parse_verdict
 from .templates import JudgeTemplates
 
 logger = logging.getLogger(__name__)
@@ -44,8 +44,9 @@ FAILURE_KINDS = (
     "http_5xx",
     "http_4xx",  # other client errors: not retried
     "malformed_response",  # not JSON, or JSON without choices[0].message
-    "too_long",  # body over `max_response_bytes`, or a review cut by its token budget
+    "too_long",  # body over `max_response_bytes`, or an answer cut by its token budget (finish_reason "length")
     "unparseable_verdict",  # a review without a valid final `VERDICT:` line
+    "unparseable_correction",  # a correction whose `<think>` block never closes
     "unexpected",  # any other exception (a bug, an odd server): logged, never raised
 )
 
@@ -87,10 +88,12 @@ class EndpointJudge(Judge):
         temperature: sampling temperature sent with each request.
         review_template / correction_template: a preset name ("math", "code") or a custom template string.
         max_review_tokens / max_correction_tokens: `max_tokens` of review and correction requests; a review cut by
-            its budget (`finish_reason == "length"`) fails.
+            its budget (`finish_reason == "length"`) fails, and so does a correction, or one that leaves `<think>` open.
         backoff_s / max_backoff_s: first retry delay and its cap; delays double per attempt, times a random factor
             in [0.5, 1] (jitter), and are at least the server's Retry-After (capped too).
-        extra_body: extra JSON fields for every request, e.g. `{"chat_template_kwargs": {"enable_thinking": False}}`.
+        extra_body: extra JSON fields for every request. The server renders the chat template: to turn a thinking
+            template off on vLLM or SGLang, send `{"chat_template_kwargs": {"enable_thinking": False}}` (hosted APIs
+            may reject fields they do not know, so nothing is sent by default).
         max_response_bytes: larger response bodies fail as `too_long` (a server ignoring `max_tokens` must not
             exhaust the trainer's memory).
 
@@ -184,7 +187,7 @@ class EndpointJudge(Judge):
     def correct(self, requests: list[CorrectionRequest]) -> list[Correction]:
         prompts = [self.templates.render_correction(r) for r in requests]
         replies = self._batch(prompts, self.max_correction_tokens)
-        outcomes = [r if isinstance(r, _Failure) else Correction(clean_correction(r.text)) for r in replies]
+        outcomes = [_correction(r) for r in replies]
         self._record("correction", outcomes)
         return [Correction(failed=True) if isinstance(o, _Failure) else o for o in outcomes]
 
@@ -312,6 +315,16 @@ def _verdict(reply: _Reply | _Failure, num_steps: int) -> Verdict | _Failure:
         if verdict.failed
         else verdict
     )
+
+
+def _correction(reply: _Reply | _Failure) -> Correction | _Failure:
+    """A correction reply's text, or why it is unusable (it is then never inserted)."""
+    if isinstance(reply, _Failure):
+        return reply
+    if reply.finish_reason == "length":
+        return _Failure("too_long", "correction cut by max_correction_tokens (finish_reason=length)")
+    correction = parse_correction(reply.text, truncated=False)
+    return _Failure("unparseable_correction", "a `<think>` block left open") if correction.failed else correction
 
 
 class _DeadlineReader(io.RawIOBase):
