@@ -23,35 +23,25 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-FAULTS = (
-    "ok",
-    "http_500",
-    "http_500_retry_after",
-    "http_429",
-    "http_429_retry_after",
-    "http_400",
-    "hang",
-    "slow_body",
-    "closed_mid_body",
-    "malformed_json",
-    "garbage_text",
-    "too_long",
-)
-# The failure kind a client should count when a fault persists on every attempt (None: the request succeeds).
+# fault -> the failure kind a client should count for a review and for a correction when the fault persists on
+# every attempt (None: the request succeeds).
 EXPECTED_KIND = {
-    "ok": None,
-    "http_500": "http_5xx",
-    "http_500_retry_after": "http_5xx",
-    "http_429": "http_429",
-    "http_429_retry_after": "http_429",
-    "http_400": "http_4xx",
-    "hang": "timeout",
-    "slow_body": "timeout",
-    "closed_mid_body": "connection",
-    "malformed_json": "malformed_response",
-    "garbage_text": "unparseable_verdict",  # reviews only: a correction is free text, so garbage is accepted
-    "too_long": "too_long",
+    "ok": (None, None),
+    "http_500": ("http_5xx", "http_5xx"),
+    "http_500_retry_after": ("http_5xx", "http_5xx"),
+    "http_429": ("http_429", "http_429"),
+    "http_429_retry_after": ("http_429", "http_429"),
+    "http_400": ("http_4xx", "http_4xx"),
+    "hang": ("timeout", "timeout"),
+    "slow_body": ("timeout", "timeout"),
+    "closed_mid_body": ("connection", "connection"),
+    "malformed_json": ("malformed_response", "malformed_response"),
+    "garbage_text": ("unparseable_verdict", None),  # a correction is free text: garbage is accepted as written
+    "open_think": ("unparseable_verdict", "unparseable_correction"),  # "<think>..." never closed
+    "cut_by_max_tokens": ("too_long", "too_long"),  # finish_reason "length"
+    "too_long": ("too_long", "too_long"),  # a body far over any max_tokens
 }
+FAULTS = tuple(EXPECTED_KIND)
 RETRYABLE = {"http_500", "http_500_retry_after", "http_429", "http_429_retry_after", "hang", "slow_body",
              "closed_mid_body"}  # fmt: skip
 REVIEW_ANSWER = "Step 1 is wrong.\nVERDICT: REVISE 1"
@@ -61,10 +51,9 @@ _RUNS = itertools.count()
 _TAG = re.compile(r"\[fault=(\w+)(/once)?\]")
 
 
-def _completion(text: str) -> bytes:
-    return json.dumps(
-        {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
-    ).encode()
+def _completion(text: str, finish_reason: str = "stop") -> bytes:
+    message = {"role": "assistant", "content": text}
+    return json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": finish_reason}]}).encode()
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -134,6 +123,10 @@ def serve(args: argparse.Namespace) -> None:
                 self._send(200, b"<html><body>502 Bad Gateway</body></html>")
             elif fault == "garbage_text":
                 self._send(200, _completion(GARBAGE_ANSWER))
+            elif fault == "open_think":
+                self._send(200, _completion("<think>\nLet me check step 1 again, and then"))
+            elif fault == "cut_by_max_tokens":
+                self._send(200, _completion(answer, finish_reason="length"))
             elif fault == "too_long":  # a server ignoring max_tokens; no Content-Length, so only a cap stops it
                 self._headers(200, None)
                 chunk = b"x" * 65536
@@ -229,17 +222,19 @@ def run_mix(judge, server: FaultServer, per_fault: int, seed: int = 0) -> dict:
     expected_failures, expected_retries, expected_injected = Counter(), Counter(), Counter()
     expected_reviews, expected_corrections = [], []
     for fault, once, _ in plans:
-        kind = EXPECTED_KIND[fault]
-        failed = kind is not None and not once
-        expected_reviews.append(Verdict(failed=True) if failed else Verdict(0))
-        if fault == "garbage_text":
-            expected_corrections.append(Correction(GARBAGE_ANSWER))
+        review_kind, correction_kind = EXPECTED_KIND[fault]
+        if once or review_kind is None:
+            expected_reviews.append(Verdict(0))
         else:
-            expected_corrections.append(Correction(failed=True) if failed else Correction("2+2=4."))
-        if failed:
-            expected_failures[kind] += 1 if fault == "garbage_text" else 2  # the review, and the correction
+            expected_reviews.append(Verdict(failed=True))
+            expected_failures[review_kind] += 1
+        if once or correction_kind is None:
+            expected_corrections.append(Correction(GARBAGE_ANSWER if fault == "garbage_text" else "2+2=4."))
+        else:
+            expected_corrections.append(Correction(failed=True))
+            expected_failures[correction_kind] += 1
         if fault in RETRYABLE:  # a review and a correction each: attempts until success or out of retries
-            expected_retries[kind] += 2 * (1 if once else judge.max_retries)
+            expected_retries[review_kind] += 2 * (1 if once else judge.max_retries)
             expected_injected[fault] += 2 * (1 if once else judge.max_retries + 1)
             expected_injected["ok"] += 2 * once
         else:
