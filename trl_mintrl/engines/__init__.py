@@ -7,9 +7,12 @@ __all__ = ["Generation", "GenerationEngine", "TransformersEngine", "engine_for_t
 
 
 def engine_for_trainer(trainer) -> GenerationEngine:
-    """The generation engine of a GRPOTrainer: its colocated vLLM engine when `use_vllm`, else `transformers`."""
+    """The generation engine of a GRPOTrainer: its vLLM server or colocated vLLM engine when `use_vllm`, else
+    `transformers`."""
     if trainer.use_vllm:
-        from .vllm import VLLMEngine
+        from .vllm import VLLMEngine, VLLMServerEngine
 
+        if trainer.vllm_generation.mode == "server":
+            return VLLMServerEngine.from_trainer(trainer)
         return VLLMEngine.from_trainer(trainer)
     return TransformersEngine.from_trainer(trainer)

@@ -32,7 +32,14 @@ class GenerationEngine(ABC):
     `generate` is one engine call for the whole batch; `num_calls` counts them, so tests and metrics can check that
     work is batched. `session()` brackets a multi-call rollout: engines that must prepare (gather ZeRO-3 weights,
     wake a sleeping vLLM engine) do it once per session instead of once per call.
+
+    A `synchronized` engine is called by a group of processes together (a vLLM tensor-parallel group, or every
+    process of a vLLM server run): each call is a collective, so every rank of the group must make the same calls
+    in the same order, a rank with no prompts included. Multi-round loops ask `any_rank` whether to run another
+    round or call, so they stay in step.
     """
+
+    synchronized = False
 
     def __init__(self, eos_token_ids: Sequence[int]):
         self.eos_token_ids = list(eos_token_ids)
@@ -57,7 +64,7 @@ class GenerationEngine(ABC):
             max_new_tokens = [max_new_tokens] * len(prompt_ids)
         if len(max_new_tokens) != len(prompt_ids):
             raise ValueError(f"got {len(prompt_ids)} prompts but {len(max_new_tokens)} max_new_tokens values")
-        if not prompt_ids:
+        if not prompt_ids and not self.synchronized:
             return []
         self.num_calls += 1
         with self.session():
@@ -86,6 +93,11 @@ class GenerationEngine(ABC):
                 yield
         finally:
             self._session_depth -= 1
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank of the group that shares this engine's calls (one collective for a
+        synchronized engine; `flag` itself otherwise)."""
+        return flag
 
     def _open_session(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()

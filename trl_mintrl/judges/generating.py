@@ -113,7 +113,7 @@ class GeneratingJudge(Judge):
         return not ended and generation.num_tokens >= cap
 
     def review(self, requests: list[ReviewRequest]) -> list[Verdict]:
-        if not requests:
+        if not requests and not self.engine.synchronized:  # a synchronized engine's call is collective: join it
             return []
         outputs = self._generate([self.templates.render_review(r) for r in requests], self.max_review_tokens)
         verdicts = []
@@ -128,7 +128,7 @@ class GeneratingJudge(Judge):
         return verdicts
 
     def correct(self, requests: list[CorrectionRequest]) -> list[Correction]:
-        if not requests:
+        if not requests and not self.engine.synchronized:  # a synchronized engine's call is collective: join it
             return []
         outputs = self._generate([self.templates.render_correction(r) for r in requests], self.max_correction_tokens)
         corrections = [
