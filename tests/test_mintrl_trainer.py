@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from mintrl_helpers import CORRECTION, RecordingTrainer, mintrl_args, revise_fir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_mintrl import MInTRLTrainer
+from trl_mintrl.mintrl.trainer import STATE_FILE
 
 
 def test_function_judge_end_to_end_advantages_masks_metrics(tiny_model_path, cpu_args, toy_dataset):
@@ -217,3 +220,150 @@ def test_adaptive_switch_off_when_corrections_stop_helping(tiny_model_path, cpu_
     assert resumed.interventions_stopped_at == 0  # restored: the resumed run does not intervene again
     new_logs = [e for e in resumed.state.log_history if "loss" in e and e["step"] == 4]
     assert [e["mintrl/interventions_active"] for e in new_logs] == [0.0]
+
+
+# ----- the loss where it runs: the trainer's _compute_loss against an independent float64 computation -----
+
+
+def fixed_batch(vocab_size: int, with_old_logps: bool) -> dict:
+    """4 rollouts (2 controls, 2 intervened whose first tokens are judge tokens), right-padded completions."""
+    gen = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, vocab_size, (4, 4), generator=gen)
+    completion_ids = torch.randint(3, vocab_size, (4, 6), generator=gen)
+    completion_mask = (torch.arange(6) < torch.tensor([[6], [4], [6], [3]])).long()
+    tool_mask = torch.ones(4, 6, dtype=torch.long)
+    tool_mask[2, :3] = 0
+    tool_mask[3, :2] = 0
+    batch = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "tool_mask": tool_mask,
+        "advantages": torch.tensor([0.5, -0.25, 1.0, -1.0]),
+    }
+    if with_old_logps:  # a batch sampled by an older policy (TRL passes these when a batch serves several steps)
+        batch["old_per_token_logps"] = -1.0 - 4.0 * torch.rand(4, 6, generator=gen)
+    return batch
+
+
+def float64_reference(model_path: str, batch: dict, anchor: str, kappa: float, beta: float, accumulation: int):
+    """The paper's loss written out token by token in float64, on a float64 copy of the model loaded from disk;
+    returns the loss and the parameter gradients."""
+    model64 = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64)
+    prompt_len = batch["prompt_ids"].size(1)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    logits = model64(input_ids=ids, attention_mask=attention).logits[:, prompt_len - 1 : -1]
+    logps = torch.log_softmax(logits, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    old = batch.get("old_per_token_logps")
+    rows, tokens = batch["completion_ids"].shape
+    total = torch.zeros((), dtype=torch.float64)
+    for b in range(rows):
+        log_ratio = torch.zeros((), dtype=torch.float64)
+        for t in range(tokens):
+            if not batch["completion_mask"][b, t]:
+                continue
+            judge_token = batch["tool_mask"][b, t] == 0
+            if anchor == "const" and judge_token:
+                a_t = torch.tensor(kappa, dtype=torch.float64)
+            elif old is not None:
+                a_t = old[b, t].double()
+            else:  # pi_old is the policy at this forward
+                a_t = logps[b, t].detach()
+            log_ratio = log_ratio + logps[b, t] - a_t
+        residual = beta * log_ratio - batch["advantages"][b].double()
+        total = total + residual**2
+    loss = total / rows / accumulation
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in model64.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "anchor,with_old_logps", [("const", True), ("proxy", True), ("const", False), ("proxy", False)]
+)
+def test_compute_loss_matches_float64_reference(tiny_model_path, cpu_args, toy_dataset, anchor, with_old_logps):
+    kappa, beta = -0.7, 0.5  # a large beta, so that every token's anchor moves the loss well above float noise
+    trainer = MInTRLTrainer(
+        model=tiny_model_path,
+        reward_funcs=role_reward,
+        args=mintrl_args(cpu_args, anchor=anchor, kappa=kappa, regression_beta=beta),
+        train_dataset=toy_dataset,
+        judge=revise_first_step_judge(),
+    )
+    batch = fixed_batch(trainer.model.config.vocab_size, with_old_logps)
+    expected_loss, expected_grads = float64_reference(tiny_model_path, batch, anchor, kappa, beta, accumulation=2)
+
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2  # the loss of one of two micro-batches of an optimizer step
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-5)
+    grads = {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():  # float32 against float64: relative error of each gradient tensor
+        error = (grad.double() - expected_grads[name]).norm() / expected_grads[name].norm()
+        assert error < 1e-4, (name, error.item())
+    assert trainer._metrics["train"]["mintrl/judge_token_nll"]  # the batch has judge tokens, and they are logged
+
+
+def one_step(tiny_model_path, cpu_args, toy_dataset, **overrides):
+    """The weight change of one plain-SGD MInTRL step, and the rollouts it trained on."""
+    args = mintrl_args(cpu_args, max_steps=1, optim="sgd", learning_rate=1e-4, max_grad_norm=0.0,
+                       regression_beta=0.5, **overrides)
+    trainer = RecordingTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset,
+                               judge=revise_first_step_judge())
+    before = snapshot(trainer.model)
+    trainer.train()
+    delta = {n: p.detach() - before[n] for n, p in trainer.model.named_parameters() if n in before}
+    rollouts = torch.cat([r["completion_ids"] for r in trainer.records]), torch.cat([r["rewards"] for r in trainer.records])
+    return delta, rollouts
+
+
+def test_gradient_accumulation_two_micro_batches_equal_one_batch(tiny_model_path, cpu_args, toy_dataset):
+    """GA=2 over two micro-batches of 4 rollouts moves the weights exactly as GA=1 over the same 8 rollouts."""
+    single, (ids, rewards) = one_step(tiny_model_path, cpu_args, toy_dataset, per_device_train_batch_size=8)
+    accumulated, (ids_ga, rewards_ga) = one_step(
+        tiny_model_path, cpu_args, toy_dataset, per_device_train_batch_size=4, gradient_accumulation_steps=2
+    )
+    # same rollouts (one generation batch of 8 in both runs); TRL shuffles rows before splitting micro-batches
+    assert torch.equal(rewards, rewards_ga) and torch.equal(ids, ids_ga)
+    assert sum(d.abs().sum() for d in single.values()) > 0
+    for name, delta in single.items():  # SGD without clipping: the weight change is -lr * gradient
+        error = (accumulated[name] - delta).norm() / delta.norm()
+        assert error < 1e-4, (name, error.item())
+
+
+# ----- extra state: atomic, and refused on resume when missing or corrupt -----
+
+
+def test_resume_refuses_a_missing_or_corrupt_state_file(tiny_model_path, cpu_args, toy_dataset, tmp_path):
+    def make(max_steps):
+        args = mintrl_args(cpu_args, output_dir=str(tmp_path / "run"), max_steps=max_steps, save_strategy="steps",
+                           save_steps=1)
+        return MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset,
+                             judge=revise_first_step_judge())
+
+    make(1).train()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    assert not [p.name for p in checkpoint.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    cases = {
+        "missing": (None, "is missing"),
+        "cut_short": (json.dumps(state)[:20], "not valid JSON"),
+        "missing_key": (json.dumps({k: v for k, v in state.items() if k != "reward_gap_ema"}), "reward_gap_ema"),
+        "wrong_type": (json.dumps({**state, "judge_failures_total": "many"}), "malformed"),
+        "not_an_object": ("[]", "not a JSON object"),
+    }
+    for name, (text, reason) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(checkpoint, folder)
+        path = folder / STATE_FILE
+        if text is None:
+            path.unlink()
+        else:
+            path.write_text(text)
+        trainer = make(2)
+        with pytest.raises((ValueError, FileNotFoundError), match=rf"(?s){re.escape(str(path))}.*{reason}"):
+            trainer.train(resume_from_checkpoint=str(folder))
