@@ -194,3 +194,15 @@ def test_endpoint_correction_cut_by_its_cap_or_still_thinking_fails(monkeypatch)
     finally:
         server.close()
     assert corrections == [Correction(failed=True), Correction(failed=True), Correction("2+3=5\n")]
+
+
+def test_paper_recipes_turn_judge_thinking_off_explicitly():
+    """The shipped recipes judge with Qwen3 models: each says so in the file, not only through the default."""
+    import pathlib
+
+    import yaml
+
+    recipes = sorted((pathlib.Path(__file__).parent.parent / "recipes" / "mintrl").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        assert yaml.safe_load(path.read_text())["judge_chat_template_kwargs"] == {"enable_thinking": False}, path
