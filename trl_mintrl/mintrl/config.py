@@ -17,9 +17,97 @@ JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
 @dataclass
 class MInTRLConfig(GRPOConfig):
     r"""
-    Configuration for [`MInTRLTrainer`]. All [`~trl.GRPOConfig`] fields apply; the ones below are MInTRL's own.
-    Defaults follow the paper (Table 6) where it gives a value. `num_generations` is
-    `num_control_generations + num_intervened_generations`; leave it unset or set it to that sum.
+    Configuration class for the [`MInTRLTrainer`] (Minimal-Intervention RL).
+
+    All [`~trl.GRPOConfig`] parameters apply; the ones below are MInTRL's own. Defaults follow the paper (Table 6)
+    where it gives a value.
+
+    Parameters:
+        > Parameters that control the group of rollouts
+
+        num_control_generations (`int`, *optional*, defaults to `8`):
+            On-policy control rollouts per prompt. Their mean reward is the baseline V(x).
+        num_intervened_generations (`int`, *optional*, defaults to `8`):
+            Rollouts per prompt that the judge reviews and corrects during the intervention phase.
+        num_generations (`int` or `None`, *optional*, defaults to `None`):
+            Rollouts per prompt; derived as `num_control_generations + num_intervened_generations`. Leave it unset
+            or set it to that sum.
+
+        > Parameters that control the rollout loop
+
+        chunk_size (`int`, *optional*, defaults to `512`):
+            Policy tokens generated between two reviews (paper: 512 math, 128 code).
+        max_reviews (`int`, *optional*, defaults to `4`):
+            Reviews per intervened rollout; afterwards the rest is generated unreviewed.
+        max_correction_tokens (`int`, *optional*, defaults to `64`):
+            Cap on a judge correction, in policy tokens.
+        intervention_steps (`int`, *optional*, defaults to `200`):
+            Optimizer steps with interventions (paper: 200 of 500); afterwards every rollout is an on-policy control.
+            `0` never intervenes.
+        intervention_stop_gap (`float` or `None`, *optional*, defaults to `None`):
+            Adaptive switch-off (the paper's suggested improvement): stop intervening for good once the moving
+            average of `reward_intervened - reward_control` falls below this value, i.e. once corrections no longer
+            help. `None` keeps the fixed `intervention_steps` schedule only.
+        intervention_gap_ema (`float`, *optional*, defaults to `0.9`):
+            Smoothing of the reward-gap moving average used by `intervention_stop_gap`.
+
+        > Parameters that control the loss
+
+        anchor (`str`, *optional*, defaults to `"const"`):
+            Anchor `a_t` of judge tokens in the regression: `"const"` uses `kappa`, `"proxy"` the old policy's
+            log-prob. Policy tokens are always anchored by the old log-prob.
+        kappa (`float`, *optional*, defaults to `-0.2`):
+            Constant anchor for judge tokens with `anchor="const"` (paper: -0.2 math, -0.1 code).
+        regression_beta (`float`, *optional*, defaults to `1e-3`):
+            Scale of the summed log-ratio in the advantage regression (the paper's beta2).
+        beta (`float`, *optional*, defaults to `0.0`):
+            KL coefficient of GRPO. MInTRL's regression has no KL term: it must stay `0.0`.
+        vllm_importance_sampling_correction (`bool`, *optional*, defaults to `False`):
+            MInTRL uses no importance sampling: the regression target holds for any trajectory.
+
+        > Parameters that control the judge
+
+        judge (`str`, *optional*, defaults to `"self"`):
+            Judge backend: `"self"` (the current policy with the reference solution as privileged context),
+            `"base"` (the initial weights with the same context, as in the paper's self-intervention ablation: the
+            policy with its PEFT adapter disabled, or else a frozen copy loaded from the policy's path), `"model"` (a
+            second model from `judge_model_name_or_path`), `"endpoint"` (an OpenAI-compatible server at
+            `judge_base_url`). Ignored when a judge object is passed to the trainer.
+        judge_model_name_or_path (`str` or `None`, *optional*, defaults to `None`):
+            Judge model (local path or Hub id) for `judge="model"`.
+        judge_chat_template_kwargs (`dict`, *optional*, defaults to `{"enable_thinking": False}`):
+            Chat-template arguments for the judge's prompts (`judge="self"`, `"base"`, `"model"`, on either engine).
+            The default turns thinking off: a thinking template (Qwen3) otherwise spends the review budget inside
+            `<think>`, the review is cut off and counted as a failure, and the judge never intervenes. Templates that
+            do not use a variable ignore it; `{}` renders the template's defaults. The endpoint judge renders on its
+            server and does not use this field.
+        judge_vllm_gpu_memory_utilization (`float` or `None`, *optional*, defaults to `None`):
+            With `judge="model"` (or `"base"` without PEFT) and `use_vllm`: run the judge in a second colocated vLLM
+            engine with this share of GPU memory (lower the policy's `vllm_gpu_memory_utilization` to fit both).
+            `None` generates the judge with transformers.
+        judge_base_url (`str` or `None`, *optional*, defaults to `None`):
+            OpenAI-compatible base URL for `judge="endpoint"`, e.g. `http://127.0.0.1:8000/v1`.
+        judge_model (`str` or `None`, *optional*, defaults to `None`):
+            Model name sent to the endpoint judge.
+        judge_api_key_env (`str`, *optional*, defaults to `"OPENAI_API_KEY"`):
+            Environment variable holding the endpoint judge's API key.
+        judge_timeout_s (`float`, *optional*, defaults to `60.0`):
+            Timeout of one endpoint judge request.
+        judge_max_retries (`int`, *optional*, defaults to `3`):
+            Retries of a failed endpoint judge request.
+        judge_max_concurrency (`int`, *optional*, defaults to `16`):
+            Concurrent endpoint judge requests.
+        judge_temperature (`float`, *optional*, defaults to `0.0`):
+            Judge sampling temperature (`0.0`: greedy).
+        judge_max_review_tokens (`int`, *optional*, defaults to `256`):
+            Token budget of a judge review answer (reasoning + verdict line). A review cut by it fails.
+        judge_review_template (`str`, *optional*, defaults to `"math"`):
+            Review prompt: a preset name (`"math"`, `"code"`) or a template string with named fields.
+        judge_correction_template (`str`, *optional*, defaults to `"math"`):
+            Correction prompt: a preset name (`"math"`, `"code"`) or a template string.
+        reference_column (`str`, *optional*, defaults to `"solution"`):
+            Dataset column with the reference solution shown to the judge (required for `judge="self"` and
+            `"base"`).
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["judge_chat_template_kwargs"]
