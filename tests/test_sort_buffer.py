@@ -1,5 +1,6 @@
-"""SORT's deferred buffer: all-wrong detection (several reward functions, weights, None), de-duplication, the flush
-at exactly `repair_batch_size`, and the save/restore round trip."""
+"""SORT's deferred buffer: all-wrong detection (several reward functions, weights, None, the functions that decide
+correctness and the threshold, a format bonus, {-1, 1} rewards), de-duplication, the flush at exactly
+`repair_batch_size`, and the save/restore round trip."""
 
 import json
 
@@ -9,6 +10,7 @@ from datasets import Dataset
 
 from trl_mintrl.sort import RepairBuffer, SORTConfig, SORTTrainer, classify_groups
 from trl_mintrl.sort.buffer import BUFFER_FILE
+from trl_mintrl.sort.trainer import reward_func_names
 
 G = 2  # rollouts per prompt in these tests
 
@@ -45,10 +47,14 @@ def _row(case, **fields):
     }
 
 
-@pytest.fixture(scope="module")
-def trainer(tiny_model_path, tmp_path_factory):
+def signed_accuracy(completions, case, **kwargs):
+    """The accuracy of CASES as {-1, 1} rewards (None stays None)."""
+    return [None if a is None else 2 * a - 1 for a in accuracy(completions, case)]
+
+
+def make_trainer(model_path, output_dir, reward_funcs, **overrides):
     args = SORTConfig(
-        output_dir=str(tmp_path_factory.mktemp("sort_buffer")),
+        output_dir=output_dir,
         use_cpu=True,
         bf16=False,
         gradient_checkpointing=False,
@@ -58,18 +64,36 @@ def trainer(tiny_model_path, tmp_path_factory):
         max_completion_length=4,
         repair_batch_size=3,
         max_plan_tokens=4,
-        reward_weights=[1.0, 0.5, 0.0],
         seed=0,
+        **overrides,
     )
     trainer = SORTTrainer(
-        tiny_model_path,
-        reward_funcs=[accuracy, format_reward, constant],
+        model_path,
+        reward_funcs=reward_funcs,
         args=args,
         train_dataset=Dataset.from_list([_row(c) for c in range(len(CASES))]),
     )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by `train()`; these tests call its pieces directly
     return trainer
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model_path, tmp_path_factory):
+    # "joint": `test_repair_flushes_at_exactly_repair_batch_size` reads the repair in the micro-batch loss
+    return make_trainer(
+        tiny_model_path,
+        str(tmp_path_factory.mktemp("sort_buffer")),
+        [accuracy, format_reward, constant],
+        reward_weights=[1.0, 0.5, 0.0],
+        repair_update="joint",
+    )
+
+
+def deferred_cases(trainer) -> list[int]:
+    trainer.sort_buffer = RepairBuffer()
+    trainer._generate_and_score_completions([_row(c) for c in range(len(CASES)) for _ in range(G)])
+    return [int(item.reference.split("+")[0]) for item in trainer.sort_buffer.items]
 
 
 def test_classify_groups_rules():
@@ -80,6 +104,13 @@ def test_classify_groups_rules():
     assert all_right.tolist() == [False, False, False, False, True]
     with pytest.raises(ValueError, match="num_generations=3"):
         classify_groups(rewards, 3)
+    # correct = score above the threshold: at 0.5, the group (0.5, 2.0) is neither; (0, 1) stays neither
+    all_wrong, all_right = classify_groups(rewards, 2, threshold=0.5)
+    assert all_wrong.tolist() == [True, False, False, False, False]
+    assert all_right.tolist() == [False, False, False, False, False]
+    # {-1, 1} rewards: -1 is wrong at the default threshold 0
+    all_wrong, all_right = classify_groups(torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]), 2)
+    assert (all_wrong.tolist(), all_right.tolist()) == ([True, False, False], [False, False, True])
 
 
 def test_all_wrong_detection_with_several_reward_functions(trainer):
@@ -95,6 +126,29 @@ def test_all_wrong_detection_with_several_reward_functions(trainer):
     # The same prompts failing again are not held twice.
     trainer._generate_and_score_completions(rows)
     assert len(trainer.sort_buffer) == 2
+
+
+def test_names_match_trl_and_default_is_every_function(trainer):
+    assert reward_func_names([accuracy, format_reward, constant]) == trainer.reward_func_names
+    assert trainer._correctness_funcs == [0, 1, 2]
+
+
+def test_correctness_functions_leave_a_format_bonus_out(tiny_model_path, tmp_path):
+    """With the format bonus deciding too, case 1 (a wrong answer in good format) is never deferred; with accuracy
+    alone it is, and case 2 (accuracy unscorable) is not: nothing that decides correctness scored it."""
+    funcs = [accuracy, format_reward]
+    assert deferred_cases(make_trainer(tiny_model_path, str(tmp_path / "all"), funcs)) == [0, 2]
+    for selection in (["accuracy"], [0], ["0"]):
+        only = make_trainer(tiny_model_path, str(tmp_path / "acc"), funcs, correctness_reward_funcs=selection)
+        assert only._correctness_funcs == [0]
+        assert deferred_cases(only) == [0, 1]
+
+
+def test_signed_rewards_are_wrong_below_the_threshold(tiny_model_path, tmp_path):
+    """Rewards in {-1, 1}: -1 is wrong at the default threshold 0 (before: only an exact 0 was)."""
+    assert deferred_cases(make_trainer(tiny_model_path, str(tmp_path / "a"), [signed_accuracy])) == [0, 1]
+    lenient = make_trainer(tiny_model_path, str(tmp_path / "b"), [signed_accuracy], correct_threshold=-2.0)
+    assert deferred_cases(lenient) == []
 
 
 def test_empty_or_missing_references_are_skipped_and_counted(trainer):

@@ -16,17 +16,60 @@ BUFFER_FILE = "sort_buffer.json"
 _STATE_VERSION = 1
 
 
-def classify_groups(rewards: torch.Tensor, num_generations: int) -> tuple[torch.Tensor, torch.Tensor]:
+def correctness_scores(rewards_per_func: torch.Tensor, weights: torch.Tensor, funcs: list[int]) -> torch.Tensor:
+    """(rows,) weighted sum of the rewards of the functions that decide correctness; NaN where all of them are None.
+
+    Args:
+        rewards_per_func: (rows, reward functions), NaN where a function returned None.
+        weights: (reward functions,) the trainer's `reward_weights`.
+        funcs: indices of the correctness functions (`SORTConfig.correctness_reward_funcs`, resolved).
+    """
+    chosen = rewards_per_func[:, funcs]
+    scores = (chosen * weights.to(chosen.device)[funcs].unsqueeze(0)).nansum(dim=1)
+    scores[torch.isnan(chosen).all(dim=1)] = torch.nan
+    return scores
+
+
+def classify_groups(
+    scores: torch.Tensor, num_generations: int, threshold: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(all_wrong, all_right) booleans per group of `num_generations` consecutive rows.
 
-    `rewards` are the weighted rewards of each rollout (NaN where every reward function returned None). A group is
-    all-wrong when every rollout scored exactly 0 and all-right when every rollout scored above 0; an unscorable (NaN)
-    rollout is neither, so a group with one is never deferred: its prompt may lack a checkable answer.
+    `scores` are the correctness scores of each rollout (`correctness_scores`, NaN = unscorable); a rollout is
+    correct when its score exceeds `threshold`. A group is all-wrong when no rollout is correct and all-right when
+    every rollout is; an unscorable rollout is neither, so a group with one is never deferred: its prompt may lack a
+    checkable answer.
     """
-    if rewards.numel() % num_generations:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of num_generations={num_generations}")
-    grouped = rewards.view(-1, num_generations)
-    return (grouped == 0).all(dim=1), (grouped > 0).all(dim=1)
+    if scores.numel() % num_generations:
+        raise ValueError(f"{scores.numel()} rewards do not split into groups of num_generations={num_generations}")
+    grouped = scores.view(-1, num_generations)
+    return (grouped <= threshold).all(dim=1), (grouped > threshold).all(dim=1)
+
+
+def resolve_reward_funcs(selection: list[str | int] | None, names: list[str]) -> list[int]:
+    """Indices of the reward functions `selection` names (names as TRL logs them, or indices; None: all)."""
+    if selection is None:
+        return list(range(len(names)))
+    indices = []
+    for entry in selection:
+        if isinstance(entry, int) or (isinstance(entry, str) and entry.isdigit() and entry not in names):
+            index = int(entry)
+            if not 0 <= index < len(names):
+                raise ValueError(
+                    f"`correctness_reward_funcs` has index {index}, but there are {len(names)} reward functions "
+                    f"{names}; use an index from 0 to {len(names) - 1} or a name."
+                )
+        elif entry in names:
+            index = names.index(entry)
+        else:
+            raise ValueError(
+                f"`correctness_reward_funcs` names {entry!r}, which is not a reward function of this trainer; the "
+                f"reward functions are {names} (by name, or index 0 to {len(names) - 1})."
+            )
+        if index in indices:
+            raise ValueError(f"`correctness_reward_funcs` names reward function {names[index]!r} twice.")
+        indices.append(index)
+    return indices
 
 
 @dataclass(frozen=True)
@@ -47,7 +90,7 @@ def _key(prompt: str | list[dict]) -> str:
 class RepairBuffer:
     """FIFO of `RepairItem`s with at most one item per prompt, plus the running counters logged as `sort/*`."""
 
-    COUNTERS = ("repairs", "empty_references", "truncated_references")
+    COUNTERS = ("repairs", "empty_references", "truncated_references", "failed_plans")
 
     def __init__(self):
         self._items: list[RepairItem] = []

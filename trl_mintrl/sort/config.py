@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -22,16 +23,36 @@ class SORTConfig(GRPOConfig):
 
         reference_column (`str`, *optional*, defaults to `"solution"`):
             Dataset column holding the reference solution `y*` of each prompt.
+        correctness_reward_funcs (`list[str | int]` or `None`, *optional*, defaults to `None`):
+            Names (as logged, e.g. `"math_reward"`) or indices of the reward functions that decide whether a rollout
+            is correct; `None` uses all of them. Leave out format bonuses and other shaping terms, or their reward
+            makes wrong rollouts look correct and all-wrong prompts never reach the buffer.
+        correct_threshold (`float`, *optional*, defaults to `0.0`):
+            A rollout is correct when the weighted sum of its `correctness_reward_funcs` rewards exceeds this. A
+            prompt is deferred when none of its rollouts is correct (and all are scorable).
+        repair_update (`str`, *optional*, defaults to `"separate"`):
+            `"separate"`: the paper's alternation, a repair optimizer step of its own (with its own gradient
+            clipping) right after the GRPO step, at the same learning rate; it does not advance the learning-rate
+            schedule or `global_step`. `"joint"`: the repair loss is added to the GRPO loss of that step.
+        repair_weighting (`str`, *optional*, defaults to `"salience"`):
+            `"salience"`: the paper's plan-salience token weights. `"uniform"`: weight 1 on every reference token
+            (plain SFT on references, the ablation that isolates the plan); no plan is written.
         repair_batch_size (`int`, *optional*, defaults to `8`):
             Number of buffered all-wrong prompts that triggers a repair; each repair uses exactly that many.
         repair_beta (`float`, *optional*, defaults to `0.5`):
             Exponent of the plan probability in the token weight `p_base**(1 - beta) * p_plan**beta`.
         repair_loss_weight (`float`, *optional*, defaults to `1.0`):
-            Weight of the repair loss added to the GRPO loss of the optimizer step that runs the repair.
+            Weight of the repair loss (in its own step with `repair_update="separate"`, added to the GRPO loss with
+            `"joint"`).
         max_plan_tokens (`int`, *optional*, defaults to `256`):
             Maximum number of tokens of a plan written by the policy.
         plan_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature of plan writing; `0.0` decodes greedily.
+        plan_chat_template_kwargs (`dict`, *optional*, defaults to `{"enable_thinking": False}`):
+            Chat-template arguments for the plan-extraction prompt, on top of `chat_template_kwargs`. The default
+            turns off Qwen3-style thinking (templates that do not use it ignore it): a plan is a short list, and a
+            thinking block would spend `max_plan_tokens` before the plan starts. The base and teacher prompts are
+            scoring contexts and are rendered with `chat_template_kwargs` only, as the rollouts are.
         max_reference_tokens (`int`, *optional*, defaults to `1024`):
             References longer than this are truncated to their first `max_reference_tokens` tokens (no EOS is then
             appended) and counted in `sort/truncated_references`.
@@ -60,6 +81,36 @@ class SORTConfig(GRPOConfig):
         default="solution",
         metadata={"help": "Dataset column holding the reference solution of each prompt."},
     )
+    correctness_reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Names or indices of the reward functions that decide whether a rollout is correct (None: all). "
+            "Leave out format bonuses, or wrong rollouts look correct and nothing is ever deferred."
+        },
+    )
+    correct_threshold: float = field(
+        default=0.0,
+        metadata={
+            "help": "A rollout is correct when the weighted sum of its correctness rewards exceeds this; a prompt "
+            "with no correct rollout is deferred for repair."
+        },
+    )
+    repair_update: str = field(
+        default="separate",
+        metadata={
+            "help": "'separate': a repair optimizer step of its own after the GRPO step (the paper's alternation; "
+            "same learning rate, own clipping, no extra scheduler step). 'joint': repair loss added to the GRPO loss.",
+            "choices": ["separate", "joint"],
+        },
+    )
+    repair_weighting: str = field(
+        default="salience",
+        metadata={
+            "help": "'salience': the paper's plan-salience token weights. 'uniform': weight 1 on every reference "
+            "token (plain SFT on references, no plan).",
+            "choices": ["salience", "uniform"],
+        },
+    )
     repair_batch_size: int = field(
         default=8,
         metadata={
@@ -85,6 +136,13 @@ class SORTConfig(GRPOConfig):
     plan_temperature: float = field(
         default=0.0,
         metadata={"help": "Sampling temperature of plan writing; 0.0 decodes greedily."},
+    )
+    plan_chat_template_kwargs: dict | str | None = field(
+        default_factory=lambda: {"enable_thinking": False},
+        metadata={
+            "help": "Chat-template arguments of the plan prompt, on top of chat_template_kwargs; the default turns "
+            "thinking off (ignored by templates without it)."
+        },
     )
     max_reference_tokens: int = field(
         default=1024,
@@ -118,6 +176,11 @@ class SORTConfig(GRPOConfig):
             raise ValueError(f"`repair_loss_weight` must be >= 0, got {self.repair_loss_weight}.")
         if self.plan_temperature < 0:
             raise ValueError(f"`plan_temperature` must be >= 0 (0 is greedy), got {self.plan_temperature}.")
+        for name, choices in (("repair_update", ("separate", "joint")), ("repair_weighting", ("salience", "uniform"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"`{name}` must be one of {list(choices)}, got {getattr(self, name)!r}.")
+        self.plan_chat_template_kwargs = _json_dict("plan_chat_template_kwargs", self.plan_chat_template_kwargs)
+        self._check_correctness_reward_funcs()
         if self.remove_unused_columns:
             raise ValueError(
                 f"`remove_unused_columns=True` would drop the reference column `{self.reference_column}` before the "
@@ -128,3 +191,35 @@ class SORTConfig(GRPOConfig):
         if self.base_template is not None:
             check_template("base_template", self.base_template)
         super().__post_init__()
+
+    def _check_correctness_reward_funcs(self) -> None:
+        """Shape only: names are checked against the reward functions when the trainer is built."""
+        selection = self.correctness_reward_funcs
+        if selection is None:
+            return
+        if isinstance(selection, (str, int)):
+            selection = self.correctness_reward_funcs = [selection]
+        if not selection:
+            raise ValueError("`correctness_reward_funcs` is empty; use None for all reward functions, or name some.")
+        for entry in selection:
+            if isinstance(entry, bool) or not isinstance(entry, (str, int)):
+                raise ValueError(
+                    f"`correctness_reward_funcs` holds reward function names or indices, got {entry!r} "
+                    f"({type(entry).__name__})."
+                )
+
+
+def _json_dict(name: str, value) -> dict:
+    """A dict-valued field: a dict, None (empty) or, from the command line, a JSON object string."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"`{name}` must be a JSON object, e.g. '{{\"enable_thinking\": false}}' ({err})."
+            ) from err
+    if not isinstance(value, dict):
+        raise ValueError(f"`{name}` must be a dict of chat-template arguments, got {type(value).__name__}.")
+    return value

@@ -7,6 +7,7 @@ plainly for plain-text ones, the way the dataset's own prompts are.
 
 from __future__ import annotations
 
+import re
 import string
 
 # PlanExtract(y*): the current policy summarises the reference into the decisions that matter.
@@ -48,3 +49,22 @@ def check_template(name: str, template: str) -> None:
             f"`{name}` must use exactly the placeholders {sorted('{' + f + '}' for f in allowed)}; "
             f"missing {sorted(missing)}, unknown {sorted(unknown)}. Write literal braces as '{{{{' and '}}}}'."
         )
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_CLOSED_THINK_BLOCK = re.compile(re.escape(THINK_OPEN) + ".*?" + re.escape(THINK_CLOSE), re.DOTALL)
+
+
+def plan_outside_thinking(prompt_text: str, generated: str) -> tuple[str, bool]:
+    """(the plan: the generated text outside thinking blocks, stripped; whether a thinking block was left open).
+
+    A block may open in the prompt (templates that start the assistant turn with `<think>`) or in the generation.
+    An unclosed block is cut with everything after its opening tag: that text is reasoning, not a plan.
+    """
+    if prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE):
+        generated = THINK_OPEN + generated
+    text = _CLOSED_THINK_BLOCK.sub("", generated)
+    start = text.find(THINK_OPEN)
+    if start >= 0:
+        return text[:start].strip(), True
+    return text.strip(), False

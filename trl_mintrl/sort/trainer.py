@@ -1,12 +1,15 @@
 """`SORTTrainer`: GRPO plus the plan-salience-weighted repair of all-wrong prompts (SPEC section 3).
 
 How it plugs into `GRPOTrainer` (all by wrapping `super()`):
-- `_generate_and_score_completions`: after TRL has scored the batch, prompts whose rollouts all scored 0 go to the
-  buffer with their reference. Rewards are already gathered; the deferred (prompt, reference) pairs are gathered too,
-  so every process appends the same items in the same order and holds the same buffer.
-- `_compute_loss`: on the first micro-batch of an optimizer step, when the buffer holds `repair_batch_size` items,
-  they are popped, the policy writes a plan for each, the reference is scored under the base and the teacher
-  prompt, and `repair_loss_weight * repair_loss` is added to that micro-batch's GRPO loss.
+- `_generate_and_score_completions`: after TRL has scored the batch, prompts none of whose rollouts is correct (by
+  `correctness_reward_funcs` and `correct_threshold`) go to the buffer with their reference. Rewards are already
+  gathered; the deferred (prompt, reference) pairs are gathered too, so every process appends the same items in the
+  same order and holds the same buffer.
+- the repair: when the buffer holds `repair_batch_size` items, they are popped, the policy writes a plan for each
+  (with `plan_chat_template_kwargs`), the reference is scored under the base and the teacher prompt, and
+  `repair_loss_weight * repair_loss` is either its own optimizer step right after the GRPO step
+  (`repair_update="separate"`, run by a callback of the trainer at `on_optimizer_step`) or added to the first
+  micro-batch's GRPO loss in `_compute_loss` (`"joint"`).
 - `_extra_state` / `_load_extra_state`: the buffer is the extra state `GRPOTrainerBase` writes atomically to
   `sort_buffer.json` in every checkpoint and requires on resume.
 """
@@ -18,17 +21,23 @@ import textwrap
 from dataclasses import dataclass
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.logging import get_logger
+from accelerate.utils import DistributedType, gather_object
+from torch import nn
+from transformers import TrainerCallback
 from trl.data_utils import is_conversational
-from trl.trainer.utils import get_config_model_id, selective_log_softmax
+from trl.trainer.utils import get_callable_name, get_config_model_id, selective_log_softmax
 
 from ..engines.vllm import check_vllm_mode_supported
-from ..losses import sort_repair_terms
+from ..losses import reference_nll_loss, sort_repair_terms
 from ..model_card import ModelCardMixin
 from ..prompts import question_text
 from ..trainer_base import GRPOTrainerBase, check_reference_column
-from .buffer import BUFFER_FILE, RepairBuffer, RepairItem, classify_groups
+from .buffer import BUFFER_FILE, RepairBuffer, RepairItem, classify_groups, correctness_scores, resolve_reward_funcs
 from .config import SORTConfig
+from .templates import plan_outside_thinking
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -72,9 +81,14 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
         if not isinstance(args, SORTConfig):
             raise TypeError(f"SORTTrainer needs `args` to be a SORTConfig, got {type(args).__name__}.")
         check_reference_column(train_dataset, args.reference_column, "SORT's repair")  # iterable: checked per row
-        check_vllm_mode_supported(args)  # plans are written by the colocated engine, never by a server
+        check_vllm_mode_supported(args)
+        self._correctness_funcs = resolve_reward_funcs(args.correctness_reward_funcs, reward_func_names(reward_funcs))
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
         self.sort_buffer = RepairBuffer()
+        self._batches_failing_unseen = 0  # see `_warn_if_failures_slip_through`
+        self._warned_failures_slip_through = False
+        if args.repair_update == "separate":
+            self.add_callback(_SeparateRepairStep(self))
 
     # ---- deferring all-wrong prompts -------------------------------------------------------------------------------
 
@@ -86,7 +100,8 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
 
     def _defer_all_wrong_groups(self, inputs: list[dict]) -> None:
         """Push every all-wrong prompt of the gathered batch into the buffer (same items, same order, every rank)."""
-        all_wrong, all_right = classify_groups(self._batch_rewards(), self._group_size())
+        scores = correctness_scores(self._batch_rewards_per_func, self.reward_weights, self._correctness_funcs)
+        all_wrong, all_right = classify_groups(scores, self._group_size(), self.args.correct_threshold)
         rows = self._process_slice(len(inputs))
         first_rows = [g * self._group_size() for g in all_wrong.nonzero().flatten().tolist()]
         mine = [
@@ -101,6 +116,34 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
                 self.sort_buffer.add(prompt, reference)
         self._metrics["train"]["sort/all_wrong_frac"].append(all_wrong.float().mean().item())
         self._metrics["train"]["sort/all_right_frac"].append(all_right.float().mean().item())
+        self._warn_if_failures_slip_through(all_wrong)
+
+    # Generation batches in a row after which `_warn_if_failures_slip_through` warns.
+    failures_slip_through_batches = 10
+
+    def _warn_if_failures_slip_through(self, all_wrong: torch.Tensor) -> None:
+        """Warn once when, batch after batch, nothing is deferred although a correctness function earns nothing (<= 0)
+        on every rollout of some groups: a shaping term (format bonus) or a threshold below a wrong rollout's score
+        lets failures through, and only `sort/all_wrong_frac = 0` would show it."""
+        if self._warned_failures_slip_through:
+            return
+        rewards = self._batch_rewards_per_func[:, self._correctness_funcs]
+        earned_nothing = (rewards.view(-1, self._group_size(), rewards.shape[1]) <= 0).all(dim=1).any(dim=0)
+        if all_wrong.any() or not earned_nothing.any():
+            self._batches_failing_unseen = 0
+            return
+        self._batches_failing_unseen += 1
+        if self._batches_failing_unseen < self.failures_slip_through_batches:
+            return
+        self._warned_failures_slip_through = True
+        names = [self.reward_func_names[self._correctness_funcs[i]] for i in earned_nothing.nonzero().flatten()]
+        logger.warning(
+            f"SORT deferred no prompt for {self._batches_failing_unseen} generation batches, yet {names} scored <= 0 "
+            "on every rollout of some prompts: those failures never reach the repair buffer. If these functions "
+            "decide correctness, set `correctness_reward_funcs` to them alone (a format bonus makes a wrong rollout "
+            f"look correct), or raise `correct_threshold` (now {self.args.correct_threshold}) to at least the score "
+            "of a wrong rollout."
+        )
 
     def _reference_of(self, row: dict) -> str | None:
         column = self.args.reference_column
@@ -120,23 +163,58 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
     # ---- the repair ------------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
-        """GRPO loss, plus the repair loss on the first micro-batch of an optimizer step when the buffer is full.
+        """GRPO loss; with `repair_update="joint"`, plus the repair loss on the first micro-batch of an optimizer step
+        when the buffer is full.
 
         The repair loss enters each repairing optimizer step exactly once, so it is not divided by the number of
         accumulation steps: its weight relative to the (already GA-scaled) GRPO loss does not depend on how the
         step's batch is split into micro-batches.
         """
         loss = super()._compute_loss(model, inputs)
-        if not self.model.training or self._step % self.current_gradient_accumulation_steps:
-            return loss
+        first_micro_batch = self._step % self.current_gradient_accumulation_steps == 0
+        if self.args.repair_update == "joint" and self.model.training and first_micro_batch:
+            repair = self._repair_from_buffer(model)
+            if repair is not None:
+                loss = loss + self.args.repair_loss_weight * repair
+        return loss
+
+    def _repair_from_buffer(self, model) -> torch.Tensor | None:
+        """This process's repair loss on the `repair_batch_size` oldest buffered prompts, None when fewer are held;
+        logs the buffer metrics either way. The buffer is the same on every process, so is the decision."""
+        repair = None
         if len(self.sort_buffer) >= self.args.repair_batch_size:
             repair = self._repair_loss(model, self.sort_buffer.pop(self.args.repair_batch_size))
-            loss = loss + self.args.repair_loss_weight * repair
         metrics = self._metrics["train"]
         metrics["sort/buffer_size"].append(len(self.sort_buffer))
         for name, value in self.sort_buffer.counters.items():
             metrics[f"sort/{name}"].append(value)
-        return loss
+        return repair
+
+    def _separate_repair_step(self) -> None:
+        """The repair as an optimizer step of its own, right after the GRPO step (`repair_update="separate"`).
+
+        Runs at `on_optimizer_step`: after `optimizer.step()`, before the scheduler step and `global_step += 1`, so it
+        uses the GRPO step's learning rate and is not a step of the schedule. It shares the optimizer (and its state,
+        e.g. Adam's moments) with the GRPO update. Gradients are clipped on their own to `max_grad_norm`. Under
+        DeepSpeed the engine steps and clips (its `gradient_clipping`) inside `accelerator.backward`, and
+        `optimizer.step()` is a no-op, exactly as in the trainer's own step.
+        """
+        model = self.model_wrapped
+        with self.compute_loss_context_manager():
+            repair = self._repair_from_buffer(model)
+        if repair is None:
+            return
+        model.zero_grad()  # the GRPO gradients, already used by the step just taken
+        deepspeed = self.accelerator.distributed_type == DistributedType.DEEPSPEED
+        self.accelerator.backward(
+            self.args.repair_loss_weight * repair, **({"scale_wrt_gas": False} if deepspeed else {})
+        )
+        max_norm = self.args.max_grad_norm if self.args.max_grad_norm > 0 else math.inf
+        grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
+        self.optimizer.step()
+        model.zero_grad()
+        if grad_norm is not None:
+            self._metrics["train"]["sort/repair_grad_norm"].append(float(grad_norm))
 
     def _repair_loss(self, model, items: list[RepairItem]) -> torch.Tensor:
         """This process's part of the SORT loss on `items`; summed over processes it is the loss over all items."""
@@ -152,42 +230,49 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
         share += [0] * (len(real) - len(share))
         items, references = [items[i] for i in share], [references[i] for i in share]
 
-        plans = self._write_plans(items, references)
-        base_prompts = self._base_prompt_ids([item.prompt for item in items])
-        teacher_prompts = self._templated_prompt_ids(
-            [
-                self.args.teacher_template.format(question=question_text(item.prompt), plan=plan)
-                for item, plan in zip(items, plans, strict=True)
-            ],
-            [item.prompt for item in items],
-        )
         reference_ids = [r.ids for r in references]
-        base_logps, mask = self._reference_logps(model, base_prompts, reference_ids)
-        with torch.no_grad():
-            plan_logps, _ = self._reference_logps(model, teacher_prompts, reference_ids)
-        mask = mask * torch.tensor(real, device=mask.device).unsqueeze(1)
-
-        repair = sort_repair_terms(base_logps.float(), plan_logps.float(), mask, self.args.repair_beta)
-        local = torch.stack(
-            [
-                mask.sum(),
-                repair.loss.detach() * mask.sum(),  # the loss is normalised by this process's token count
-                (repair.weights * mask).sum(),
-                (repair.salience * mask).sum(),
-            ]
+        base_logps, mask = self._reference_logps(
+            model, self._base_prompt_ids([i.prompt for i in items]), reference_ids
         )
-        tokens, loss_sum, weight_sum, salience_sum = self.accelerator.reduce(local, reduction="sum").tolist()
-        local_max = repair.salience.masked_fill(mask == 0, -math.inf).max().reshape(1)
-        salience_max = self.accelerator.gather(local_max).max()
+        mask = mask * torch.tensor(real, device=mask.device).unsqueeze(1)
+        if self.args.repair_weighting == "uniform":  # plain SFT on the references: no plan, no teacher pass
+            loss, weights, salience = reference_nll_loss(base_logps.float(), mask), torch.ones_like(mask), None
+            failed_plans = torch.zeros((), device=mask.device)
+        else:
+            plans, failed = self._write_plans(items, references)
+            teacher_prompts = self._templated_prompt_ids(
+                [
+                    self.args.teacher_template.format(question=question_text(item.prompt), plan=plan)
+                    for item, plan in zip(items, plans, strict=True)
+                ],
+                [item.prompt for item in items],
+            )
+            with torch.no_grad():
+                plan_logps, _ = self._reference_logps(model, teacher_prompts, reference_ids)
+            loss, weights, salience = sort_repair_terms(
+                base_logps.float(), plan_logps.float(), mask, self.args.repair_beta
+            )
+            failed_plans = torch.tensor(
+                float(sum(f for f, r in zip(failed, real, strict=True) if r)), device=mask.device
+            )
+
+        sums = [mask.sum(), loss.detach() * mask.sum(), (weights * mask).sum(), failed_plans]  # loss: mean over tokens
+        if salience is not None:
+            sums.append((salience * mask).sum())
+        totals = self.accelerator.reduce(torch.stack(sums), reduction="sum").tolist()
+        tokens, loss_sum, weight_sum, failed_total = totals[:4]
+        self.sort_buffer.counters["failed_plans"] += int(failed_total)
         metrics = self._metrics["train"]
         metrics["sort/repair_loss"].append(loss_sum / tokens)
         metrics["sort/mean_weight"].append(weight_sum / tokens)
-        metrics["sort/salience_mean"].append(salience_sum / tokens)
-        metrics["sort/salience_max"].append(salience_max.item())
+        if salience is not None:
+            local_max = salience.masked_fill(mask == 0, -math.inf).max().reshape(1)
+            metrics["sort/salience_mean"].append(totals[4] / tokens)
+            metrics["sort/salience_max"].append(self.accelerator.gather(local_max).max().item())
 
         # Gradients are averaged over processes (DDP, DeepSpeed): scale so that the average is the global loss.
         scale = mask.sum() * world / tokens
-        return repair.loss * scale
+        return loss * scale
 
     def _prepare_reference(self, reference: str) -> _Reference:
         ids = self._reference_token_ids(reference)
@@ -196,19 +281,43 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
             return _Reference(ids[:limit], self._tokenizer.decode(ids[:limit]), truncated=True)
         return _Reference([*ids, self._tokenizer.eos_token_id], reference, truncated=False)
 
-    def _write_plans(self, items: list[RepairItem], references: list[_Reference]) -> list[str]:
-        """One batched call of the trainer's generation engine (transformers or vLLM): the policy's plan per item."""
-        prompts = self._templated_prompt_ids(
-            [
-                self.args.plan_template.format(question=question_text(item.prompt), reference=ref.text)
-                for item, ref in zip(items, references, strict=True)
-            ],
-            [item.prompt for item in items],
-        )
+    def _write_plans(self, items: list[RepairItem], references: list[_Reference]) -> tuple[list[str], list[bool]]:
+        """The policy's plan per item, from one batched call of the trainer's generation engine (transformers or
+        vLLM), and whether each failed.
+
+        A plan fails when it hits `max_plan_tokens` without ending or leaves a thinking block open. A failed item is
+        still repaired, with what the plan has outside thinking (an empty plan when it only thought): the item was
+        popped from the buffer, its reference is still worth learning, and an empty plan only takes the plan's
+        salience out of its weights.
+        """
+        texts = [
+            self.args.plan_template.format(question=question_text(item.prompt), reference=ref.text)
+            for item, ref in zip(items, references, strict=True)
+        ]
+        if is_conversational({"prompt": items[0].prompt}):
+            rendered = self.processing_class.apply_chat_template(
+                conversation=[[{"role": "user", "content": text}] for text in texts],
+                chat_template=self.chat_template,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+                **{**self.chat_template_kwargs, **self.args.plan_chat_template_kwargs},
+            )
+            prompts = [list(ids) for ids in rendered["input_ids"]]
+        else:
+            prompts = self._templated_prompt_ids(texts, [item.prompt for item in items])
         generations = self.policy_engine.generate(
             prompts, self.args.max_plan_tokens, temperature=self.args.plan_temperature
         )
-        return [self._tokenizer.decode(g.token_ids, skip_special_tokens=True).strip() for g in generations]
+        plans, failed = [], []
+        for prompt, generation in zip(prompts, generations, strict=True):
+            ended = bool(generation.token_ids) and generation.token_ids[-1] in self.eos_token_ids
+            plan, thinking_open = plan_outside_thinking(
+                self._tokenizer.decode(prompt), self._tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            )
+            plans.append(plan)
+            failed.append(thinking_open or not ended)
+        return plans, failed
 
     def _base_prompt_ids(self, prompts: list) -> list[list[int]]:
         if self.args.base_template is None:
@@ -255,3 +364,28 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
 
     def _load_extra_state(self, state: dict) -> None:
         self.sort_buffer.load_state_dict(state)
+
+
+class _SeparateRepairStep(TrainerCallback):
+    """Runs the trainer's repair step right after each GRPO optimizer step (`repair_update="separate"`)."""
+
+    def __init__(self, trainer: SORTTrainer):
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer._separate_repair_step()
+
+
+def reward_func_names(reward_funcs) -> list[str]:
+    """The names TRL gives the reward functions (and logs them under), known before the trainer is built."""
+    if reward_funcs is None:
+        return []
+    names = []
+    for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
+        if isinstance(func, str):
+            names.append(func.rstrip("/").split("/")[-1])
+        elif isinstance(func, nn.Module):
+            names.append(get_config_model_id(func.config).split("/")[-1])
+        else:
+            names.append(get_callable_name(func))
+    return names
