@@ -116,13 +116,30 @@ def main(mode: str, model_path: str, out_dir: str):
     torch.manual_seed(0)
     rows = [{"prompt": [{"role": "user", "content": f"Compute {a}+1 ="}], "solution": f"{a + 1}"} for a in range(8)]
     args = MInTRLConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[],
-        num_control_generations=2, num_intervened_generations=2, per_device_train_batch_size=2,
-        max_completion_length=12, chunk_size=4, max_reviews=2, max_correction_tokens=4, max_steps=2,
-        logging_steps=1, save_strategy="no", learning_rate=1e-3, disable_tqdm=True,
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        num_control_generations=2,
+        num_intervened_generations=2,
+        per_device_train_batch_size=2,
+        max_completion_length=12,
+        chunk_size=4,
+        max_reviews=2,
+        max_correction_tokens=4,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+        disable_tqdm=True,
     )
-    trainer = RecordingTrainer(model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                               args=args, train_dataset=Dataset.from_list(rows))  # engine, judge replaced below
+    trainer = RecordingTrainer(
+        model_path,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+    )  # engine, judge replaced below
     inner = trainer.policy_engine
     rank = dist.get_rank()
     if mode == "tp":
@@ -135,9 +152,16 @@ def main(mode: str, model_path: str, out_dir: str):
     trainer.judge = FirstChunkJudge(engine, trainer.processing_class, max_review_tokens=6, max_correction_tokens=4)
     trainer.train()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"steps": trainer.state.global_step, "calls": engine.contract.log,
-                   "rollout_calls": trainer.rollout_calls, "records": trainer.records,
-                   "requests": client.requests if client else None}, f)
+        json.dump(
+            {
+                "steps": trainer.state.global_step,
+                "calls": engine.contract.log,
+                "rollout_calls": trainer.rollout_calls,
+                "records": trainer.records,
+                "requests": client.requests if client else None,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":
