@@ -56,6 +56,8 @@ class MInTRLConfig(GRPOConfig):
         anchor (`str`, *optional*, defaults to `"const"`):
             Anchor `a_t` of judge tokens in the regression: `"const"` uses `kappa`, `"proxy"` the old policy's
             log-prob. Policy tokens are always anchored by the old log-prob.
+        kappa (`float`, *optional*, defaults to `-0.2`):
+            Constant anchor for judge tokens with `anchor="const"` (paper: -0.2 math, -0.1 code).
         regression_beta (`float`, *optional*, defaults to `1e-3`):
             Scale of the summed log-ratio in the advantage regression (the paper's beta2).
         beta (`float`, *optional*, defaults to `0.0`):
