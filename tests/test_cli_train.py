@@ -219,3 +219,32 @@ def test_model_card_mixin_is_added_once_and_first():
     trainer_cls = with_model_card(GRPOTrainer)
     assert trainer_cls.__name__ == "GRPOTrainer" and trainer_cls.__mro__[1:3] == (ModelCardMixin, GRPOTrainer)
     assert with_model_card(trainer_cls) is trainer_cls
+
+
+def test_resume_true_picks_the_last_complete_checkpoint_before_loading(tmp_path):
+    out = tmp_path / "out"
+    flags = ["--output_dir", str(out), "--resume_from_checkpoint", "true"]
+    recipe = parse_recipe(["sort", "--config", CPU_RECIPES["sort"], *flags])
+    with pytest.raises(RecipeError, match=r"resume_from_checkpoint=true: no complete checkpoint-N folder"):
+        check_environment(recipe)  # nothing to resume: refused, not started afresh
+    for step in (1, 2):
+        folder = out / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # an empty safetensors file
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (out / "checkpoint-1" / "sort_buffer.json").write_text("{}")  # checkpoint-2 lacks SORT's state: cut short
+    recipe = parse_recipe(["sort", "--config", CPU_RECIPES["sort"], *flags])
+    check_environment(recipe)
+    assert recipe.training_args.resume_from_checkpoint == str(out / "checkpoint-1")
+    recipe = parse_recipe(
+        ["sort", "--config", CPU_RECIPES["sort"], "--resume_from_checkpoint", str(out / "checkpoint-2")]
+    )
+    with pytest.raises(RecipeError, match="checkpoint-2' is incomplete: sort_buffer.json is missing"):
+        check_environment(recipe)
+    recipe = parse_recipe(
+        ["grpo", "--config", CPU_RECIPES["grpo"], "--resume_from_checkpoint", str(out / "checkpoint-2")]
+    )
+    check_environment(recipe)  # plain GRPO has no extra state file
+    recipe = parse_recipe(["sort", "--config", CPU_RECIPES["sort"], "--resume_from_checkpoint", "false"])
+    check_environment(recipe)
+    assert recipe.training_args.resume_from_checkpoint is None

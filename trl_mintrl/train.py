@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
+from .resume import resolve_resume_from_checkpoint
+
 # method -> (module, config class, trainer class)
 METHODS = {
     "grpo": ("trl", "GRPOConfig", "GRPOTrainer"),
@@ -288,8 +290,19 @@ def parse_recipe(argv: list[str]) -> Recipe:
 
 def check_environment(recipe: Recipe) -> None:
     """What this machine must provide: the model (or permission to build the tiny one), a judge model, the data,
-    the logging integrations and Hub access when pushing. Still before anything is loaded."""
+    the logging integrations, Hub access when pushing, and the checkpoint to resume from (`true` becomes the last
+    complete one in output_dir). Still before anything is loaded."""
     script_args, training_args = recipe.script_args, recipe.training_args
+    module, _, trainer_name = METHODS[recipe.method]
+    extra_state_file = getattr(getattr(importlib.import_module(module), trainer_name), "extra_state_file", None)
+    try:
+        training_args.resume_from_checkpoint = resolve_resume_from_checkpoint(
+            training_args.resume_from_checkpoint,
+            training_args.output_dir,
+            [extra_state_file] if extra_state_file else [],
+        )
+    except ValueError as err:
+        raise RecipeError(str(err)) from None
     if not script_args.build_tiny_model:
         _check_model_available(recipe.model_args.model_name_or_path, "model_name_or_path")
     if recipe.method == "mintrl" and script_args.judge_function is None and training_args.judge == "model":
@@ -401,6 +414,8 @@ def run(recipe: Recipe):
     trainer.recipe = {"path": recipe.config_path, "command": recipe.command}
     dataset_id = script_args.dataset_name or data.LOADERS[script_args.dataset_loader].source.hub
     dataset_id = None if _looks_local(dataset_id) else dataset_id  # the card links Hub datasets only
+    if training_args.resume_from_checkpoint is not None:
+        trainer.accelerator.print(f"resuming from {training_args.resume_from_checkpoint}")
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     trainer.create_model_card(dataset_name=dataset_id)

@@ -18,6 +18,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from .engines import GenerationEngine, engine_for_trainer
+from .resume import resolve_resume_from_checkpoint
 
 
 class GRPOTrainerBase(GRPOTrainer):
@@ -77,6 +78,15 @@ class GRPOTrainerBase(GRPOTrainer):
     def _load_extra_state(self, state: dict) -> None:
         """Restore what `_extra_state()` returned; raise KeyError/TypeError/ValueError on a malformed state."""
         raise NotImplementedError
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """`resume_from_checkpoint=True` resumes from the last *complete* checkpoint, skipping (with a warning) a
+        newer folder a crash cut short; transformers would pick that one by number alone and fail."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = resolve_resume_from_checkpoint(
+                True, self.args.output_dir, [self.extra_state_file]
+            )
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _checkpoint_folder(self, trial) -> str:
         """The folder TRL's `_save_checkpoint` writes for the current step."""

@@ -1,0 +1,182 @@
+"""Checkpoints that survive a kill: which folder a resume picks, and real CPU runs SIGKILLed and resumed.
+
+The slow tests run `trl-mintrl train` (tests/kill_point_train.py) with a checkpoint every step, SIGKILL it during
+generation, during the backward pass, while the weights are written and while TRL's trainer_state.json is written,
+re-run the same command with `--resume_from_checkpoint true` after each kill, and compare the end of that chain with
+an uninterrupted run: same weights, same extra state (MInTRL's schedule and judge state, SORT's buffer), bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from trl_mintrl.resume import checkpoint_problem, last_complete_checkpoint, resolve_resume_from_checkpoint
+from trl_mintrl.train import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----- which checkpoint is complete (no training) -----
+
+
+def fake_checkpoint(folder: Path, step: int, extra: str | None = "extra.json") -> Path:
+    """A checkpoint folder with the files a resume reads: weights, TRL's trainer state, an extra state file."""
+    import torch
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.arange(64, dtype=torch.float32)}, str(folder / "model.safetensors"))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if extra:
+        (folder / extra).write_text("{}")
+    return folder
+
+
+def cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda f: (f / "trainer_state.json").unlink(), "trainer_state.json is missing"),
+        (lambda f: cut(f / "trainer_state.json"), "trainer_state.json is not valid JSON"),
+        (
+            lambda f: (f / "trainer_state.json").write_text('{"global_step": 2}'),
+            "trainer_state.json is for step 2, not 3",
+        ),
+        (lambda f: cut(f / "model.safetensors"), "model.safetensors is truncated"),
+        (lambda f: (f / "model.safetensors").unlink(), "it holds no model weights"),
+        (lambda f: (f / "extra.json").unlink(), "extra.json is missing"),
+        (lambda f: cut(f / "extra.json"), "extra.json is not valid JSON"),
+    ],
+)
+def test_a_checkpoint_cut_short_is_skipped_with_a_warning(tmp_path, caplog, damage, problem):
+    fake_checkpoint(tmp_path / "checkpoint-2", 2)
+    newest = fake_checkpoint(tmp_path / "checkpoint-3", 3)
+    assert checkpoint_problem(str(newest), ["extra.json"]) is None
+    damage(newest)
+    assert problem in checkpoint_problem(str(newest), ["extra.json"])
+    with caplog.at_level(logging.WARNING, logger="trl_mintrl.resume"):
+        assert last_complete_checkpoint(str(tmp_path), ["extra.json"]) == str(tmp_path / "checkpoint-2")
+    assert f"Skipping {newest}: incomplete ({problem}" in caplog.text
+
+
+def test_checkpoints_are_ordered_by_number_not_name(tmp_path):
+    for step in (9, 10, 2):
+        fake_checkpoint(tmp_path / f"checkpoint-{step}", step)
+    (tmp_path / "checkpoint-11").write_text("a file, not a folder")
+    assert last_complete_checkpoint(str(tmp_path), ["extra.json"]) == str(tmp_path / "checkpoint-10")
+
+
+def test_resolve_true_false_and_folders(tmp_path):
+    assert resolve_resume_from_checkpoint(None, str(tmp_path)) is None
+    assert resolve_resume_from_checkpoint("false", str(tmp_path)) is None
+    with pytest.raises(ValueError, match="resume_from_checkpoint=true: no complete checkpoint-N folder"):
+        resolve_resume_from_checkpoint("true", str(tmp_path))
+    good = fake_checkpoint(tmp_path / "checkpoint-1", 1)
+    bad = fake_checkpoint(tmp_path / "checkpoint-2", 2, extra=None)
+    assert resolve_resume_from_checkpoint("True", str(tmp_path), ["extra.json"]) == str(good)
+    assert resolve_resume_from_checkpoint(True, str(tmp_path), ["extra.json"]) == str(good)
+    assert resolve_resume_from_checkpoint(str(good), "elsewhere", ["extra.json"]) == str(good)
+    with pytest.raises(ValueError, match="checkpoint-2' is incomplete: extra.json is missing"):
+        resolve_resume_from_checkpoint(str(bad), str(tmp_path), ["extra.json"])
+    with pytest.raises(ValueError, match="no such folder"):
+        resolve_resume_from_checkpoint(str(tmp_path / "checkpoint-7"), str(tmp_path))
+
+
+# ----- real runs killed with SIGKILL and resumed -----
+
+STEPS = 5
+# where each run of the chain dies (POINT:STEP, see tests/kill_point_train.py); the last run finishes
+KILLS = ["generate:2", "backward:3", "save_weights:4", "save_state:5"]
+METHODS = {
+    # intervention_stop_gap far below any gap: the adaptive schedule's moving average is tracked (extra state) but
+    # never stops the interventions
+    "mintrl": ("mintrl_state.json", ["--intervention_stop_gap", "-10"]),
+    "sort": ("sort_buffer.json", []),
+}
+
+
+def train_args(method: str, model: str, output_dir: Path) -> list[str]:
+    return [method, "--config", f"recipes/cpu/{method}.yaml", "--model_name_or_path", model, "--output_dir",
+            str(output_dir), "--max_steps", str(STEPS), "--save_steps", "1", "--save_total_limit", "100",
+            *METHODS[method][1]]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(METHODS))
+def chain(request, tiny_model_path, tmp_path_factory):
+    """Run METHOD killed at each of KILLS in turn, each time re-running the same command with
+    `--resume_from_checkpoint true`; then an uninterrupted run. Returns (method, killed dir, straight dir, runs)."""
+    method = request.param
+    root = tmp_path_factory.mktemp(f"kill-{method}")
+    killed, straight = root / "killed", root / "straight"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    runs = []
+    for i, kill in enumerate([*KILLS, "none:0"]):
+        resume = ["--resume_from_checkpoint", "true"] if i else []
+        before = sorted(p.name for p in killed.glob("checkpoint-*"))
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "kill_point_train.py"), *train_args(method, tiny_model_path, killed),
+             *resume],
+            cwd=ROOT, env={**env, "KILL_AT": kill}, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        after = sorted(p.name for p in killed.glob("checkpoint-*"))
+        runs.append({"kill": kill, "returncode": proc.returncode, "log": proc.stdout + proc.stderr, "before": before,
+                     "after": after})  # fmt: skip
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        main(train_args(method, tiny_model_path, straight))
+    finally:
+        os.chdir(cwd)
+    return method, killed, straight, runs
+
+
+@pytest.mark.slow
+def test_each_kill_resumes_from_the_last_complete_checkpoint(chain):
+    method, killed, _, runs = chain
+    for run, kill in zip(runs, KILLS, strict=False):
+        point, step = kill.split(":")
+        step = int(step)
+        assert run["returncode"] == -signal.SIGKILL, (kill, run["log"][-3000:])
+        if point in ("generate", "backward"):  # died mid-step: the previous step's checkpoint is the last one
+            assert run["after"][-1] == f"checkpoint-{step - 1}", (kill, run["after"])
+        else:  # died while writing checkpoint-STEP: the folder exists, cut short
+            assert run["after"][-1] == f"checkpoint-{step}", (kill, run["after"])
+    for previous, run in zip(runs, runs[1:], strict=False):
+        point, step = previous["kill"].split(":")
+        last_complete = f"checkpoint-{int(step) - 1}"
+        assert f"resuming from {killed / last_complete}\n" in run["log"], (previous["kill"], run["log"][-3000:])
+        skipped = f"Skipping {killed / f'checkpoint-{step}'}: incomplete"
+        assert (skipped in run["log"]) == point.startswith("save"), (previous["kill"], run["log"][-3000:])
+    assert "incomplete (trainer_state.json is missing)" in runs[3]["log"]  # weights cut short: TRL never got further
+    assert "incomplete (trainer_state.json is not valid JSON" in runs[4]["log"]
+    assert runs[-1]["returncode"] == 0, runs[-1]["log"][-3000:]
+    state = json.loads((killed / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    assert state["global_step"] == STEPS
+    assert [h["step"] for h in state["log_history"] if "loss" in h] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_ends_as_the_uninterrupted_one(chain):
+    method, killed, straight, _ = chain
+    a, b = load_file(killed / "model.safetensors"), load_file(straight / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[name].equal(b[name]) for name in a)  # bit-exact
+    start = load_file(killed / "checkpoint-1" / "model.safetensors")
+    assert any(not a[name].equal(start[name]) for name in a)  # it trained after the first checkpoint
+    state_file = METHODS[method][0]
+    extra = json.loads((killed / f"checkpoint-{STEPS}" / state_file).read_text())
+    assert extra == json.loads((straight / f"checkpoint-{STEPS}" / state_file).read_text())
+    if method == "mintrl":
+        assert extra["reward_gap_ema"] is not None and extra["interventions_stopped_at"] is None
+    else:
+        assert extra["counters"]["repairs"] >= 1

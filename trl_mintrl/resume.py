@@ -1,0 +1,127 @@
+"""Which checkpoint a run resumes from: the last *complete* one, never a folder a kill cut short.
+
+transformers' `get_last_checkpoint` picks the highest `checkpoint-N` by number alone, so a run killed while writing
+`checkpoint-7` fails to resume (or resumes from half a folder). A checkpoint is complete when everything a resume
+reads is there and whole: TRL's `trainer_state.json`, written last, parses and names step N; the weights are
+present and every `.safetensors` file is as long as its header says; and the trainer's extra state file (MInTRL's
+schedule, SORT's buffer, written before TRL's files) parses. Used by `trl-mintrl train --resume_from_checkpoint true`
+and by `MInTRLTrainer` / `SORTTrainer.train(resume_from_checkpoint=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+
+logger = logging.getLogger(__name__)
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+# one of these holds the weights (full model, sharded model, PEFT adapter, FSDP shards, DeepSpeed folder)
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+            "adapter_model.safetensors", "adapter_model.bin")  # fmt: skip
+
+
+def _json_problem(path: str) -> str | None:
+    if not os.path.isfile(path):
+        return f"{os.path.basename(path)} is missing"
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError) as err:
+        return f"{os.path.basename(path)} is not valid JSON ({err})"
+    return None if isinstance(value, dict) else f"{os.path.basename(path)} is not a JSON object"
+
+
+def _safetensors_problem(path: str) -> str | None:
+    """A file cut short: shorter than its header's last tensor end (the header is 8 bytes of length, then JSON)."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if header_len <= 0 or 8 + header_len > size:
+                return f"{os.path.basename(path)} is truncated ({size} bytes)"
+            header = json.loads(f.read(header_len))
+    except (OSError, ValueError) as err:
+        return f"{os.path.basename(path)} has an unreadable header ({err})"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    return None if 8 + header_len + end <= size else f"{os.path.basename(path)} is truncated ({size} bytes)"
+
+
+def checkpoint_problem(folder: str, extra_state_files: Sequence[str] = ()) -> str | None:
+    """Why `folder` cannot be resumed from, or None when it is complete."""
+    state_path = os.path.join(folder, TRAINER_STATE)
+    problem = _json_problem(state_path)
+    if problem:
+        return problem
+    match = _CHECKPOINT.match(os.path.basename(os.path.normpath(folder)))
+    with open(state_path, encoding="utf-8") as f:
+        step = json.load(f).get("global_step")
+    if match and step != int(match.group(1)):
+        return f"{TRAINER_STATE} is for step {step}, not {match.group(1)}"
+    names = os.listdir(folder)
+    sharded = any(n.startswith(("pytorch_model_fsdp", "global_step")) for n in names)  # FSDP / DeepSpeed states
+    if not sharded and not any(n in names for n in _WEIGHTS):
+        return "it holds no model weights"
+    for name in sorted(n for n in names if n.endswith(".safetensors")):
+        problem = _safetensors_problem(os.path.join(folder, name))
+        if problem:
+            return problem
+    for name in extra_state_files:
+        problem = _json_problem(os.path.join(folder, name))
+        if problem:
+            return problem
+    return None
+
+
+def last_complete_checkpoint(output_dir: str, extra_state_files: Sequence[str] = ()) -> str | None:
+    """The highest-numbered complete `checkpoint-N` folder in `output_dir` (None if there is none); each newer,
+    incomplete one is skipped with a warning that says why."""
+    if not os.path.isdir(output_dir):
+        return None
+    numbered = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
+    for _, name in sorted(numbered, reverse=True):
+        folder = os.path.join(output_dir, name)
+        if not os.path.isdir(folder):
+            continue
+        problem = checkpoint_problem(folder, extra_state_files)
+        if problem is None:
+            return folder
+        logger.warning(
+            "Skipping %s: incomplete (%s), probably cut short by a crash while it was written.", folder, problem
+        )
+    return None
+
+
+def resolve_resume_from_checkpoint(
+    value: str | bool | None, output_dir: str, extra_state_files: Sequence[str] = ()
+) -> str | None:
+    """`resume_from_checkpoint` as a user gives it (True or "true": the last complete checkpoint of `output_dir`;
+    a folder; None, False or "false": start afresh) -> the folder to resume from, or None. Raises `ValueError` naming
+    the problem when there is nothing complete to resume from."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "y", "1", "false", "no", "n", "0", ""):
+        value = value.strip().lower() in ("true", "yes", "y", "1")
+    if value is None or value is False:
+        return None
+    if value is True:
+        folder = last_complete_checkpoint(output_dir, extra_state_files)
+        if folder is None:
+            raise ValueError(
+                f"resume_from_checkpoint=true: no complete checkpoint-N folder in output_dir={output_dir!r} (see the "
+                "warnings above for incomplete ones). Point resume_from_checkpoint to a checkpoint folder, or leave it "
+                "unset to start a new run."
+            )
+        logger.info("Resuming from %s, the last complete checkpoint in %s.", folder, output_dir)
+        return folder
+    if not os.path.isdir(value):
+        raise ValueError(f"resume_from_checkpoint={value!r}: no such folder. Give a checkpoint-N folder or true.")
+    problem = checkpoint_problem(value, extra_state_files)
+    if problem:
+        raise ValueError(
+            f"resume_from_checkpoint={value!r} is incomplete: {problem}. Resume from an earlier checkpoint, or use "
+            "resume_from_checkpoint=true to pick the last complete one."
+        )
+    return value
