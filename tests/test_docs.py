@@ -1,0 +1,156 @@
+"""The documentation: config docstrings document every field (TRL's idiom); the site builds with
+`mkdocs build --strict` (warnings are errors: broken links, docstrings that do not match signatures), and the built
+pages open in a real headless browser (Chromium): the index and the API reference render their content, the API
+reference has a parameter row for every config field, and every internal link and anchor on them resolves."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+from trl import GRPOConfig
+
+from trl_mintrl import MInTRLConfig, SORTConfig
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = [MInTRLConfig, SORTConfig]
+
+# The quick start installs `.[test]`: the docs toolchain (`.[docs]`) and Chromium (Debian's `chromium`) are extra.
+# CI installs both, and there a missing one fails instead of skipping.
+MKDOCS = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _missing(what: str) -> None:
+    (pytest.fail if os.environ.get("CI") else pytest.skip)(what)
+
+
+def own_fields(config: type) -> set[str]:
+    """Fields a config adds to GRPOConfig (not the inherited ones it only gives new defaults)."""
+    inherited = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return {f.name for f in dataclasses.fields(config)} - inherited
+
+
+def documented_parameters(config: type) -> list[str]:
+    """Names of the entries of the docstring's `Parameters:` section, in TRL's idiom: `    name (`type`, ...):`."""
+    doc = inspect.getdoc(config)
+    assert "\nParameters:\n" in doc, f"{config.__name__} has no Parameters: section"
+    section = doc.split("\nParameters:\n", 1)[1]
+    section = re.split(r"\n(?=\S)", section, maxsplit=1)[0]  # up to the next unindented line
+    return re.findall(r"^    (\w+) \(`", section, flags=re.M)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
+def test_config_docstring_documents_every_field_once(config):
+    documented = documented_parameters(config)
+    duplicates = {name for name in documented if documented.count(name) > 1}
+    assert not duplicates, f"{config.__name__}: documented twice: {sorted(duplicates)}"
+    missing = own_fields(config) - set(documented)
+    assert not missing, f"{config.__name__}: fields missing from the docstring's Parameters: {sorted(missing)}"
+    all_fields = {f.name for f in dataclasses.fields(config)}
+    stale = set(documented) - all_fields
+    assert not stale, f"{config.__name__}: Parameters entries that are not fields: {sorted(stale)}"
+    # inherited fields the config gives new defaults are named in the docstring too (entry or text)
+    redefaulted = set(config.__annotations__) - own_fields(config)
+    unnamed = {n for n in redefaulted if n not in documented and f"`{n}" not in inspect.getdoc(config)}
+    assert not unnamed, f"{config.__name__}: new defaults of {sorted(unnamed)} are not mentioned in its docstring"
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.hrefs, self.ids = [], set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href"):
+            self.hrefs.append(attrs["href"])
+
+
+def _parse(html: str) -> _Links:
+    links = _Links()
+    links.feed(html)
+    return links
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    if MKDOCS is None:
+        _missing('mkdocs is not installed: pip install -e ".[docs]"')
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    result = subprocess.run(
+        [MKDOCS, "build", "--strict", "--site-dir", str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return out
+
+
+def _browser_dom(page: Path) -> str:
+    """The page as Chromium renders it (after its scripts ran), as HTML."""
+    if CHROMIUM is None:
+        _missing("Chromium is not installed: apt-get install chromium")
+    result = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0 and "<body" in result.stdout, result.stderr[-2000:]
+    return result.stdout
+
+
+def _resolves(page: Path, page_ids: set[str], href: str) -> bool:
+    """An internal link resolves: its file exists in the built site and so does the element its #anchor names."""
+    parsed = urlparse(href)
+    target = (page.parent / unquote(parsed.path)).resolve() if parsed.path else page
+    if target.is_dir():
+        target = target / "index.html"
+    if not target.is_file():
+        return False
+    return not parsed.fragment or parsed.fragment in (page_ids if target == page else _parse(target.read_text()).ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "page, must_show",
+    [
+        ("index.html", ["trl-mintrl", "MInTRLTrainer", "SORTTrainer"]),
+        ("api/index.html", ["MInTRLConfig", "num_control_generations", "SORTConfig", "repair_batch_size",
+                            "advantage_regression_loss", "FunctionJudge", "pass_at_k"]),
+    ],
+)  # fmt: skip
+def test_pages_render_in_a_browser_with_working_internal_links(site, page, must_show):
+    path = site / page
+    dom = _browser_dom(path)
+    text = re.sub(r"<[^>]+>", " ", dom)
+    for phrase in must_show:
+        assert phrase in text, f"{page} does not show {phrase!r}"
+    links = _parse(dom)
+    internal = [h for h in links.hrefs if not urlparse(h).scheme and not h.startswith(("mailto:", "javascript:"))]
+    assert internal, "no internal links found"
+    broken = [href for href in internal if not _resolves(path, links.ids, href)]
+    assert not broken, f"{page}: broken internal links {broken}"
+
+
+@pytest.mark.slow
+def test_api_reference_has_a_parameter_row_for_every_config_field(site):
+    """The docstrings reach the rendered reference as parameter tables (the signature alone would list the names)."""
+    dom = _browser_dom(site / "api" / "index.html")
+    for config in CONFIGS:
+        heading = f'id="{config.__module__}.{config.__name__}"'
+        assert heading in dom, f"API reference has no section for {config.__name__}"
+        section = dom.split(heading, 1)[1].split('class="doc doc-object doc-class"', 1)[0]  # up to the next class
+        rows = set(re.findall(r'<tr class="doc-section-item">\s*<td>\s*<code>(\w+)</code>', section))
+        missing = own_fields(config) - rows
+        assert not missing, f"API reference: no parameter row for {config.__name__} fields {sorted(missing)}"
