@@ -86,11 +86,14 @@ class EndpointJudge(Judge):
         max_retries: extra attempts after the first for retryable failures.
         max_concurrency: most requests in flight at once.
         temperature: sampling temperature sent with each request.
-        review_template / correction_template: a preset name ("math", "code") or a custom template string.
-        max_review_tokens / max_correction_tokens: `max_tokens` of review and correction requests; a review cut by
-            its budget (`finish_reason == "length"`) fails, and so does a correction, or one that leaves `<think>` open.
-        backoff_s / max_backoff_s: first retry delay and its cap; delays double per attempt, times a random factor
-            in [0.5, 1] (jitter), and are at least the server's Retry-After (capped too).
+        review_template: a preset name ("math", "code") or a custom review template string.
+        correction_template: a preset name ("math", "code") or a custom correction template string.
+        max_review_tokens: `max_tokens` of a review request; a review cut by it (`finish_reason == "length"`) fails.
+        max_correction_tokens: `max_tokens` of a correction request; a correction cut by it fails, and so does one
+            that leaves `<think>` open.
+        backoff_s: first retry delay; delays double per attempt, times a random factor in [0.5, 1] (jitter), and
+            are at least the server's Retry-After.
+        max_backoff_s: cap on a retry delay (the server's Retry-After is capped too).
         extra_body: extra JSON fields for every request. The server renders the chat template: to turn a thinking
             template off on vLLM or SGLang, send `{"chat_template_kwargs": {"enable_thinking": False}}` (hosted APIs
             may reject fields they do not know, so nothing is sent by default).

@@ -24,7 +24,8 @@ class GeneratingJudge(Judge):
     Args:
         engine: the engine that generates the judge's answers.
         tokenizer: the tokenizer matching `engine`'s model (chat template, decoding).
-        review_template / correction_template: a preset name ("math", "code") or a custom template string.
+        review_template: a preset name ("math", "code") or a custom review template string.
+        correction_template: a preset name ("math", "code") or a custom correction template string.
         max_review_tokens: budget of a review answer; a review cut by it fails (its verdict line may be cut too).
         max_correction_tokens: budget of a correction answer (the rollout loop caps it again in policy tokens).
         temperature: sampling temperature of the judge; 0 decodes greedily, None uses the engine's settings.
