@@ -65,6 +65,16 @@ def test_config_docstring_documents_every_field_once(config):
     assert not unnamed, f"{config.__name__}: new defaults of {sorted(unnamed)} are not mentioned in its docstring"
 
 
+@pytest.mark.parametrize(
+    "page", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
+)
+def test_python_snippets_compile(page):
+    """Every ```python block of the README and the docs pages is valid Python (copy-pasted snippets must parse)."""
+    blocks = re.findall(r"^```python\n(.*?)^```", (REPO / page).read_text(), flags=re.M | re.S)
+    for i, block in enumerate(blocks):
+        compile(block, f"{page}, python block {i + 1}", "exec")
+
+
 class _Links(HTMLParser):
     def __init__(self):
         super().__init__()
