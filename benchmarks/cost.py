@@ -4,12 +4,17 @@
     python benchmarks/cost.py --quick    # 4 measured steps per variant
 
 Time: all variants train in one process and take turns, one optimizer step each per round, so machine noise
-(other jobs, thermal state) hits every variant alike; the table reports the median step over the measured rounds
-as a ratio to GRPO's. Every variant draws the same prompts (16 x 8 rollouts per step) from the warm start with
+(other jobs, thermal state) hits every variant alike; the table reports the mean step over the measured rounds and
+the paired ratio to GRPO (variant step / GRPO step of the same round) with its mean and 95% t-interval over rounds. Every variant draws the same prompts (16 x 8 rollouts per step) from the warm start with
 learning rate 0 and the same random seed per round, so GRPO, MInTRL after its intervention phase and SORT without a
 repair sample identical rollouts and their ratio is the method's own overhead. Memory: each variant then runs alone
 in a fresh process; after two warm-up steps (lazy imports, first allocations) the peak RSS over three steps, and that
 peak above the RSS just before them (the step's working memory: activations, KV caches, judge prompts).
+
+Counts that no machine noise moves, per variant and step: policy tokens generated (non-padding tokens `generate`
+returned), prefill tokens (prompt tokens fed to `generate`, judge corrections included when the policy resumes
+after them), forward tokens (every token position any forward pass of the policy model processed, padding included:
+generation, log-probs, training) and judge tokens. They come from hooks on the policy model.
 
 Variants: GRPO; MInTRL with rule-judge interventions; MInTRL after the intervention phase (all rollouts on-policy
 controls); MInTRL with the self-judge (the policy reviews and corrects itself with the reference as privileged
@@ -29,10 +34,14 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.toy
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.stats import mean_interval  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -53,17 +62,52 @@ def _status_kb(field: str) -> int:
 
 
 class CallCounter:
-    """Counts calls of a method on one object (generation calls of the model, judge review/correct calls)."""
+    """Counts calls of a method on one object and the seconds spent in them (model generation, judge review and
+    correct calls): the per-step profile of where a method's extra time goes."""
 
     def __init__(self, obj, name: str):
-        self.calls = 0
+        self.calls, self.seconds = 0, 0.0
         original = getattr(obj, name)
 
         def counted(*args, **kwargs):
             self.calls += 1
-            return original(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
 
         setattr(obj, name, counted)
+
+
+class TokenCounter:
+    """Counts, on one model, the tokens its forward passes process and, per `generate` call, the prompt (prefill)
+    tokens it was given and the non-padding tokens it generated."""
+
+    def __init__(self, model, pad_token_id: int):
+        self.forward_tokens = self.prefill_tokens = self.generated_tokens = 0
+        model.register_forward_pre_hook(self._count_forward, with_kwargs=True)
+        original = model.generate
+
+        def generate(*args, **kwargs):
+            input_ids = kwargs.get("input_ids", args[0] if args else None)
+            mask = kwargs.get("attention_mask")
+            self.prefill_tokens += int(mask.sum()) if mask is not None else input_ids.numel()
+            output = original(*args, **kwargs)
+            sequences = getattr(output, "sequences", output)
+            self.generated_tokens += int((sequences[:, input_ids.shape[1] :] != pad_token_id).sum())
+            return output
+
+        model.generate = generate
+
+    def _count_forward(self, module, args, kwargs):
+        tokens = kwargs.get("input_ids", args[0] if args else None)
+        if tokens is None:
+            tokens = kwargs.get("inputs_embeds")[..., 0]
+        self.forward_tokens += tokens.numel()
+
+    def snapshot(self) -> dict:
+        return {k: getattr(self, k) for k in ("forward_tokens", "prefill_tokens", "generated_tokens")}
 
 
 def build(variant: str, steps: int, rounds_of_repairs: int):
@@ -71,20 +115,21 @@ def build(variant: str, steps: int, rounds_of_repairs: int):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from trl_mintrl.toy import WARM_START_DIR, make_dataset, make_problems
-    from trl_mintrl.toy.training import RL_MAX_OPS, RL_MIN_OPS, build_trainer, rl_config
+    from benchmarks.toy import WARM_START_DIR, make_dataset, make_problems
+    from benchmarks.toy.training import RL_MAX_OPS, RL_MIN_OPS, build_trainer, rl_config
 
     torch.set_num_threads(1)
     method, overrides = VARIANTS[variant]
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
+    tokens = TokenCounter(model, tokenizer.pad_token_id)
     generate = CallCounter(model, "generate")
     train = make_dataset(16 * steps, RL_MIN_OPS, RL_MAX_OPS, seed=7)
     args = rl_config(method, f"/tmp/trl_mintrl_cost/{variant}", steps=steps, learning_rate=0.0, **overrides)
     judge = None if overrides.get("judge") == "self" else "rule"
     trainer = build_trainer(method, model, tokenizer, train, args, judge=judge)
     trainer.remove_callback(PrinterCallback)
-    counters = {"generate": generate}
+    counters = {"generate": generate, "tokens": tokens}
     if method == "sort" and variant == "sort_repair":
         for problem in make_problems(8 * rounds_of_repairs, RL_MIN_OPS, RL_MAX_OPS, seed=8):
             row = problem.row()
@@ -133,7 +178,7 @@ def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
 
     class StepTimer(TrainerCallback):
         def __init__(self, name: str):
-            self.name, self.holding, self.start, self.calls = name, False, 0.0, {}
+            self.name, self.holding, self.start, self.calls, self.failures = name, False, 0.0, {}, 0
 
         def on_step_begin(self, args, state, control, **kwargs):
             if self.holding:
@@ -141,17 +186,27 @@ def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
             turns.wait(self.name)
             self.holding = True
             torch.manual_seed(10_000 + state.global_step)  # same sampling noise for every variant of a round
-            self.calls = {k: c.calls for k, c in trainers[self.name][1].items()}
+            counters = trainers[self.name][1]
+            self.calls = {k: (c.calls, c.seconds) for k, c in counters.items() if k != "tokens"}
+            self.tokens = counters["tokens"].snapshot()
+            self.failures = getattr(trainers[self.name][0], "judge_failures_total", 0)
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             seconds = time.perf_counter() - self.start
             trainer, counters = trainers[self.name]
-            record = {"seconds": seconds, **{k: c.calls - self.calls[k] for k, c in counters.items()}}
-            stats = getattr(trainer, "_rollout_stats", None)
-            if stats is not None:
-                record["judge_tokens"] = stats[:, 3].sum().item()
-                record["completion_tokens"] = stats[:, 4].sum().item()
+            record = {"seconds": seconds}
+            for k, c in counters.items():
+                if k == "tokens":
+                    record |= {key: value - self.tokens[key] for key, value in c.snapshot().items()}
+                    continue
+                record[k] = c.calls - self.calls[k][0]
+                record[f"{k}_seconds"] = c.seconds - self.calls[k][1]
+            record["judge_failures"] = getattr(trainer, "judge_failures_total", 0) - self.failures
+            rollout = getattr(trainer, "last_rollout", None)  # MInTRL only
+            if rollout is not None:
+                record["judge_tokens"] = rollout.stat("judge_tokens").sum().item()
+                record["completion_tokens"] = rollout.stat("completion_tokens").sum().item()
             records[self.name].append(record)
 
         def on_train_end(self, args, state, control, **kwargs):
@@ -202,29 +257,31 @@ def measure_memory(variant: str, warmup: int, steps: int) -> dict:
     return {"variant": variant, "transient_mb": (peak - before["kb"]) / 1024, "peak_mb": peak / 1024}
 
 
+def _mean(records: list[dict], key: str) -> float:
+    return statistics.mean(r[key] for r in records)
+
+
 def table(time_result: dict, memory: dict[str, dict]) -> str:
     steps = time_result["steps"]
-    base = statistics.median(r["seconds"] for r in steps["grpo"])
+    grpo = steps["grpo"]
     base_mem = memory.get("grpo")
     lines = [
-        "| variant | median step s | x GRPO time | generation calls / step | judge review / correct calls / step "
-        "| judge tokens / step (share) | step peak above pre-step RSS, MB (x GRPO) | peak RSS MB (x GRPO) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | mean step s | x GRPO time, paired by round [95% CI] | generate calls / step (s in them) "
+        "| judge review / correct calls / step (s in them) | step peak above pre-step RSS, MB (x GRPO) "
+        "| peak RSS MB (x GRPO) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, records in steps.items():
-        seconds = statistics.median(r["seconds"] for r in records)
-        gen = statistics.mean(r["generate"] for r in records)
+        ratio = mean_interval([r["seconds"] / g["seconds"] for r, g in zip(records, grpo, strict=True)])
+        ratio_text = "1 (reference)" if name == "grpo" else _ratio_interval(ratio)
+        gen = f"{_mean(records, 'generate'):.1f} ({_mean(records, 'generate_seconds'):.2f} s)"
         judge = "-"
         if "review" in records[0]:
             judge = (
-                f"{statistics.mean(r['review'] for r in records):.1f} / "
-                f"{statistics.mean(r['correct'] for r in records):.1f}"
+                f"{_mean(records, 'review'):.1f} / {_mean(records, 'correct'):.1f} "
+                f"({_mean(records, 'review_seconds') + _mean(records, 'correct_seconds'):.2f} s; "
+                f"{_mean(records, 'judge_failures'):.0f} failed)"
             )
-        tokens = "-"
-        if "judge_tokens" in records[0]:
-            jt = statistics.mean(r["judge_tokens"] for r in records)
-            share = sum(r["judge_tokens"] for r in records) / max(sum(r["completion_tokens"] for r in records), 1)
-            tokens = f"{jt:.0f} ({100 * share:.1f}%)"
         mem = memory.get(name)
         mem_cells = "- | -"
         if mem and base_mem:
@@ -232,10 +289,32 @@ def table(time_result: dict, memory: dict[str, dict]) -> str:
                 f"{mem['transient_mb']:.0f} ({mem['transient_mb'] / max(base_mem['transient_mb'], 1e-9):.2f}) | "
                 f"{mem['peak_mb']:.0f} ({mem['peak_mb'] / base_mem['peak_mb']:.2f})"
             )
-        lines.append(
-            f"| {name} | {seconds:.2f} | {seconds / base:.2f} | {gen:.1f} | {judge} | {tokens} | {mem_cells} |"
-        )
+        lines.append(f"| {name} | {_mean(records, 'seconds'):.2f} | {ratio_text} | {gen} | {judge} | {mem_cells} |")
+    lines += [
+        "",
+        "Token counts per step (mean over the measured steps; x GRPO in brackets). No timing noise in these.",
+        "",
+        "| variant | policy tokens generated | prefill tokens | forward tokens (padded) | judge tokens (share of "
+        "completion tokens) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, records in steps.items():
+        cells = []
+        for key in ("generated_tokens", "prefill_tokens", "forward_tokens"):
+            value, base = _mean(records, key), _mean(grpo, key)
+            cells.append(f"{value:,.0f} ({value / base:.2f})" if base else f"{value:,.0f}")
+        judge = "-"
+        if "judge_tokens" in records[0]:
+            share = sum(r["judge_tokens"] for r in records) / max(sum(r["completion_tokens"] for r in records), 1)
+            judge = f"{_mean(records, 'judge_tokens'):.0f} ({100 * share:.1f}%)"
+        lines.append(f"| {name} | {' | '.join(cells)} | {judge} |")
     return "\n".join(lines)
+
+
+def _ratio_interval(interval) -> str:
+    if interval.low is None:
+        return f"{interval.mean:.2f}"
+    return f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -245,7 +324,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured first steps per variant")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--replot", type=Path, default=None, help="re-render cost.md from a cost.json")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.replot:
+        saved = json.loads(args.replot.read_text())
+        text = render(saved)
+        (args.replot.parent / "cost.md").write_text(text + "\n")
+        print(text)
+        return
     if "grpo" not in args.variants:
         args.variants.insert(0, "grpo")
     rounds = args.rounds or (4 if args.quick else 12)
@@ -262,14 +349,31 @@ def main(argv: list[str] | None = None) -> None:
     for variant in args.variants:  # one at a time: a fresh process each, nothing else running in it
         with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
             memory[variant] = pool.submit(measure_memory, variant, args.warmup, 3).result()
-    text = table(time_result, memory)
-    text += (
-        f"\n\n{rounds} measured steps per variant after {args.warmup} warm-up steps, interleaved; 128 rollouts per "
-        f"step; SORT repairs done: {time_result['repairs']}. Total {(time.perf_counter() - start) / 60:.1f} min."
-    )
+    saved = {
+        "provenance": provenance("benchmarks/cost.py", argv),
+        "settings": {"rounds": rounds, "warmup": args.warmup, "variants": args.variants},
+        "wall_seconds": time.perf_counter() - start,
+        "time": time_result,
+        "memory": memory,
+    }
+    (out / "cost.json").write_text(json.dumps(saved, indent=1))
+    text = render(saved)
     (out / "cost.md").write_text(text + "\n")
-    (out / "cost.json").write_text(json.dumps({"time": time_result, "memory": memory}, indent=1))
     print(text)
+
+
+def render(saved: dict) -> str:
+    """cost.md from the content of cost.json."""
+    prov, settings = saved["provenance"], saved["settings"]
+    return (
+        "# Cost benchmark (written by benchmarks/cost.py from cost.json; do not edit)\n\n"
+        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
+        f"{' (changed: ' + ', '.join(prov['changed_files_that_matter']) + ')' if prov['changed_files_that_matter'] else ''}."
+        f" Reachable-regime toy problems (8-11 operations), 16 prompts x 8 rollouts per step, learning rate 0.\n\n"
+        + table(saved["time"], saved["memory"])
+        + f"\n\n{settings['rounds']} measured steps per variant after {settings['warmup']} warm-up steps, "
+        f"interleaved; SORT repairs done: {saved['time']['repairs']}. Total {saved['wall_seconds'] / 60:.1f} min."
+    )
 
 
 if __name__ == "__main__":

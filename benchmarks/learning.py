@@ -1,12 +1,16 @@
-"""Does MInTRL / SORT learn where GRPO stalls? GRPO vs MInTRL-const vs MInTRL-proxy vs SORT on the toy task.
+"""Does MInTRL / SORT teach the policy what GRPO cannot find alone? Seven methods on two regimes of the toy task.
 
-    python benchmarks/learning.py            # full run: 3 seeds, intensity sweep (~30 min on 2 free cores)
-    python benchmarks/learning.py --quick    # 1 seed, fewer steps and eval prompts (~5 min)
+    python benchmarks/learning.py             # full run (~75 min on 2 busy cores)
+    python benchmarks/learning.py --quick     # 1 seed, few steps and prompts (< 3 min)
+    python benchmarks/learning.py --replot benchmarks/results/learning.json   # tables and plots from the JSON
 
-Every method starts from the committed warm start (`trl_mintrl/toy/warm_start`), trains for the same number of
-optimizer steps on the same prompts (per seed) with the same rollouts per step and optimiser, and is evaluated on
-the same held-out problems (pass@1 and pass@8 from 8 samples at temperature 1). Writes `learning.md`,
-`learning.json` and PNG plots to `--out` (default `benchmarks/results/`, `benchmarks/results/quick/` with --quick).
+Regimes (`benchmarks.toy.training.REGIMES`): "unreachable" = short chains ending in an operator the warm start never
+saw (`a#b = a+b+2`, stated nowhere; only the judge and the references know it), "reachable" = long chains of familiar
+operations. Every method starts from the committed warm start, trains for the same optimizer steps on the same
+prompts (per seed) with the same optimiser and lr schedule (chosen for GRPO), and is evaluated on the same held-out
+problems (pass@1 and pass@8 from 8 samples at temperature 1). Each method is compared to GRPO by the paired
+difference over seeds with a 95% t-interval. `learning.json` records the command, the commit, the settings and one
+record per run, and is rewritten after every run; `learning.md` and the PNGs are rendered from it.
 """
 
 from __future__ import annotations
@@ -17,23 +21,45 @@ import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
 TRAIN_SEED, HELDOUT_SEED = 1000, 999
+
+# label -> (method of benchmarks.toy.training, config overrides); grpo-2x: twice the rollouts for the same prompts
+LABELS = {
+    "grpo": ("grpo", {}),
+    "grpo-2x": ("grpo", {"num_generations": 16, "_batch_factor": 2}),
+    "mintrl-const": ("mintrl-const", {}),
+    "mintrl-proxy": ("mintrl-proxy", {}),
+    "mintrl-off": ("mintrl-const", {"intervention_steps": 0}),
+    "sort": ("sort", {}),
+    "sort-uniform": ("sort", {"repair_weighting": "uniform"}),
+}
+# intervention-intensity sweep (MInTRL-const, unreachable regime): point -> (config overrides, steps per correction).
+# "off" and "default" are the main runs mintrl-off and mintrl-const.
+SWEEP = {
+    "off": None,
+    "reviews-1": ({"max_reviews": 1}, 1),
+    "default": None,
+    "all-steps": ({"max_correction_tokens": 96}, 8),
+}
+SWEEP_MAIN = {"off": "mintrl-off", "default": "mintrl-const"}
 LOGGED = (
     "reward",
     "frac_reward_zero_std",
-    "step_time",
-    "grad_norm",
-    "entropy",
     "completions/mean_length",
     "mintrl/judge_token_frac",
     "mintrl/intervention_rate",
@@ -42,30 +68,64 @@ LOGGED = (
     "mintrl/reward_intervened",
     "mintrl/judge_token_nll",
     "sort/all_wrong_frac",
-    "sort/repairs",
     "sort/repair_loss",
     "sort/mean_weight",
+    "sort/salience_mean",
 )
+MODES = {
+    # steps, seeds, eval problems (final / curve), regimes -> labels, sweep seeds, prompts per step
+    "full": dict(  # sized for ~75 min on 2 cores shared with other work; reachable last (fewest methods/seeds)
+        steps=12,
+        seeds=[0, 1, 2, 3, 4],
+        final_prompts=96,
+        curve_prompts=32,
+        plan={"unreachable": list(LABELS), "reachable": ["grpo", "mintrl-const", "sort"]},
+        seeds_per_regime={"reachable": 2},
+        sweep_seeds=3,
+        prompts_per_step=8,
+    ),
+    "quick": dict(
+        steps=4,
+        seeds=[0],
+        final_prompts=32,
+        curve_prompts=16,
+        plan={"unreachable": ["grpo", "mintrl-const", "sort-uniform"]},
+        seeds_per_regime={},
+        sweep_seeds=0,
+        prompts_per_step=8,
+    ),
+    "smoke": dict(  # the test: seconds
+        steps=1,
+        seeds=[0, 1],
+        final_prompts=2,
+        curve_prompts=2,
+        plan={"unreachable": ["grpo", "mintrl-const"]},
+        seeds_per_regime={},
+        sweep_seeds=0,
+        prompts_per_step=2,
+    ),
+}
 
 
 def run_job(job: dict) -> dict:
-    """Train one (method, seed, overrides) run in this process and return its curve, final scores and logs."""
+    """Train one (regime, label, seed) run in this process; return its curve, final scores and logs."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from trl_mintrl.toy import WARM_START_DIR, evaluate, make_dataset, make_problems
-    from trl_mintrl.toy.training import RL_MAX_OPS, RL_MIN_OPS, build_trainer, rl_config
+    from benchmarks.toy import WARM_START_DIR, evaluate, rule_judge
+    from benchmarks.toy.training import REGIMES, build_trainer, rl_config
 
     torch.set_num_threads(1)
+    regime = REGIMES[job["regime"]]
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
-    curve_problems = make_problems(job["curve_prompts"], RL_MIN_OPS, RL_MAX_OPS, seed=HELDOUT_SEED)
-    final_problems = make_problems(job["final_prompts"], RL_MIN_OPS, RL_MAX_OPS, seed=HELDOUT_SEED)
-    train = make_dataset(job["steps"] * 16, RL_MIN_OPS, RL_MAX_OPS, seed=TRAIN_SEED + job["seed"])
+    curve_problems = regime.problems(job["curve_prompts"], seed=HELDOUT_SEED)
+    final_problems = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
+    train = regime.dataset(job["steps"] * job["prompts_per_step"], seed=TRAIN_SEED + job["seed"])
     curve, eval_seconds = {}, 0.0
 
     class CurveCallback(TrainerCallback):
-        """Held-out pass@1 every `eval_every` steps (on the small curve set; not counted in training time)."""
+        """Held-out pass@1 every `eval_every` steps on the small curve set (not counted in training time)."""
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             nonlocal eval_seconds
@@ -74,11 +134,19 @@ def run_job(job: dict) -> dict:
                 curve[state.global_step] = evaluate(model, tokenizer, curve_problems, 8, ks=(1,))["pass@1"]
                 eval_seconds += time.perf_counter() - start
 
-    sort_weights = _record_sort_weights() if job["method"] == "sort" else None
+    overrides = dict(job["overrides"])
+    rollouts = 8 * overrides.pop("_batch_factor", 1)
+    overrides["per_device_train_batch_size"] = job["prompts_per_step"] * rollouts
     args = rl_config(
-        job["method"], f"/tmp/trl_mintrl_bench/{job['name']}", steps=job["steps"], seed=job["seed"], **job["overrides"]
+        job["method"],
+        f"/tmp/trl_mintrl_bench/{job['name']}",
+        steps=job["steps"],
+        seed=job["seed"],
+        regime=job["regime"],
+        **overrides,
     )
-    trainer = build_trainer(job["method"], model, tokenizer, train, args, callbacks=[CurveCallback()])
+    judge = rule_judge(job["judge_steps"])
+    trainer = build_trainer(job["method"], model, tokenizer, train, args, judge=judge, callbacks=[CurveCallback()])
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
@@ -90,365 +158,385 @@ def run_job(job: dict) -> dict:
         for entry in trainer.state.log_history
         if "reward" in entry
     ]
-    result = {**job, "final": final, "curve": curve, "logs": logs, "train_seconds": train_seconds}
-    if sort_weights is not None:
-        result["sort_weights"] = {k: v / max(sort_weights["repairs"], 1) for k, v in sort_weights.items()}
-    return result
-
-
-def _record_sort_weights() -> dict:
-    """Record how SORT's token weights w = sqrt(p_base * p_plan) spread each repair's learning signal.
-
-    The gradient of `w * log p` through the target token's logit is `w * (1 - p)`, so `signal_vs_sft` =
-    sum w(1-p) / sum (1-p) is the share of plain SFT's learning signal on the same references that the repair keeps,
-    and `weight_hard` the mean weight on the tokens the policy gets wrong (p_base < 0.5). Wraps the function SORT's
-    trainer calls for its metrics (padding has p_base = p_plan = 1 and adds nothing to either sum).
-    """
-    import torch
-
-    import trl_mintrl.sort.trainer as sort_trainer
-
-    stats = {"repairs": 0, "signal_vs_sft": 0.0, "weight_hard": 0.0, "hard_share": 0.0}
-    original = sort_trainer.sort_repair_weights
-
-    def recording(base_logps, plan_logps, beta):
-        weights = original(base_logps, plan_logps, beta)
-        p_base = base_logps.exp()
-        real = (base_logps != 0) | (plan_logps != 0)
-        hard = (p_base < 0.5) & real
-        stats["repairs"] += 1
-        stats["signal_vs_sft"] += ((weights * (1 - p_base)).sum() / (1 - p_base).sum().clamp(min=1e-9)).item()
-        stats["weight_hard"] += (weights[hard].mean() if hard.any() else torch.tensor(1.0)).item()
-        stats["hard_share"] += (hard.sum() / real.sum().clamp(min=1)).item()
-        return weights
-
-    sort_trainer.sort_repair_weights = recording
-    return stats
+    return {**job, "final": final, "curve": curve, "logs": logs, "train_seconds": train_seconds}
 
 
 def baseline(job: dict) -> dict:
-    """The warm start's own held-out scores (step 0 of every curve)."""
+    """The warm start on a regime's held-out problems (step 0 of every curve); on the unreachable regime also on the
+    same problems without the new operator (`familiar()`), the calibration the task rests on."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_mintrl.toy import WARM_START_DIR, evaluate, make_problems
-    from trl_mintrl.toy.training import RL_MAX_OPS, RL_MIN_OPS
+    from benchmarks.toy import WARM_START_DIR, evaluate
+    from benchmarks.toy.training import REGIMES
 
+    regime = REGIMES[job["regime"]]
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
-    final = make_problems(job["final_prompts"], RL_MIN_OPS, RL_MAX_OPS, seed=HELDOUT_SEED)
-    curve = make_problems(job["curve_prompts"], RL_MIN_OPS, RL_MAX_OPS, seed=HELDOUT_SEED)
-    return {
+    final = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
+    curve = regime.problems(job["curve_prompts"], seed=HELDOUT_SEED)
+    result = {
+        "regime": job["regime"],
         "final": evaluate(model, tokenizer, final, 8, ks=(1, 8)),
         "curve0": evaluate(model, tokenizer, curve, 8, ks=(1,))["pass@1"],
     }
+    if regime.new_op:
+        result["familiar"] = evaluate(model, tokenizer, [p.familiar() for p in final], 8, ks=(1, 8))
+    return result
 
 
-def plan_jobs(args) -> list[dict]:
-    common = dict(
-        steps=args.steps,
-        eval_every=max(1, args.steps // 3),
-        curve_prompts=args.curve_prompts,
-        final_prompts=args.final_prompts,
-    )
+def plan_jobs(settings: dict) -> list[dict]:
+    """One job per (regime, label, seed), then the sweep's extra points; unreachable first (the question asked)."""
+    common = {k: settings[k] for k in ("steps", "curve_prompts", "final_prompts", "prompts_per_step")} | {
+        "eval_every": max(1, settings["steps"] // 2)
+    }
     jobs = []
-    for seed in args.seeds:
-        for label, (method, overrides) in args.labels.items():
-            jobs.append(
-                dict(
-                    common,
-                    name=f"{label}-s{seed}",
-                    group="main",
-                    label=label,
-                    method=method,
-                    seed=seed,
-                    overrides=overrides,
+    for regime, labels in settings["plan"].items():
+        seeds = settings["seeds"][: settings["seeds_per_regime"].get(regime, len(settings["seeds"]))]
+        for seed in seeds:
+            for label in labels:
+                method, overrides = LABELS[label]
+                jobs.append(
+                    dict(
+                        common,
+                        name=f"{regime}-{label}-s{seed}",
+                        group="main",
+                        regime=regime,
+                        label=label,
+                        method=method,
+                        overrides=overrides,
+                        judge_steps=1,
+                        seed=seed,
+                    )
                 )
-            )
-        for reviews in args.sweep_reviews if args.sweep and seed in args.seeds[: args.sweep_seeds] else ():
-            overrides = {"intervention_steps": 0} if reviews == 0 else {"max_reviews": reviews}
-            if reviews == 2 and "mintrl-const" in args.labels:
-                continue  # the main mintrl-const run (max_reviews=2) is this sweep point
+    for seed in settings["seeds"][: settings["sweep_seeds"]]:
+        for point, spec in SWEEP.items():
+            if spec is None:
+                continue
+            overrides, judge_steps = spec
             jobs.append(
                 dict(
                     common,
-                    eval_every=args.steps + 1,  # final scores only
-                    name=f"sweep-r{reviews}-s{seed}",
+                    eval_every=settings["steps"] + 1,  # final scores only
+                    name=f"unreachable-sweep-{point}-s{seed}",
                     group="sweep",
+                    regime="unreachable",
+                    label=f"sweep:{point}",
+                    point=point,
                     method="mintrl-const",
-                    seed=seed,
                     overrides=overrides,
-                    max_reviews=reviews,
+                    judge_steps=judge_steps,
+                    seed=seed,
                 )
             )
     return jobs
 
 
-def mean_spread(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{100 * values[0]:.1f}"
-    return f"{100 * statistics.mean(values):.1f} ± {100 * statistics.stdev(values):.1f}"
+# ----------------------------------------------------------------------------------------------------------- report
 
 
-def log_mean(run: dict, key: str, until: int | None = None) -> float | None:
+def final_by_seed(runs: list[dict], key: str = "pass@1") -> dict[int, float]:
+    return {r["seed"]: r["final"][key] for r in runs}
+
+
+def log_mean(run: dict, key: str, intervention_phase: bool = False) -> float | None:
+    until = _interv_steps(run) if intervention_phase else None
     values = [e[key] for e in run["logs"] if key in e and (until is None or e["step"] <= until)]
-    return statistics.mean(values) if values else None
-
-
-def report(results: list[dict], base: dict, args, out: Path, wall: float) -> str:
-    main_runs = [r for r in results if r["group"] == "main"]
-    by_method = {label: [r for r in main_runs if r["label"] == label] for label in args.labels}
-    grpo_p1 = {r["seed"]: r["final"]["pass@1"] for r in by_method.get("grpo", [])}
-    lines = [
-        f"Held-out: {args.final_prompts} problems with {_ops()} operations, 8 samples each (temperature 1). "
-        f"{args.steps} optimizer steps x 128 rollouts (16 prompts x 8), seeds {args.seeds}. Warm start: pass@1 "
-        f"{100 * base['final']['pass@1']:.1f}, pass@8 {100 * base['final']['pass@8']:.1f}. "
-        "Values in %, mean ± std over seeds.",
-        "",
-        "| method | pass@1 | pass@8 | pass@1 - GRPO (paired by seed) | too few / too many steps "
-        "| judge-token share | intervention rate | reward gap (interv. - control) | judge-token NLL (nats) "
-        "| train s/run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for method, runs in by_method.items():
-        p1 = [r["final"]["pass@1"] for r in runs]
-        p8 = [r["final"]["pass@8"] for r in runs]
-        gains = [r["final"]["pass@1"] - grpo_p1[r["seed"]] for r in runs if r["seed"] in grpo_p1]
-        cells = []
-        for key in ("mintrl/judge_token_frac", "mintrl/intervention_rate", "mintrl/reward_gap"):
-            vals = [v for r in runs if (v := log_mean(r, key, until=_interv_steps(r))) is not None]
-            cells.append(mean_spread(vals) if vals else "-")
-        nll = [v for r in runs if (v := log_mean(r, "mintrl/judge_token_nll", until=_interv_steps(r))) is not None]
-        cells.append(f"{statistics.mean(nll):.2f}" if nll else "-")
-        lines.append(
-            f"| {method} | {mean_spread(p1)} | {mean_spread(p8)} | "
-            f"{mean_spread(gains) if method != 'grpo' and gains else '-'} | {_step_errors(runs)} | "
-            f"{' | '.join(cells)} | "
-            f"{statistics.mean(r['train_seconds'] for r in runs):.0f} |"
-        )
-    sweep = sweep_points(results, args)
-    if sweep:
-        lines += [
-            "",
-            "Intervention-intensity sweep (MInTRL-const, chunk 16 tokens, varying max_reviews; gain = pass@1 minus "
-            "the same trainer without interventions, paired by seed):",
-            "",
-            "| max_reviews | judge-token share | intervention rate | reward gap | pass@1 | gain over no intervention "
-            "| too few / too many steps |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for point in sweep:
-            lines.append(
-                f"| {point['max_reviews']} | {mean_spread(point['share'])} | {mean_spread(point['rate'])} | "
-                f"{mean_spread(point['gap'])} | {mean_spread(point['p1'])} | {mean_spread(point['gain'])} | "
-                f"{_step_errors(point['runs'])} |"
-            )
-    sort_runs = [r for r in main_runs if "sort_weights" in r]
-    if sort_runs:
-        mean = {k: statistics.mean(r["sort_weights"][k] for r in sort_runs) for k in ("signal_vs_sft", "weight_hard")}
-        hard = statistics.mean(r["sort_weights"]["hard_share"] for r in sort_runs)
-        lines += [
-            "",
-            f"SORT repairs ({', '.join(sorted({r['label'] for r in sort_runs}))}): tokens the policy gets wrong "
-            f"(p_base < 0.5) are {100 * hard:.1f}% of reference tokens and get mean weight {mean['weight_hard']:.2f}; "
-            f"the repair keeps {100 * mean['signal_vs_sft']:.0f}% of the learning signal (sum w(1-p) / sum (1-p)) "
-            "that plain SFT on the same references would give.",
-        ]
-    lines += [
-        "",
-        f"Baseline (warm start) too few / too many steps: {_step_errors([base])}. "
-        f"Total wall time {wall / 60:.1f} min with {args.workers} worker(s).",
-    ]
-    return "\n".join(lines)
-
-
-def _step_errors(runs: list[dict]) -> str:
-    """Share of held-out samples with fewer / more computation steps than operations (mean over runs)."""
-    few = statistics.mean(r["final"]["too_few_steps"] for r in runs)
-    many = statistics.mean(r["final"]["too_many_steps"] for r in runs)
-    return f"{100 * few:.1f} / {100 * many:.1f}"
-
-
-def _ops() -> str:
-    from trl_mintrl.toy.training import RL_MAX_OPS, RL_MIN_OPS
-
-    return f"{RL_MIN_OPS}-{RL_MAX_OPS}"
+    return statistics.fmean(values) if values else None
 
 
 def _interv_steps(run: dict) -> int:
     return run["overrides"].get("intervention_steps", max(1, int(0.4 * run["steps"])))
 
 
-def sweep_points(results: list[dict], args) -> list[dict]:
-    """Per max_reviews: judge-token share, intervention rate, reward gap (intervention phase), pass@1 and gain."""
-    if not args.sweep:
-        return []
-    runs = {}
-    for r in results:
-        if r["group"] == "sweep":
-            runs[(r["max_reviews"], r["seed"])] = r
-        elif r["label"] == "mintrl-const":
-            runs[(2, r["seed"])] = r
-    points = []
-    for reviews in args.sweep_reviews:
-        point = {"max_reviews": reviews, "share": [], "rate": [], "gap": [], "p1": [], "gain": [], "runs": []}
-        for seed in args.seeds:
-            run, none = runs.get((reviews, seed)), runs.get((0, seed))
-            if run is None or none is None:
+def runs_of(results: dict, regime: str, label: str) -> list[dict]:
+    return sorted(
+        (r for r in results["runs"] if r["regime"] == regime and r["label"] == label), key=lambda r: r["seed"]
+    )
+
+
+def sweep_runs(results: dict, point: str) -> list[dict]:
+    return runs_of(results, "unreachable", SWEEP_MAIN.get(point, f"sweep:{point}"))
+
+
+def report(results: dict) -> str:
+    settings, prov = results["settings"], results["provenance"]
+    lines = [
+        "# Learning benchmark (written by benchmarks/learning.py from learning.json; do not edit)",
+        "",
+        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
+        f"{' (files under benchmarks/ or trl_mintrl/ differed: ' + ', '.join(prov['changed_files_that_matter']) + ')' if prov['changed_files_that_matter'] else ''}. "
+        f"{settings['steps']} optimizer steps x {settings['prompts_per_step']} prompts x 8 rollouts (grpo-2x: 16), "
+        f"held-out {settings['final_prompts']} problems x 8 samples at temperature 1. Values in %: mean ± std over "
+        "seeds; differences to GRPO are paired by seed, with a 95% t-interval; **resolved** = the interval excludes 0.",
+    ]
+    for regime, labels in settings["plan"].items():
+        base = next((b for b in results["baselines"] if b["regime"] == regime), None)
+        grpo = runs_of(results, regime, "grpo")
+        lines += ["", f"## Regime: {regime}", ""]
+        if base is not None:
+            text = (
+                f"Warm start: pass@1 {100 * base['final']['pass@1']:.1f}, pass@8 {100 * base['final']['pass@8']:.1f}"
+            )
+            if "familiar" in base:
+                text += (
+                    f"; the same problems with `a#b` written as `a+(b+2)`: pass@1 "
+                    f"{100 * base['familiar']['pass@1']:.1f}, pass@8 {100 * base['familiar']['pass@8']:.1f}"
+                )
+            lines += [text + ".", ""]
+        lines += [
+            "| method | seeds | pass@1 | pass@8 | pass@1 - GRPO [95% CI] | resolved | pass@8 - GRPO [95% CI] "
+            "| judge-token share | reward interv. - control | judge-token NLL | train s/run |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for label in labels:
+            runs = runs_of(results, regime, label)
+            if not runs:
+                lines.append(f"| {label} | 0 | (not run yet) |||||||||")
                 continue
-            until = _interv_steps(run)
-            point["share"].append(log_mean(run, "mintrl/judge_token_frac", until) or 0.0)
-            point["rate"].append(log_mean(run, "mintrl/intervention_rate", until) or 0.0)
-            point["gap"].append(log_mean(run, "mintrl/reward_gap", until) or 0.0)
-            point["p1"].append(run["final"]["pass@1"])
-            point["runs"].append(run)
-            point["gain"].append(run["final"]["pass@1"] - none["final"]["pass@1"])
-        if point["p1"]:
-            points.append(point)
+            diff1 = paired_difference(final_by_seed(runs), final_by_seed(grpo)) if label != "grpo" else None
+            diff8 = paired_difference(final_by_seed(runs, "pass@8"), final_by_seed(grpo, "pass@8"))
+            cells = []
+            for key in ("mintrl/judge_token_frac", "mintrl/reward_gap"):
+                values = [v for r in runs if (v := log_mean(r, key, intervention_phase=True)) is not None]
+                cells.append(format_mean_std(values))
+            nll = [v for r in runs if (v := log_mean(r, "mintrl/judge_token_nll", True)) is not None]
+            cells.append(f"{statistics.fmean(nll):.2f}" if nll else "-")
+            lines.append(
+                f"| {label} | {len(runs)} | {format_mean_std([r['final']['pass@1'] for r in runs])} "
+                f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(diff1)} "
+                f"| {_verdict(diff1)} | {format_interval(diff8) if label != 'grpo' else '-'} | {' | '.join(cells)} "
+                f"| {statistics.fmean(r['train_seconds'] for r in runs):.0f} |"
+            )
+    points = sweep_table(results)
+    if points:
+        lines += [
+            "",
+            "## Intervention intensity (MInTRL-const, unreachable regime)",
+            "",
+            "Judge-token share = judge tokens / completion tokens during the intervention phase. Gains are paired by "
+            "seed against the same trainer without interventions (mintrl-off) and against GRPO.",
+            "",
+            "| point | settings | seeds | judge-token share | pass@1 | gain over no intervention [95% CI] "
+            "| pass@1 - GRPO [95% CI] |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for p in points:
+            lines.append(
+                f"| {p['point']} | {p['settings']} | {p['n']} | {format_mean_std(p['share'])} "
+                f"| {format_mean_std(p['p1'])} | {format_interval(p['gain'])} | {format_interval(p['vs_grpo'])} |"
+            )
+        best = max(points, key=lambda p: statistics.fmean(p["p1"]))
+        lines += ["", f"Highest mean pass@1: {best['point']} ({format_mean_std(best['share'])}% judge tokens)."]
+    wall = results.get("wall_seconds")
+    lines += ["", f"{len(results['runs'])} runs" + (f", {wall / 60:.1f} min wall time" if wall else "") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(diff) -> str:
+    if diff is None or diff.low is None:
+        return "-"
+    if not diff.resolved:
+        return "no"
+    return "**yes, better**" if diff.mean > 0 else "**yes, worse**"
+
+
+def sweep_table(results: dict) -> list[dict]:
+    if "unreachable" not in results["settings"]["plan"]:
+        return []
+    grpo = final_by_seed(runs_of(results, "unreachable", "grpo"))
+    off = final_by_seed(runs_of(results, "unreachable", "mintrl-off"))
+    sweep_seeds = set(results["settings"]["seeds"][: results["settings"]["sweep_seeds"]])
+    points = []
+    for point, spec in SWEEP.items():
+        runs = [r for r in sweep_runs(results, point) if r["seed"] in sweep_seeds]
+        if not runs or not sweep_seeds:
+            continue
+        p1 = final_by_seed(runs)
+        settings = "intervention_steps=0" if point == "off" else json.dumps(spec[0] if spec else {}) or "default"
+        if spec is not None and spec[1] > 1:
+            settings += f", judge writes {spec[1]} steps"
+        points.append(
+            {
+                "point": point,
+                "settings": "defaults (max_reviews=4, 1 step)" if point == "default" else settings,
+                "n": len(runs),
+                "share": [log_mean(r, "mintrl/judge_token_frac", True) or 0.0 for r in runs],
+                "p1": list(p1.values()),
+                "gain": paired_difference(p1, off),
+                "vs_grpo": paired_difference(p1, grpo),
+            }
+        )
     return points
 
 
-def plot(results: list[dict], base: dict, args, out: Path) -> list[Path]:
+# ------------------------------------------------------------------------------------------------------------ plots
+
+
+def plot(results: dict, out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    settings = results["settings"]
+    regimes = list(settings["plan"])
     paths = []
-    main_runs = [r for r in results if r["group"] == "main"]
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label in args.labels:
-        runs = [r for r in main_runs if r["label"] == label]
-        steps = sorted({0, *(int(s) for r in runs for s in r["curve"])})
-        per_step = [[base["curve0"] if s == 0 else r["curve"][s] for r in runs] for s in steps]
-        means = [100 * statistics.mean(v) for v in per_step]
-        ax.plot(steps, means, marker="o", label=label)
-        if len(runs) > 1:
-            lo = [100 * min(v) for v in per_step]
-            hi = [100 * max(v) for v in per_step]
-            ax.fill_between(steps, lo, hi, alpha=0.15)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"held-out pass@1 (%), {args.curve_prompts} problems")
-    ax.set_title("Held-out accuracy (mean over seeds, band = min/max)")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(regimes), figsize=(6.5 * len(regimes), 4.2), squeeze=False)
+    for ax, regime in zip(axes[0], regimes, strict=True):
+        base = next((b for b in results["baselines"] if b["regime"] == regime), None)
+        for n, label in enumerate(settings["plan"][regime]):
+            runs = runs_of(results, regime, label)
+            if not runs:
+                continue
+            steps = sorted({int(s) for r in runs for s in r["curve"]} | ({0} if base else set()))
+            per_step = [
+                [base["curve0"]] if s == 0 else [r["curve"][str(s)] for r in runs if str(s) in r["curve"]]
+                for s in steps
+            ]
+            _mean_band(ax, steps, per_step, f"C{n}", label, "--" if "grpo" in label else "-")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(f"held-out pass@1 (%), {settings['curve_prompts']} problems")
+        ax.set_title(f"{regime}: mean over seeds, band = 95% t-interval")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "learning_curves.png")
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    keys = [
-        ("mintrl/judge_token_frac", "judge-token share"),
-        ("mintrl/intervention_rate", "intervention rate"),
-        ("mintrl/reward_gap", "reward gap (intervened - control)"),
+    panels = [
+        ("reward", "training reward (controls for MInTRL)", ("mintrl/reward_control", "reward")),
+        ("intervened", "reward of intervened rollouts", ("mintrl/reward_intervened",)),
+        ("nll", "judge-token NLL under the policy (nats)", ("mintrl/judge_token_nll",)),
+        ("sort", "SORT mean repair weight", ("sort/mean_weight",)),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, (key, title) in zip(axes, keys, strict=True):
-        for n, label in enumerate(label for label, (method, _) in args.labels.items() if method.startswith("mintrl")):
-            for i, run in enumerate(r for r in main_runs if r["label"] == label):
-                points = [(e["step"], e[key]) for e in run["logs"] if key in e and e["step"] <= _interv_steps(run)]
-                if points:
-                    xs, ys = zip(*points, strict=True)
-                    ax.plot(xs, ys, color=f"C{n}", alpha=0.6, label=label if i == 0 else None)
-        ax.set_title(title)
-        ax.set_xlabel("optimizer step (intervention phase)")
-        ax.legend(fontsize=8)
+    fig, axes = plt.subplots(len(regimes), len(panels), figsize=(4.2 * len(panels), 3.4 * len(regimes)), squeeze=False)
+    for row, regime in zip(axes, regimes, strict=True):
+        for ax, (_, title, keys) in zip(row, panels, strict=True):
+            for n, label in enumerate(settings["plan"][regime]):
+                by_step: dict[int, list[float]] = {}
+                for run in runs_of(results, regime, label):
+                    for entry in run["logs"]:
+                        key = next((k for k in keys if k in entry), None)
+                        if key is not None:
+                            by_step.setdefault(entry["step"], []).append(entry[key])
+                if by_step:
+                    xs = sorted(by_step)
+                    _mean_band(ax, xs, [by_step[x] for x in xs], f"C{n}", label, "--" if "grpo" in label else "-", 1)
+            ax.set_title(f"{regime}: {title}", fontsize=9)
+            ax.set_xlabel("optimizer step")
+            ax.legend(fontsize=6)
     fig.tight_layout()
     paths.append(out / "learning_interventions.png")
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    sweep = sweep_points(results, args)
-    if sweep:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for point in sweep:
-            for share, gain in zip(point["share"], point["gain"], strict=True):
-                ax.scatter(100 * share, 100 * gain, color="C0", alpha=0.4, s=14)
-        xs = [100 * statistics.mean(p["share"]) for p in sweep]
-        ys = [100 * statistics.mean(p["gain"]) for p in sweep]
-        ax.plot(xs, ys, marker="o", color="C0")
-        for point, x, y in zip(sweep, xs, ys, strict=True):
-            ax.annotate(
-                f"max_reviews={point['max_reviews']}", (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points"
-            )
+    points = sweep_table(results)
+    if points:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        xs = [100 * statistics.fmean(p["share"]) for p in points]
+        ys, lows, highs = [], [], []
+        for p in points:
+            interval = p["gain"] or mean_interval([0.0])
+            ys.append(100 * interval.mean)
+            lows.append(100 * (interval.mean - interval.low) if interval.low is not None else 0)
+            highs.append(100 * (interval.high - interval.mean) if interval.high is not None else 0)
+        ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=4)
+        for p, x, y in zip(points, xs, ys, strict=True):
+            ax.annotate(p["point"], (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
         ax.axhline(0, color="grey", lw=0.8)
-        ax.axvspan(2, 4, color="C2", alpha=0.1, label="paper's sweet spot (2-4%)")
-        ax.set_xlabel("judge-token share of completion tokens (%, intervention phase)")
-        ax.set_ylabel("held-out pass@1 gain over no intervention (points)")
-        ax.set_title("Intervention intensity (MInTRL-const)")
-        ax.legend(fontsize=8)
+        ax.set_xlabel("judge-token share (%, intervention phase)")
+        ax.set_ylabel("pass@1 gain over no intervention (points)")
+        ax.set_title("Intervention intensity, unreachable regime (95% t-interval)")
         fig.tight_layout()
         paths.append(out / "learning_sweep.png")
-        fig.savefig(paths[-1], dpi=120)
+        fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     return paths
 
 
+def _mean_band(ax, xs, per_x, color, label, style, scale=100):
+    means = [scale * statistics.fmean(v) for v in per_x]
+    ax.plot(xs, means, style, color=color, label=label, marker="o" if scale == 100 else None, ms=3)
+    if all(len(v) > 1 for v in per_x):
+        intervals = [mean_interval(v) for v in per_x]
+        ax.fill_between(
+            xs, [scale * i.low for i in intervals], [scale * i.high for i in intervals], color=color, alpha=0.12
+        )
+
+
+# ------------------------------------------------------------------------------------------------------------- main
+
+
+def render(results: dict, out: Path, plots: bool = True) -> str:
+    """Write learning.md (and the PNGs) from `results`, the content of learning.json."""
+    table = report(results)
+    (out / "learning.md").write_text(table)
+    if plots:
+        plot(results, out)
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
-    from trl_mintrl.toy.training import METHODS
-
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, fewer steps and prompts, no sweep (~5 min)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None)
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--sweep-reviews", type=int, nargs="+", default=[0, 1, 2, 4, 8], help="0 = no intervention")
-    parser.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="NAME=METHOD:JSON",
-        help="an extra run per seed with config overrides, e.g. 'sort-dft=sort:{\"repair_beta\": 0}'",
-    )
-    parser.add_argument("--sweep-seeds", type=int, default=2, help="the sweep runs on the first N seeds")
-    parser.add_argument("--no-sweep", dest="sweep", action="store_false")
-    parser.add_argument("--final-prompts", type=int, default=None, help="held-out problems for the final table")
-    parser.add_argument("--curve-prompts", type=int, default=None, help="held-out problems for the curves")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (1 core each)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 3 methods, no sweep (< 3 min)")
+    parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 2 methods (the test)")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--replot", type=Path, default=None, help="re-render learning.md and plots from a JSON")
     args = parser.parse_args(argv)
-    quick = args.quick
-    args.seeds = args.seeds or ([0] if quick else [0, 1, 2])
-    args.steps = args.steps or (12 if quick else 24)
-    args.final_prompts = args.final_prompts or (128 if quick else 320)
-    args.curve_prompts = args.curve_prompts or (64 if quick else 96)
-    args.sweep = args.sweep and not quick
-    args.out = args.out or (RESULTS / "quick" if quick else RESULTS)
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.labels = {method: (method, {}) for method in args.methods}
-    for spec in args.variant:
-        name, _, rest = spec.partition("=")
-        method, _, overrides = rest.partition(":")
-        if method not in METHODS:
-            parser.error(f"--variant {spec!r}: method must be one of {METHODS}")
-        args.labels[name] = (method, json.loads(overrides or "{}"))
-
+    if args.replot:
+        print(render(json.loads(args.replot.read_text()), args.replot.parent))
+        return
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"mode": mode, **MODES[mode]}
+    results = {
+        "provenance": provenance("benchmarks/learning.py", argv),
+        "settings": settings,
+        "baselines": [],
+        "runs": [],
+    }
+    jobs = plan_jobs(settings)
+    base_jobs = [
+        {"regime": r, **{k: settings[k] for k in ("final_prompts", "curve_prompts")}} for r in settings["plan"]
+    ]
+    print(f"{len(jobs)} runs of {settings['steps']} steps on {args.workers or 1} worker(s) -> {out}", flush=True)
     start = time.perf_counter()
-    jobs = plan_jobs(args)
-    print(f"{len(jobs)} runs of {args.steps} steps on {args.workers} worker(s)", flush=True)
-    context = get_context("spawn")  # fresh interpreters: one torch thread each, no state shared with the parent
-    with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
-        base_future = pool.submit(baseline, {"final_prompts": args.final_prompts, "curve_prompts": args.curve_prompts})
-        futures = [pool.submit(run_job, job) for job in jobs]
-        results = []
-        for future in futures:
-            result = future.result()
-            results.append(result)
+
+    def record(kind: str, result: dict) -> None:
+        results[kind].append(result)
+        results["wall_seconds"] = time.perf_counter() - start
+        (out / "learning.json").write_text(json.dumps(results, indent=1))  # after every run: partial runs count
+        render(results, out, plots=False)
+        if kind == "runs":
             print(
                 f"{result['name']}: pass@1 {100 * result['final']['pass@1']:.1f} pass@8 "
-                f"{100 * result['final']['pass@8']:.1f} ({result['train_seconds']:.0f}s)",
+                f"{100 * result['final']['pass@8']:.1f} ({result['train_seconds']:.0f}s train)",
                 flush=True,
             )
-        base = base_future.result()
-    wall = time.perf_counter() - start
-    table = report(results, base, args, args.out, wall)
-    (args.out / "learning.md").write_text(table + "\n")
-    (args.out / "learning.json").write_text(
-        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "baseline": base, "runs": results}, indent=1)
-    )
-    paths = plot(results, base, args, args.out)
-    print(table)
-    print("wrote", args.out / "learning.md", *paths, sep="\n  ")
+
+    if args.workers == 0:
+        for job in base_jobs:
+            record("baselines", baseline(job))
+        for job in jobs:
+            record("runs", _json_round_trip(run_job(job)))
+    else:
+        with ProcessPoolExecutor(max_workers=args.workers, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(baseline, job): "baselines" for job in base_jobs}
+            futures |= {pool.submit(run_job, job): "runs" for job in jobs}
+            for future in as_completed(futures):
+                record(futures[future], _json_round_trip(future.result()))
+    print(render(results, out))
+    print("wrote", out, flush=True)
+
+
+def _json_round_trip(result: dict) -> dict:
+    """The run as the JSON holds it (string curve keys), so rendering now and from the file agree."""
+    return json.loads(json.dumps(result))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

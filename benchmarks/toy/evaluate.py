@@ -9,7 +9,7 @@ from trl_mintrl.eval import pass_at_k
 
 from .task import Problem, toy_reward
 
-_STEP = re.compile(r"\d+\s*[-+]\s*\d+\s*=")
+_STEP = re.compile(r"\d+\s*[-+#]\s*\d+\s*=")
 
 
 def sample_completions(

@@ -4,17 +4,38 @@
 `7-7=0\n\n0+9=9\n\n9-8=1\n\nAnswer: 1`. Difficulty is the number of operations. Every running value stays in
 `[0, max_value]`, so the steps are small additions and subtractions and the hard part is carrying a long chain
 without a slip, which is where a weak policy's whole group goes wrong and a step-level judge can help.
+
+The support-expansion variant (`new_op=True`) ends every chain with an operator the warm start never saw,
+`a#b = a+b+2`, whose rule no prompt states: `Compute 4-3#2 =` is `4-3=1\n\n1#2=5\n\nAnswer: 5`. Only the judge's
+corrections and the reference solutions know it, so a policy sampling on its own (GRPO) almost never finds it. It is
+the last operation so that no later step can land on the right answer by accident (a wrong value clamped at 0). `Problem.familiar()` is the same
+problem with `a#b` written as `a+(b+2)`: same steps and values, nothing new to know.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from dataclasses import dataclass
 
 STEP_SEPARATOR = "\n\n"
-_QUESTION = re.compile(r"Compute\s+(\d+(?:\s*[-+]\s*\d+)+)\s*=")
-_TERM = re.compile(r"([-+]?)\s*(\d+)")
+NEW_OPERATOR = "#"
+_QUESTION = re.compile(r"Compute\s+(\d+(?:\s*[-+#]\s*\d+)+)\s*=")
+_TERM = re.compile(r"([-+#]?)\s*(\d+)")
+
+
+def apply_op(value: int, op: str, b: int) -> int:
+    """`value op b` for `+`, `-` and the new operator `a#b = a+b+2`."""
+    if op == "+":
+        return value + b
+    if op == "-":
+        return value - b
+    if op == NEW_OPERATOR:
+        return value + b + 2
+    raise ValueError(f"unknown operator {op!r}")
+
+
 _ANSWER = re.compile(r"Answer:\s*(-?\d+)(?!\d)")
 
 
@@ -34,7 +55,7 @@ class Problem:
         """The reference steps, the final `Answer: n` line included (no separators)."""
         steps, value = [], self.first
         for op, b in self.ops:
-            new = value + b if op == "+" else value - b
+            new = apply_op(value, op, b)
             steps.append(f"{value}{op}{b}={new}")
             value = new
         return [*steps, f"Answer: {value}"]
@@ -43,7 +64,7 @@ class Problem:
     def answer(self) -> int:
         value = self.first
         for op, b in self.ops:
-            value = value + b if op == "+" else value - b
+            value = apply_op(value, op, b)
         return value
 
     @property
@@ -53,6 +74,10 @@ class Problem:
     @property
     def num_ops(self) -> int:
         return len(self.ops)
+
+    def familiar(self) -> Problem:
+        """The same problem without the new operator: `a#b` becomes `a+(b+2)` (same running values)."""
+        return Problem(self.first, tuple(("+", b + 2) if op == NEW_OPERATOR else (op, b) for op, b in self.ops))
 
     def row(self) -> dict:
         """A dataset row: conversational prompt, reference solution (for SORT and judges) and the answer."""
@@ -74,11 +99,21 @@ def parse_question(question: str) -> Problem:
     return Problem(first, tuple((op, int(b)) for op, b in terms[1:]))
 
 
-def make_problem(rng: random.Random, num_ops: int, max_operand: int = 9, max_value: int = 19) -> Problem:
-    """A random problem with `num_ops` operations whose running value stays in `[0, max_value]`."""
+def make_problem(
+    rng: random.Random, num_ops: int, max_operand: int = 9, max_value: int = 19, new_op: bool = False
+) -> Problem:
+    """A random problem with `num_ops` operations whose running value stays in `[0, max_value]`. With `new_op` the
+    last operation is the new operator `#`, its operand at most `max_operand - 2` so that `familiar()` stays within
+    the familiar operands (without it, the problems drawn are exactly the ones drawn before `#` existed)."""
     value = rng.randint(0, max_operand)
     first, ops = value, []
-    for _ in range(num_ops):
+    for i in range(num_ops):
+        if new_op and i == num_ops - 1:
+            if value > max_value - 2:  # no room for a#b >= a+2: draw the problem again
+                return make_problem(rng, num_ops, max_operand, max_value, new_op)
+            b = rng.randint(0, min(max_operand - 2, max_value - value - 2))
+            ops.append((NEW_OPERATOR, b))
+            break
         choices = []
         while not choices:  # terminates: b = 0 is always legal
             b = rng.randint(0, max_operand)
@@ -90,11 +125,11 @@ def make_problem(rng: random.Random, num_ops: int, max_operand: int = 9, max_val
 
 
 def make_problems(
-    n: int, min_ops: int, max_ops: int, seed: int, max_operand: int = 9, max_value: int = 19
+    n: int, min_ops: int, max_ops: int, seed: int, max_operand: int = 9, max_value: int = 19, new_op: bool = False
 ) -> list[Problem]:
-    """`n` problems with `min_ops..max_ops` operations (uniform), deterministic for a seed."""
+    """`n` problems with `min_ops..max_ops` operations (uniform), ending in `#` with `new_op`; deterministic."""
     rng = random.Random(seed)
-    return [make_problem(rng, rng.randint(min_ops, max_ops), max_operand, max_value) for _ in range(n)]
+    return [make_problem(rng, rng.randint(min_ops, max_ops), max_operand, max_value, new_op) for _ in range(n)]
 
 
 def make_dataset(n: int, min_ops: int, max_ops: int, seed: int, **kwargs):
@@ -155,22 +190,29 @@ def review_steps(question: str, prefix: str, steps: list[str], reference: str | 
     return None
 
 
-def correct_step(question: str, prefix: str, reference: str | None = None) -> str:
-    """Rule correction: the rest of the current step, or the next reference step, with its separator."""
+def correct_step(question: str, prefix: str, reference: str | None = None, steps: int = 1) -> str:
+    """Rule correction: the rest of the current step, or the next reference step, with its separator; `steps` > 1
+    writes that many reference steps (a more verbose judge: the knob for judge-token share in the benchmarks)."""
     expected = parse_question(question).steps
     parsed = _split(prefix)
     done = sum(closed for _, _, closed in parsed)
     if done >= len(expected):
         return ""
-    target = expected[done] + (STEP_SEPARATOR if done < len(expected) - 1 else "")
+    end = min(done + steps, len(expected))
+    target = STEP_SEPARATOR.join(expected[done:end]) + (STEP_SEPARATOR if end < len(expected) else "")
     partial = prefix[parsed[-1][0] :].lstrip() if parsed and not parsed[-1][2] else ""
     if partial and target.startswith(partial):
         return target[len(partial) :]
     return (STEP_SEPARATOR if partial else "") + target
 
 
-def rule_judge():
-    """A `FunctionJudge` that checks every step exactly and writes the correct step (a strong, cheap judge)."""
+def rule_judge(steps_per_correction: int = 1):
+    """A `FunctionJudge` that checks every step exactly and writes the correct step, or the next
+    `steps_per_correction` steps (a strong, cheap judge)."""
     from trl_mintrl.judges.function import FunctionJudge
 
-    return FunctionJudge(review_steps, correct_step)
+    if steps_per_correction < 1:
+        raise ValueError(f"steps_per_correction must be >= 1, got {steps_per_correction}")
+    if steps_per_correction == 1:
+        return FunctionJudge(review_steps, correct_step)
+    return FunctionJudge(review_steps, functools.partial(correct_step, steps=steps_per_correction))

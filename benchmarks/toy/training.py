@@ -8,18 +8,48 @@ gain or loss is not an optimiser artefact.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from .task import toy_reward
+from .task import make_dataset, make_problems, toy_reward
 
 METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort")
 RL_MIN_OPS, RL_MAX_OPS = 8, 11
 
 
-def rl_config(method: str, output_dir: str | Path, *, steps: int, seed: int = 0, **overrides):
-    """The config object of `method` with the toy RL defaults; `overrides` are config fields."""
+@dataclass(frozen=True)
+class Regime:
+    """Which problems RL trains and evaluates on, and the settings that depend on their length."""
+
+    min_ops: int
+    max_ops: int
+    new_op: bool  # every chain ends with the operator the warm start never saw
+    max_completion_length: int
+    max_reviews: int  # MInTRL: reviews of 16 tokens, enough to reach the step that matters
+
+    def problems(self, n: int, seed: int):
+        return make_problems(n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op)
+
+    def dataset(self, n: int, seed: int):
+        return make_dataset(n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op)
+
+
+REGIMES = {
+    # hard but reachable: long chains of familiar operations; the warm start solves some, GRPO has signal
+    "reachable": Regime(RL_MIN_OPS, RL_MAX_OPS, new_op=False, max_completion_length=160, max_reviews=2),
+    # unreachable: short chains ending in `a#b = a+b+2`, a rule no prompt states; warm-start pass@8 <= 5%
+    "unreachable": Regime(3, 6, new_op=True, max_completion_length=96, max_reviews=4),
+}
+
+
+def rl_config(
+    method: str, output_dir: str | Path, *, steps: int, seed: int = 0, regime: str = "reachable", **overrides
+):
+    """The config object of `method` with the toy RL defaults of `regime`; `overrides` are config fields."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; expected one of {sorted(REGIMES)}")
     common = dict(
         output_dir=str(output_dir),
         use_cpu=True,
@@ -33,7 +63,7 @@ def rl_config(method: str, output_dir: str | Path, *, steps: int, seed: int = 0,
         max_steps=steps,
         per_device_train_batch_size=128,  # 16 prompts x 8 rollouts per optimizer step
         num_generations=8,
-        max_completion_length=160,
+        max_completion_length=REGIMES[regime].max_completion_length,
         temperature=1.0,
         learning_rate=1e-4,
         lr_scheduler_type="constant_with_warmup",
@@ -57,7 +87,7 @@ def rl_config(method: str, output_dir: str | Path, *, steps: int, seed: int = 0,
         num_control_generations=4,
         num_intervened_generations=4,
         chunk_size=16,
-        max_reviews=2,
+        max_reviews=REGIMES[regime].max_reviews,
         max_correction_tokens=16,
         intervention_steps=max(1, int(0.4 * steps)),  # paper: 200 of 500
         anchor=method.removeprefix("mintrl-"),

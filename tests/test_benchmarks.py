@@ -1,0 +1,106 @@
+"""The learning benchmark end to end in its smallest mode, its statistics, and the support-expansion task."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.stats import format_interval, mean_interval, paired_difference, t_quantile_975
+from benchmarks.toy.task import NEW_OPERATOR, Problem, make_problems, parse_question, review_steps, rule_judge
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_t_quantiles_match_tables_and_the_normal_limit():
+    assert t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
+    assert t_quantile_975(4) == pytest.approx(2.776, abs=1e-3)
+    assert t_quantile_975(30) == pytest.approx(2.042, abs=1e-3)
+    assert t_quantile_975(40) == pytest.approx(2.021, abs=1e-3)  # expansion beyond the table
+    assert t_quantile_975(120) == pytest.approx(1.980, abs=1e-3)
+    assert t_quantile_975(10**6) == pytest.approx(1.960, abs=1e-3)
+    quantiles = [t_quantile_975(df) for df in range(1, 200)]
+    assert all(a > b for a, b in zip(quantiles, quantiles[1:]))
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile_975(0)
+
+
+def test_paired_interval_over_seeds():
+    method = {0: 0.30, 1: 0.25, 2: 0.40, 3: 0.35, 9: 0.99}
+    grpo = {0: 0.20, 1: 0.20, 2: 0.30, 3: 0.20}  # seed 9 has no GRPO run: not paired
+    diff = paired_difference(method, grpo)
+    assert diff.n == 4 and diff.mean == pytest.approx(0.1)
+    std = math.sqrt(sum((d - 0.1) ** 2 for d in (0.10, 0.05, 0.10, 0.15)) / 3)
+    assert diff.std == pytest.approx(std)
+    assert diff.high - diff.mean == pytest.approx(3.182 * std / 2)
+    assert diff.resolved
+    assert not mean_interval([0.1, -0.1, 0.05]).resolved
+    assert mean_interval([0.2]).low is None and not mean_interval([0.2]).resolved
+    assert format_interval(diff) == "+10.0 [+3.5, +16.5]"
+
+
+def test_unreachable_problems_end_in_the_new_operator_and_have_a_familiar_twin():
+    problems = make_problems(200, 3, 6, seed=3, new_op=True)
+    for p in problems:
+        assert p.ops[-1][0] == NEW_OPERATOR and all(op != NEW_OPERATOR for op, _ in p.ops[:-1])
+        assert parse_question(p.question) == p
+        values = [int(step.split("=")[1]) for step in p.steps[:-1]]
+        assert all(0 <= v <= 19 for v in values)
+        twin = p.familiar()
+        assert NEW_OPERATOR not in twin.question and twin.answer == p.answer
+        assert all(b <= 9 for _, b in twin.ops)
+    assert Problem(4, (("-", 3), ("#", 2))).solution == "4-3=1\n\n1#2=5\n\nAnswer: 5"
+    # without the new operator the generator draws exactly the problems it drew before (warm start, reachable runs)
+    assert make_problems(20, 8, 11, seed=1) == make_problems(20, 8, 11, seed=1, new_op=False)
+
+
+def test_rule_judge_knows_the_new_operator_and_writes_longer_corrections_on_request():
+    problem = Problem(4, (("-", 3), ("#", 2)))
+    assert review_steps(problem.question, "4-3=1\n\n", ["1+2=3\n\n"]) == 0  # the policy's guess is wrong
+    assert review_steps(problem.question, "4-3=1\n\n", ["1#2=5\n\n"]) is None
+    assert rule_judge().correct_fn(problem.question, "4-3=1\n\n", None) == "1#2=5\n\n"
+    assert rule_judge(8).correct_fn(problem.question, "", None) == problem.solution
+    with pytest.raises(ValueError, match="steps_per_correction"):
+        rule_judge(0)
+
+
+def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
+    """Runs `benchmarks/learning.py --smoke` (1 step, 2 prompts, 2 seeds, GRPO and MInTRL) as a user would, then
+    changes one run's number in the JSON and re-renders: the table follows the JSON."""
+    command = [sys.executable, "benchmarks/learning.py", "--smoke", "--workers", "0", "--out", str(tmp_path)]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    results = json.loads((tmp_path / "learning.json").read_text())
+    assert results["provenance"]["command"].startswith("python benchmarks/learning.py --smoke")
+    assert len(results["provenance"]["commit"]) == 40
+    assert {(r["label"], r["seed"]) for r in results["runs"]} == {
+        (m, s) for m in ("grpo", "mintrl-const") for s in (0, 1)
+    }
+    assert all(r["steps"] == 1 and r["logs"] for r in results["runs"])
+    [base] = results["baselines"]
+    assert {"final", "curve0", "familiar"} <= set(base)
+    table = (tmp_path / "learning.md").read_text()
+    assert "| mintrl-const | 2 |" in table and results["provenance"]["commit"][:12] in table
+    for png in ("learning_curves.png", "learning_interventions.png"):
+        assert (tmp_path / png).stat().st_size > 0
+
+    for run in results["runs"]:  # MInTRL +50 points on seed 0, +30 on seed 1; GRPO 0
+        bump = {("mintrl-const", 0): 0.5, ("mintrl-const", 1): 0.3}.get((run["label"], run["seed"]), 0.0)
+        run["final"]["pass@1"] = bump
+    (tmp_path / "learning.json").write_text(json.dumps(results))
+    (tmp_path / "learning.md").unlink()
+    subprocess.run(
+        [sys.executable, "benchmarks/learning.py", "--replot", str(tmp_path / "learning.json")],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    row = next(
+        line for line in (tmp_path / "learning.md").read_text().splitlines() if line.startswith("| mintrl-const")
+    )
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[3] == "40.0 ± 14.1"  # pass@1 mean ± std of 50 and 30
+    assert cells[5] == "+40.0 [-87.1, +167.1]"  # paired difference, t(1) = 12.706
+    assert cells[6] == "no"  # 2 seeds do not resolve it
