@@ -1,11 +1,12 @@
-"""A short SORT run, launched by tests/test_sort_ddp.py with `torchrun --nproc_per_node=2` (CPU, gloo) and called
-in-process there as the single-process reference.
+"""A short SORT run, launched by tests/test_sort_ddp.py with `torchrun --nproc_per_node=2` (CPU, gloo) or under
+`accelerate launch` with DeepSpeed ZeRO-2, and called in-process there as the single-process reference.
 
 Setup: the 8 toy prompts, the first four "hard" (reward 0, so their groups are all-wrong), the others reward 1. Every
 group then has zero advantage, so the GRPO gradient is exactly 0 and only repairs move the weights. The buffer
 starts with three hard prompts and `repair_batch_size=3`, so step 1 repairs exactly those three whatever the number
 of processes (with two, one process scores two items and the other one item plus a zero-weight copy). Plain SGD
-without clipping makes the step-1 weight change proportional to the repair gradient. Four steps see every hard
+without clipping makes the step-1 weight change proportional to the repair gradient, with either `repair_update`:
+with "separate", the GRPO step moves nothing and the repair step that follows is the whole change. Four steps see every hard
 prompt twice, so at least one more repair runs on deferred prompts.
 
 Each process writes `rank{R}.json` (repairs after each step, final buffer, hash of the final weights) and
@@ -60,7 +61,7 @@ class Recorder(TrainerCallback):
             self.step1_delta = {n: p.detach() - self.start[n] for n, p in params}
 
 
-def run(model_path: str, out_dir: str, max_steps: int = 4) -> dict:
+def run(model_path: str, out_dir: str, max_steps: int = 4, repair_update: str = "separate") -> dict:
     data = toy_dataset()
     args = SORTConfig(
         output_dir=os.path.join(out_dir, "trainer"),
@@ -78,6 +79,7 @@ def run(model_path: str, out_dir: str, max_steps: int = 4) -> dict:
         learning_rate=0.5,
         max_grad_norm=0.0,
         repair_batch_size=3,
+        repair_update=repair_update,
         max_plan_tokens=8,
         seed=0,
         disable_tqdm=True,
@@ -96,6 +98,7 @@ def run(model_path: str, out_dir: str, max_steps: int = 4) -> dict:
     result = {
         "rank": rank,
         "world_size": trainer.accelerator.num_processes,
+        "deepspeed": trainer.is_deepspeed_enabled,
         "repairs_after_step": recorder.repairs_after_step,
         "buffer": trainer.sort_buffer.state_dict(),
         "weights_sha256": weights.hexdigest(),
@@ -111,6 +114,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--repair-update", default="separate", choices=["separate", "joint"])
     cli = parser.parse_args()
     torch.set_num_threads(1)
-    run(cli.model, cli.out)
+    run(cli.model, cli.out, repair_update=cli.repair_update)
