@@ -75,6 +75,15 @@ def test_python_snippets_compile(page):
         compile(block, f"{page}, python block {i + 1}", "exec")
 
 
+def test_readme_links_point_at_files_in_the_repository():
+    """The README's relative links (docs pages, plots) name files that exist: it is read on GitHub, not built."""
+    prose = re.sub(r"^```.*?^```|`[^`\n]*`", "", (REPO / "README.md").read_text(), flags=re.M | re.S)  # no code
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", prose)
+    relative = [t for t in targets if not urlparse(t).scheme]
+    missing = [t for t in relative if not (REPO / t).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
 class _Links(HTMLParser):
     def __init__(self):
         super().__init__()
