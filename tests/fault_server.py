@@ -36,6 +36,7 @@ EXPECTED_KIND = {
     "slow_body": ("timeout", "timeout"),
     "closed_mid_body": ("connection", "connection"),
     "malformed_json": ("malformed_response", "malformed_response"),
+    "wrong_shape_json": ("malformed_response", "malformed_response"),  # valid JSON, content not a string
     "garbage_text": ("unparseable_verdict", None),  # a correction is free text: garbage is accepted as written
     "open_think": ("unparseable_verdict", "unparseable_correction"),  # "<think>..." never closed
     "cut_by_max_tokens": ("too_long", "too_long"),  # finish_reason "length"
@@ -121,6 +122,8 @@ def serve(args: argparse.Namespace) -> None:
                 self.wfile.write(payload[: len(payload) // 2])
             elif fault == "malformed_json":
                 self._send(200, b"<html><body>502 Bad Gateway</body></html>")
+            elif fault == "wrong_shape_json":
+                self._send(200, json.dumps({"choices": [{"message": {"content": [{"text": answer}]}}]}).encode())
             elif fault == "garbage_text":
                 self._send(200, _completion(GARBAGE_ANSWER))
             elif fault == "open_think":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -100,6 +101,19 @@ def test_timeout_fails_the_item_after_retrying(serve):
     assert time.monotonic() - start < 1.5
 
 
+def test_failure_counts_survive_a_checkpoint(serve):
+    """Failures and retries by kind are judge state: saved with checkpoints, restored on resume."""
+    server = serve(lambda q, attempt, body: (503, {"error": "busy"}, 0) if q == "busy" else (200, "no verdict", 0))
+    judge = _judge(server, max_retries=1)
+    assert judge.review(_reviews("busy", "chatty")) == [Verdict(failed=True)] * 2
+    state = json.loads(json.dumps(judge.state_dict()))  # as mintrl_state.json stores it
+    assert state == {"failures": {"http_5xx": 1, "unparseable_verdict": 1}, "retries": {"http_5xx": 1}}
+    resumed = _judge(server)
+    resumed.load_state_dict(state)
+    resumed.review(_reviews("busy"))
+    assert resumed.failures == {"http_5xx": 2, "unparseable_verdict": 1} and resumed.retries == {"http_5xx": 3}
+
+
 def test_client_error_fails_without_retry(serve):
     server = serve(lambda q, attempt, body: (400, {"error": "bad request"}, 0))
     assert _judge(server).correct([CorrectionRequest("q", "x")]) == [Correction(failed=True)]
@@ -141,6 +155,7 @@ def test_api_key_is_sent_but_never_shown(serve, monkeypatch, caplog):
         (dict(max_concurrency=0), "max_concurrency"),
         (dict(max_retries=-1), "max_retries"),
         (dict(timeout_s=0), "timeout_s"),
+        (dict(max_response_bytes=0), "max_response_bytes"),
         (dict(review_template="{steps} {oops}"), r"unknown field\(s\) \{oops\}"),
     ],
 )

@@ -43,7 +43,7 @@ FAILURE_KINDS = (
     "http_429",
     "http_5xx",
     "http_4xx",  # other client errors: not retried
-    "malformed_response",  # not JSON, or JSON without choices[0].message
+    "malformed_response",  # not JSON, or JSON without a string choices[0].message.content
     "too_long",  # body over `max_response_bytes`, or an answer cut by its token budget (finish_reason "length")
     "unparseable_verdict",  # a review without a valid final `VERDICT:` line
     "unparseable_correction",  # a correction whose `<think>` block never closes
@@ -288,6 +288,8 @@ class EndpointJudge(Judge):
         try:
             choice = json.loads(raw)["choices"][0]
             text = choice["message"].get("content") or ""
+            if not isinstance(text, str):
+                raise TypeError("content is not a string")
             return _Reply(text, choice.get("finish_reason"))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise _AttemptError("malformed_response", f"malformed response: {_snippet(raw, key)}", False) from None
