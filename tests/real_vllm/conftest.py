@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,85 @@ def vllm_cpu_engine_settings():
 def llm_kwargs():
     """The settings above, for engines the tests build themselves (`VLLMEngine.from_model_path`)."""
     return dict(TEST_LLM_KWARGS)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(model_path: str, port: int) -> list[str]:
+    """TRL's own `vllm serve` command line (`trl vllm-serve` builds the same), run through `vllm_cli.py`."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    script_args = ScriptArguments(
+        model=model_path, host="127.0.0.1", port=port, dtype="float32", enable_prefix_caching=True,
+        enforce_eager=True, log_level="warning",
+    )  # fmt: skip
+    command = build_command(script_args, extra_args=["--block-size", "32"])
+    assert command[1:3] == ["-m", "vllm.entrypoints.cli.main"], command
+    return [command[0], str(Path(__file__).with_name("vllm_cli.py")), *command[3:]]
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_path, tmp_path_factory):
+    """A `vllm serve` of the tiny model on 127.0.0.1, as TRL's server mode expects it (dev endpoints, NCCL weight
+    transfer configured, processed log-probs); its base URL. Started once, stopped after the session."""
+    import subprocess
+    import time
+
+    import requests
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm_server") / "server.log"
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's engine core runs in its own process
+    with open(log, "w") as out:
+        proc = subprocess.Popen(server_command(tiny_model_path, port), env=env, stdout=out, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            try:
+                if requests.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve not up after 300 s:\n{log.read_text()[-4000:]}")
+            time.sleep(1)
+        yield base_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def weight_transfer_seam(monkeypatch):
+    """TRL's server-mode weight sync up to the NCCL transfer, which needs CUDA (TRL raises NotImplementedError for
+    a CPU device): `init_communicator` and the NCCL broadcast in `update_named_params` are recorded instead.
+    Everything around them runs: TRL's `sync_weights` walks the parameters and resets the server's prefix cache."""
+    from trl.generation.vllm_client import VLLMClient
+
+    calls = {"init_communicator": [], "update_named_params": []}
+
+    def init_communicator(self, device=0):
+        calls["init_communicator"].append(str(device))
+
+    def update_named_params(self, metadata, named_params):
+        names = [name for name, _ in named_params]  # consume the stream as the broadcast would
+        assert names == [name for name, _, _ in metadata]
+        calls["update_named_params"].append(names)
+
+    monkeypatch.setattr(VLLMClient, "init_communicator", init_communicator)
+    monkeypatch.setattr(VLLMClient, "update_named_params", update_named_params)
+    return calls
