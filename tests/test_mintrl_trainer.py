@@ -335,6 +335,31 @@ def test_gradient_accumulation_two_micro_batches_equal_one_batch(tiny_model_path
         assert error < 1e-4, (name, error.item())
 
 
+def test_unscorable_rollouts_get_no_signal_and_leave_the_baseline_to_the_others(tiny_model_path, cpu_args,
+                                                                                  toy_dataset):
+    """A reward function returning None: that rollout's advantage is 0 and the baseline is the mean of the scorable
+    controls; a group with no scorable control gets no signal at all."""
+
+    def patchy_reward(completions, mintrl_intervened, completion_ids, **kwargs):
+        rewards = role_reward(completions, mintrl_intervened, completion_ids)
+        for row in range(len(rewards)):
+            if row in (0, 3, 4, 5):  # group 0: a control and an intervened row; group 1: both controls
+                rewards[row] = None
+        return rewards
+
+    trainer = RecordingTrainer(model=tiny_model_path, reward_funcs=patchy_reward,
+                               args=mintrl_args(cpu_args, max_steps=1, per_device_train_batch_size=8),
+                               train_dataset=toy_dataset, judge=revise_first_step_judge())
+    trainer.train()
+    record = trainer.records[0]
+    rewards, advantages = record["rewards"].view(-1, 4), record["advantages"].view(-1, 4)
+    assert torch.isnan(rewards[0, [0, 3]]).all() and torch.isnan(rewards[1, :2]).all()
+    r = rewards[0]
+    torch.testing.assert_close(advantages[0], torch.stack([r.new_tensor(0.0), r[1] - r[1], r[2] - r[1], r.new_tensor(0.0)]))
+    assert torch.equal(advantages[1], torch.zeros(4))
+    assert trainer.state.log_history[0]["mintrl/reward_control"] == pytest.approx(r[1].item())
+
+
 # ----- extra state: atomic, and refused on resume when missing or corrupt -----
 
 
