@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
+from .input_checks import InputError, RewardFunctionError
 from .resume import resolve_resume_from_checkpoint
 
 # method -> (module, config class, trainer class)
@@ -359,6 +360,31 @@ def _load_split(script_args: TrainScriptArguments, split: str, limit: int | None
     return loader(script_args.dataset_name, split, script_args.prompt_template, limit, **extra)
 
 
+def _check_train_data(recipe: Recipe, train_dataset) -> None:
+    """The trainers' data checks (empty or too-long prompts, bad references), here with only the tokenizer and the
+    model's config loaded, so that bad data fails before the model does."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .input_checks import check_train_dataset, max_prompt_tokens
+    from .prompts import prompt_token_ids
+
+    args, model_args = recipe.training_args, recipe.model_args
+    options = {"revision": model_args.model_revision}
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, **options)
+    limit, context = max_prompt_tokens(AutoConfig.from_pretrained(model_args.model_name_or_path, **options), args)
+    judge_self = recipe.script_args.judge_function is None and getattr(args, "judge", None) == "self"
+    check_train_dataset(
+        train_dataset,
+        reference_column=getattr(args, "reference_column", None),
+        reference_required=recipe.method == "sort" or (judge_self and getattr(args, "intervention_steps", 0) > 0),
+        tokenize=lambda prompts: [
+            prompt_token_ids(tokenizer, p, **(args.chat_template_kwargs or {})) for p in prompts
+        ],
+        max_prompt_tokens=limit,
+        context=context,
+    )
+
+
 def run(recipe: Recipe):
     """Load model and data, train, save (with the model card) and push if asked; returns the trainer."""
     from accelerate import PartialState
@@ -382,7 +408,10 @@ def run(recipe: Recipe):
         "dtype": model_args.dtype,
         **(training_args.model_init_kwargs or {}),
     }
-    train_dataset = _load_split(script_args, script_args.dataset_train_split, script_args.dataset_limit)
+    try:
+        train_dataset = _load_split(script_args, script_args.dataset_train_split, script_args.dataset_limit)
+    except ValueError as err:  # the loader's message names the columns or file it cannot use
+        raise RecipeError(f"dataset_name={script_args.dataset_name!r}: {err}") from None
     prompts_per_batch = training_args.generation_batch_size // training_args.num_generations
     if hasattr(train_dataset, "__len__") and len(train_dataset) < prompts_per_batch:
         # TRL's sampler drops incomplete batches: training would silently stop at step 0
@@ -392,6 +421,7 @@ def run(recipe: Recipe):
             f"processes x steps_per_generation={training_args.steps_per_generation} / num_generations="
             f"{training_args.num_generations}): use more data or a smaller per_device_train_batch_size."
         )
+    _check_train_data(recipe, train_dataset)
     eval_dataset = None
     if training_args.eval_strategy != "no":
         eval_dataset = _load_split(script_args, script_args.dataset_test_split, None)
@@ -446,5 +476,5 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"trl-mintrl train: error: {err}")
     try:
         run(recipe)
-    except RecipeError as err:
+    except (RecipeError, InputError, RewardFunctionError) as err:
         sys.exit(f"trl-mintrl train: error: {err}")

@@ -18,6 +18,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from .engines import GenerationEngine, engine_for_trainer
+from .input_checks import check_trainer_inputs
 from .resume import resolve_resume_from_checkpoint
 
 
@@ -31,6 +32,10 @@ class GRPOTrainerBase(GRPOTrainer):
     _batch_inputs: list[dict] | None = None
     _batch_rewards_per_func: torch.Tensor | None = None
     _policy_engine: GenerationEngine | None = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_trainer_inputs(self)  # bad prompts/references refused, reward functions guarded (input_checks.py)
 
     # ----- the batch being generated and scored -----
     def _generate_and_score_completions(self, inputs):

@@ -1,0 +1,254 @@
+"""Bad input refused before the expensive part, or counted and skipped during training (docs/reliability.md).
+
+One place for what both trainers and `trl-mintrl train` check in the user's data and functions:
+- `check_train_dataset`: prompts that are empty or too long for the model, reference solutions that are not strings
+  or all empty. The CLI calls it before the model loads, `GRPOTrainerBase.__init__` (via `check_trainer_inputs`)
+  before training starts.
+- `RewardFunctionGuard`: a reward function that raises on some completions costs those completions their reward
+  (None, as TRL's own "cannot score this one"), counted in `rewards/<name>/failures`; one that never scores anything,
+  or returns the wrong number or kind of values, stops the run at its first batch with a message naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+from trl.trainer.utils import is_async_callable
+
+logger = logging.getLogger(__name__)
+
+_SHOWN = 5  # rows named in an error message
+
+
+class InputError(ValueError):
+    """Bad training input; the message names the column or function, the rows, and the fix."""
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function that breaks its contract (one float or None per completion) or never works."""
+
+
+def _rows(indices: list[int]) -> str:
+    shown = ", ".join(map(str, indices[:_SHOWN]))
+    return f"row{'s' if len(indices) > 1 else ''} {shown}{', ...' if len(indices) > _SHOWN else ''}"
+
+
+def _is_blank(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _prompt_is_empty(prompt) -> bool:
+    """A plain-text prompt with no text, or a conversation whose messages hold no text."""
+    if isinstance(prompt, str) or prompt is None:
+        return _is_blank(prompt)
+    if isinstance(prompt, Sequence):  # [{"role": ..., "content": str | [{"type": "text", "text": ...}, ...]}]
+        for message in prompt:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str) and content.strip():
+                return False
+            if isinstance(content, list) and any(
+                not isinstance(part, dict) or part.get("type") != "text" or str(part.get("text", "")).strip()
+                for part in content
+            ):
+                return False
+        return True
+    return False
+
+
+def check_train_dataset(
+    dataset,
+    *,
+    reference_column: str | None = None,
+    reference_required: bool = False,
+    tokenize: Callable[[list], list[list[int]]] | None = None,
+    max_prompt_tokens: int | None = None,
+    context: str = "",
+) -> None:
+    """Raise `InputError` for a missing `reference_column` when `reference_required`, and for rows a run cannot
+    use: an empty prompt; a prompt of more than `max_prompt_tokens`
+    tokens (as `tokenize` counts them); a `reference_column` value that is not a string (or None); a reference
+    column that is empty in every row. Rows with an empty reference only warn (SORT counts and skips them, MInTRL's
+    judge then sees no reference). Datasets without column names (iterable ones) are not scanned."""
+    columns = getattr(dataset, "column_names", None)
+    if isinstance(columns, dict):  # DatasetDict: the caller passes the train split; nothing to check here
+        return
+    if dataset is None or columns is None:
+        return
+    if "prompt" not in columns:
+        raise InputError(f"The train dataset has no 'prompt' column (columns: {columns}); TRL trains on it.")
+    prompts = list(dataset["prompt"])
+    empty = [i for i, prompt in enumerate(prompts) if _prompt_is_empty(prompt)]
+    if empty:
+        raise InputError(
+            f"The train dataset has {len(empty)} empty prompt(s) ({_rows(empty)}): the model would be asked nothing. "
+            "Remove them, e.g. dataset.filter(lambda row: <the prompt has text>)."
+        )
+    if reference_column is not None and reference_column in columns:
+        _check_references(list(dataset[reference_column]), reference_column)
+    elif reference_required:
+        raise InputError(
+            f"The train dataset has no column {reference_column!r} (reference_column) for the reference solutions "
+            f"(columns: {columns}). Add it, or set reference_column to the column that holds them."
+        )
+    if tokenize is not None and max_prompt_tokens is not None:
+        too_long = []
+        for start in range(0, len(prompts), 256):
+            lengths = [len(ids) for ids in tokenize(prompts[start : start + 256])]
+            too_long += [(start + i, n) for i, n in enumerate(lengths) if n > max_prompt_tokens]
+        if too_long:
+            longest = max(n for _, n in too_long)
+            raise InputError(
+                f"{len(too_long)} prompt(s) ({_rows([i for i, _ in too_long])}) are longer than the "
+                f"{max_prompt_tokens} tokens that fit ({context}); the longest has {longest}. TRL does not truncate "
+                "prompts: filter them out, e.g. dataset.filter(lambda row: len(tokenizer.apply_chat_template("
+                "row['prompt'])) <= N), or lower max_completion_length."
+            )
+
+
+def _check_references(values: list, column: str) -> None:
+    wrong_type = [i for i, value in enumerate(values) if value is not None and not isinstance(value, str)]
+    if wrong_type:
+        kind = type(values[wrong_type[0]]).__name__
+        raise InputError(
+            f"Column {column!r} (reference_column) must hold strings, but {_rows(wrong_type)} hold {kind}. Convert it, "
+            f"e.g. dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}}), or set reference_column to the "
+            "column holding the reference solutions."
+        )
+    blank = [i for i, value in enumerate(values) if _is_blank(value)]
+    if values and len(blank) == len(values):
+        raise InputError(
+            f"Column {column!r} (reference_column) is empty in all {len(values)} rows. Fill it with the reference "
+            "solutions, or set reference_column to the column that holds them (MInTRL without references: remove "
+            "the column)."
+        )
+    if blank:
+        logger.warning(
+            "Column %r (reference_column) is empty in %d of %d rows (%s): SORT skips them when they are all-wrong "
+            "(sort/empty_references), MInTRL's judge sees no reference for them.",
+            column,
+            len(blank),
+            len(values),
+            _rows(blank),
+        )
+
+
+class RewardFunctionGuard:
+    """Calls a synchronous reward function for TRL and checks what it returns.
+
+    An exception is retried row by row, so one completion the function cannot handle costs only that completion
+    its reward (None); the rows lost are appended to `trainer._metrics[mode]["rewards/<name>/failures"]`. A function
+    that fails on every row before it has ever returned a reward is broken, not unlucky: `RewardFunctionError`,
+    as is a result with the wrong length or a value that is not a number or None.
+    """
+
+    def __init__(self, func: Callable, name: str, trainer):
+        functools.update_wrapper(self, func)
+        self.func, self.name, self.trainer = func, name, trainer
+        self.ever_scored = False
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        n = len(prompts)
+        try:
+            rewards, failed = self._checked(self.func(prompts=prompts, completions=completions,
+                                                      completion_ids=completion_ids, **kwargs), n), 0  # fmt: skip
+        except RewardFunctionError:
+            raise
+        except Exception as err:
+            rewards, failed, first_error = [], 0, err
+            for row in range(n):
+                one = {k: v[row : row + 1] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
+                try:
+                    rewards += self._checked(
+                        self.func(prompts=prompts[row : row + 1], completions=completions[row : row + 1],
+                                  completion_ids=completion_ids[row : row + 1], **one), 1)  # fmt: skip
+                except RewardFunctionError:
+                    raise
+                except Exception:
+                    rewards.append(None)
+                    failed += 1
+            if failed == n and not self.ever_scored:
+                raise RewardFunctionError(
+                    f"Reward function {self.name!r} raised on every one of the {n} completions of its first batch "
+                    f"({type(first_error).__name__}: {first_error}): it is broken, not unlucky. Fix it (it is called "
+                    "as fn(prompts=..., completions=..., completion_ids=..., **dataset columns, trainer_state=..., "
+                    "...): accept **kwargs), or return None for a completion it cannot score."
+                ) from first_error
+            logger.warning(
+                "Reward function %r raised on %d of %d completions (%s: %s); they get no reward from it "
+                "(rewards/%s/failures).",
+                self.name,
+                failed,
+                n,
+                type(first_error).__name__,
+                first_error,
+                self.name,
+            )
+        self.ever_scored = self.ever_scored or failed < n
+        mode = "train" if self.trainer.model.training else "eval"
+        self.trainer._metrics[mode][f"rewards/{self.name}/failures"].append(float(failed))
+        return rewards
+
+    def _checked(self, rewards, n: int) -> list:
+        """`rewards` as floats (None kept): any sized sequence of numbers as TRL accepts (lists, arrays, tensors)."""
+        sized = hasattr(rewards, "__len__") and not isinstance(rewards, str | bytes | dict)
+        if not sized or len(rewards) != n:
+            got = f"{len(rewards)} values" if sized else type(rewards).__name__
+            raise RewardFunctionError(
+                f"Reward function {self.name!r} returned {got} for {n} completions: return a list with one float "
+                "(or None when it cannot score a completion) per completion, in order."
+            )
+        values = []
+        for reward in rewards:
+            try:
+                if isinstance(reward, str | bytes):
+                    raise TypeError
+                values.append(None if reward is None else float(reward))
+            except (TypeError, ValueError):
+                raise RewardFunctionError(
+                    f"Reward function {self.name!r} returned {reward!r} ({type(reward).__name__}): each reward must "
+                    "be a number, or None when it cannot score the completion."
+                ) from None
+        return values
+
+
+def context_length(model_config, args) -> int | None:
+    """How many tokens the policy can take: the model's positions, or vLLM's max_model_length when it is smaller."""
+    limits = [getattr(model_config, "max_position_embeddings", None)]
+    if getattr(args, "use_vllm", False):
+        limits.append(getattr(args, "vllm_max_model_length", None))
+    limits = [limit for limit in limits if limit]
+    return min(limits) if limits else None
+
+
+def max_prompt_tokens(model_config, args) -> tuple[int | None, str]:
+    """The longest prompt that leaves room for `max_completion_length`, and how it was computed (for messages)."""
+    context = context_length(model_config, args)
+    if context is None:
+        return None, ""
+    return context - args.max_completion_length, (
+        f"context of {context} tokens minus max_completion_length={args.max_completion_length}"
+    )
+
+
+def check_trainer_inputs(trainer) -> None:
+    """What `GRPOTrainerBase.__init__` checks once TRL has loaded the model and tokenizer: the train dataset (as
+    `check_train_dataset`, tokenised by the trainer itself) and a guard on every plain reward function."""
+    args = trainer.args
+    limit, context = max_prompt_tokens(trainer.model.config, args)
+    check_train_dataset(
+        trainer.train_dataset,
+        reference_column=getattr(args, "reference_column", None),
+        # per-environment tool schemas render prompts differently: TRL tokenises them one by one, in a step
+        tokenize=None
+        if getattr(trainer, "environment_factories", None)
+        else lambda p: trainer._tokenize_prompts(p)[0],
+        max_prompt_tokens=limit,
+        context=context,
+    )
+    for i, func in enumerate(trainer.reward_funcs):
+        if isinstance(func, torch.nn.Module | RewardFunctionGuard) or is_async_callable(func):
+            continue  # reward models and async functions: TRL's own handling
+        trainer.reward_funcs[i] = RewardFunctionGuard(func, trainer.reward_func_names[i], trainer)
