@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import ssl
 import subprocess
 import sys
 import threading
@@ -160,29 +161,42 @@ def serve(args: argparse.Namespace) -> None:
             pass
 
     httpd = Server(("127.0.0.1", args.port), Handler)
+    scheme = "http"
+    if args.tls_cert:  # the handshake happens in each handler thread, on its first read
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
+        scheme = "https"
     threading.Timer(args.lifetime_s, lambda: os._exit(0)).start()
-    print(f"http://127.0.0.1:{httpd.server_address[1]}/v1", flush=True)
+    print(f"{scheme}://127.0.0.1:{httpd.server_address[1]}/v1", flush=True)
     httpd.serve_forever(poll_interval=0.05)
 
 
 class FaultServer:
-    """Starts `serve` in a subprocess; `url` is its API root, `injected()` the attempts answered with each fault."""
+    """Starts `serve` in a subprocess; `url` is its API root, `injected()` the attempts answered with each fault.
+    With `tls_cert`/`tls_key` (PEM files for 127.0.0.1) it serves HTTPS."""
 
     def __init__(self, *, hang_s=3.0, drip_s=0.2, retry_after="1", too_long_bytes=8 << 20, mix="ok=1", seed=0,
-                 lifetime_s=600.0):  # fmt: skip
+                 lifetime_s=600.0, tls_cert=None, tls_key=None):  # fmt: skip
         flags = {"hang-s": hang_s, "drip-s": drip_s, "retry-after": retry_after, "too-long-bytes": too_long_bytes,
                  "mix": mix, "seed": seed, "lifetime-s": lifetime_s}  # fmt: skip
+        if tls_cert:
+            flags.update({"tls-cert": tls_cert, "tls-key": tls_key})
+        self.tls_cert = tls_cert
         command = [sys.executable, __file__] + [f"--{name}={value}" for name, value in flags.items()]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         self.url = self.process.stdout.readline().strip()
-        if not self.url.startswith("http://"):
+        if not self.url.startswith(("http://", "https://")):
             self.close()
             raise RuntimeError(f"fault server did not start (exit code {self.process.returncode})")
 
     def stats(self) -> dict:
         import urllib.request
 
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        context = ssl.create_default_context(cafile=self.tls_cert) if self.tls_cert else None
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
         with opener.open(self.url.removesuffix("/v1") + "/stats", timeout=10) as response:
             return json.loads(response.read())
 
@@ -293,6 +307,8 @@ def main() -> None:
     parser.add_argument("--mix", default="ok=1", help="faults of untagged questions, e.g. ok=3,hang=1,http_500=1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lifetime-s", type=float, default=600.0, help="exit after this long, whatever happens")
+    parser.add_argument("--tls-cert", help="PEM certificate: serve HTTPS")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve(parser.parse_args())
 
 

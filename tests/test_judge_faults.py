@@ -4,6 +4,8 @@ hangs, trickled and truncated bodies, malformed JSON, garbage text and endless a
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -61,6 +63,29 @@ def test_retry_after_is_honoured_up_to_the_backoff_cap(server):
     start = time.monotonic()
     assert _judge(server, max_backoff_s=0.1).review(request) == [Verdict(0)]
     assert time.monotonic() - start < 0.1 + SCHEDULING_SLACK_S
+
+
+def test_https_attempts_keep_their_deadline(tmp_path, monkeypatch):
+    """Hosted APIs are HTTPS: the deadline reader must work on TLS sockets too (a trickled body still times out)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate for 127.0.0.1")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted by urllib's default context, as a user's CA bundle is
+    with FaultServer(hang_s=3.0, drip_s=0.2, tls_cert=str(cert), tls_key=str(key)) as server:
+        assert server.url.startswith("https://")
+        judge = _judge(server, timeout_s=0.5, max_concurrency=4)
+        tags = ["ok", "slow_body", "closed_mid_body/once", "too_long"]
+        start = time.monotonic()
+        verdicts = judge.review([ReviewRequest(f"tls [fault={t}]", "", ["a\n\n", "b"], None) for t in tags])
+        elapsed = time.monotonic() - start
+    assert verdicts == [Verdict(0), Verdict(failed=True), Verdict(0), Verdict(failed=True)]
+    assert judge.failures == {"timeout": 1, "too_long": 1} and judge.retries == {"timeout": 1, "connection": 1}
+    assert elapsed <= judge.max_request_seconds + SCHEDULING_SLACK_S
 
 
 def test_mintrl_step_completes_with_failures_in_the_metric(tiny_model_path, cpu_args, toy_dataset):
