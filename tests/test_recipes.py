@@ -24,6 +24,7 @@ ACCELERATE_EXPECTED = {
     "cpu": ("NO", 1, True),
     "cpu_ddp2": ("MULTI_GPU", 2, True),  # MULTI_CPU would silently run one process without mpirun
     "cpu_zero2": ("DEEPSPEED", 1, True),
+    "zero2_6gpu_server": ("DEEPSPEED", 6, False),  # GPUs 0-1 left to vLLM servers
 }
 
 

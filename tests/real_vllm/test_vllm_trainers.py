@@ -208,8 +208,3 @@ def test_sort_plans_are_written_by_the_current_policy_on_vllm(tiny_model_path, c
         assert caps == [12, 12] and temperature == 0.0
         assert from_vllm == from_transformers
 
-
-def test_trainers_refuse_server_mode_at_construction(tiny_model_path, cpu_args, toy_dataset):
-    args = mintrl_args(cpu_args, use_vllm=True, vllm_mode="server")
-    with pytest.raises(ValueError, match="vllm_mode='server' is not supported"):
-        MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset)
