@@ -22,6 +22,13 @@ def test_atomic_write_replaces_whole_file_and_leaves_no_temp_file(tmp_path):
     assert os.listdir(tmp_path) == ["state.json"]
 
 
+def test_atomic_write_removes_temp_files_of_a_writer_killed_midway(tmp_path):
+    (tmp_path / ".state.json.k1ll3d.tmp").write_text('{"step": ')  # what a SIGKILL during the write leaves
+    (tmp_path / ".other.json.x.tmp").write_text("{")  # another file's temporary is not ours to remove
+    write_json_atomically(str(tmp_path / "state.json"), {"step": 2})
+    assert sorted(os.listdir(tmp_path)) == [".other.json.x.tmp", "state.json"]
+
+
 def test_atomic_write_that_fails_midway_keeps_the_old_file(tmp_path):
     path = tmp_path / "state.json"
     write_json_atomically(str(path), {"step": 1})

@@ -9,6 +9,7 @@ when it is missing or corrupt rather than silently reset.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -119,8 +120,11 @@ class GRPOTrainerBase(GRPOTrainer):
 
 def write_json_atomically(path: str, obj) -> None:
     """Write `obj` as JSON to `path` so that a reader sees the old file or the whole new one, never a part: a
-    temporary file in the same folder, flushed and fsynced, then renamed over `path`."""
+    temporary file in the same folder, flushed and fsynced, then renamed over `path`. Temporary files left by an
+    earlier writer killed mid-write (e.g. a checkpoint folder written again after a resume) are removed."""
     folder, name = os.path.split(path)
+    for stale in glob.glob(os.path.join(glob.escape(folder or "."), f".{glob.escape(name)}.*.tmp")):
+        os.remove(stale)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
