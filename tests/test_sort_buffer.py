@@ -1,6 +1,6 @@
 """SORT's deferred buffer: all-wrong detection (several reward functions, weights, None, the functions that decide
 correctness and the threshold, a format bonus, {-1, 1} rewards), de-duplication, the flush at exactly
-`repair_batch_size`, and the save/restore round trip."""
+`repair_batch_size`, and the state round trip."""
 
 import json
 
@@ -9,7 +9,6 @@ import torch
 from datasets import Dataset
 
 from trl_mintrl.sort import RepairBuffer, SORTConfig, SORTTrainer, classify_groups
-from trl_mintrl.sort.buffer import BUFFER_FILE
 from trl_mintrl.sort.trainer import reward_func_names
 
 G = 2  # rollouts per prompt in these tests
@@ -203,18 +202,16 @@ def test_repair_flushes_at_exactly_repair_batch_size(trainer):
     assert [i.reference for i in trainer.sort_buffer.items] == ["6+1=7"]  # the oldest three were used
 
 
-def test_save_restore_round_trip(tmp_path):
+def test_state_round_trip_through_json():
     buffer = RepairBuffer()
     buffer.add([{"role": "system", "content": "be brief"}, {"role": "user", "content": "Compute 2+2 ="}], "2+2=4 é")
     buffer.add("plain prompt {with braces}", "\\boxed{1}")
     buffer.counters.update(repairs=3, empty_references=1, truncated_references=2)
-    path = buffer.save(tmp_path)
-    assert path.name == BUFFER_FILE
-    assert json.loads(path.read_text())["counters"]["repairs"] == 3
+    saved = json.loads(json.dumps(buffer.state_dict(), ensure_ascii=False))  # as the checkpoint holds it
+    assert saved["counters"]["repairs"] == 3
 
     restored = RepairBuffer()
-    assert restored.load(tmp_path)
+    restored.load_state_dict(saved)
     assert restored.items == buffer.items
     assert restored.counters == buffer.counters
     assert not restored.add("plain prompt {with braces}", "again")  # de-duplication survives the round trip
-    assert not RepairBuffer().load(tmp_path / "elsewhere")

@@ -1,14 +1,14 @@
 """SORT's deferred buffer of all-wrong prompts, and the all-wrong / all-right test on a batch's rewards.
 
 The buffer is training state: it is identical on every process (each appends the same gathered items in the same
-order), so "repair now" is the same decision everywhere, and it is saved with checkpoints as JSON.
+order), so "repair now" is the same decision everywhere, and it is saved with checkpoints as JSON (`BUFFER_FILE`,
+written and read by the trainer's `GRPOTrainerBase`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
@@ -129,16 +129,3 @@ class RepairBuffer:
         for item in state["items"]:
             self.add(item["prompt"], item["reference"])
         self.counters = {**dict.fromkeys(self.COUNTERS, 0), **state["counters"]}
-
-    def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / BUFFER_FILE
-        path.write_text(json.dumps(self.state_dict(), ensure_ascii=False))
-        return path
-
-    def load(self, directory: str | Path) -> bool:
-        """Restore from a checkpoint folder; returns False when it holds no SORT buffer."""
-        path = Path(directory) / BUFFER_FILE
-        if not path.exists():
-            return False
-        self.load_state_dict(json.loads(path.read_text()))
-        return True
