@@ -93,6 +93,26 @@ def test_resolve_true_false_and_folders(tmp_path):
         resolve_resume_from_checkpoint(str(tmp_path / "checkpoint-7"), str(tmp_path))
 
 
+def test_trainer_train_true_skips_a_checkpoint_cut_short(tiny_model_path, cpu_args, toy_dataset, caplog):
+    from conftest import digit_count_reward
+
+    from trl_mintrl.sort import SORTConfig, SORTTrainer
+
+    def trainer(max_steps: int) -> SORTTrainer:
+        args = SORTConfig(**{**cpu_args, "save_strategy": "steps", "save_steps": 1, "max_steps": max_steps})
+        return SORTTrainer(tiny_model_path, digit_count_reward, args, train_dataset=toy_dataset)
+
+    trainer(2).train()
+    out = Path(cpu_args["output_dir"])
+    cut(out / "checkpoint-2" / "trainer_state.json")  # killed while TRL wrote its last file
+    resumed = trainer(3)
+    with caplog.at_level(logging.WARNING, logger="trl_mintrl.resume"):
+        resumed.train(resume_from_checkpoint=True)  # transformers alone would pick checkpoint-2 and fail
+    assert f"Skipping {out / 'checkpoint-2'}: incomplete (trainer_state.json is not valid JSON" in caplog.text
+    assert resumed.state.global_step == 3
+    assert [h["step"] for h in resumed.state.log_history if "loss" in h] == [1, 2, 3]  # 1 from checkpoint-1
+
+
 # ----- real runs killed with SIGKILL and resumed -----
 
 STEPS = 5
