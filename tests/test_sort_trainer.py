@@ -588,3 +588,4 @@ def test_separate_repair_is_its_own_clipped_step_after_the_grpo_step(tiny_model_
     factor = min(1.0, clip / norm(grads))
     for name, delta in repair_delta.items():
         torch.testing.assert_close(delta, -lr * factor * grads[name], atol=1e-6, rtol=1e-3)
+    assert trainer.state.log_history[0]["sort/repair_grad_norm"] == pytest.approx(norm(grads), rel=1e-3)  # pre-clip
