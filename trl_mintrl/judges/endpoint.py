@@ -1,8 +1,8 @@
 """A judge behind an OpenAI-compatible chat-completions endpoint (`vllm serve`, SGLang, hosted APIs).
 
 Standard library only (urllib + a thread pool). Each batch sends one request per item, at most `max_concurrency` at a
-time. Each attempt has one deadline, `timeout_s`, for connecting, sending and reading the whole answer, so a server
-that hangs or trickles bytes cannot hold a request longer than `max_request_seconds`. Timeouts, connection errors,
+time. Connecting and reading the whole answer share one deadline per attempt, `timeout_s`, so a server that hangs or
+trickles bytes cannot hold a request longer than `max_request_seconds`. Timeouts, connection errors,
 5xx and 429 are retried with exponential backoff and jitter; other 4xx are not (the request itself is wrong), nor are
 answers that arrived but are unusable (malformed, too long, no verdict). An item that still fails comes back
 `failed`, never as an exception, and is counted by kind in `failures`. The API key is read from an environment
@@ -194,7 +194,7 @@ class EndpointJudge(Judge):
         self._record("correction", outcomes)
         return [Correction(failed=True) if isinstance(o, _Failure) else o for o in outcomes]
 
-    def _record(self, kind: str, outcomes: list) -> None:
+    def _record(self, task: str, outcomes: list) -> None:
         """Count the failed requests by kind and log one line per batch."""
         failures = [o for o in outcomes if isinstance(o, _Failure)]
         if not failures:
@@ -205,7 +205,7 @@ class EndpointJudge(Judge):
             "%d of %d judge %s requests to %s failed (%s); first: %s",
             len(failures),
             len(outcomes),
-            kind,
+            task,
             self.url,
             ", ".join(f"{k}: {n}" for k, n in by_kind.most_common()),
             failures[0].reason,
