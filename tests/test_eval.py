@@ -126,7 +126,7 @@ def test_evaluate_scores_and_aggregates(tiny_tokenizer, tmp_path):
         (["--dataset", AIME, "--chat_template_kwargs", "[1]"], "invalid JSON object value"),
         (["--dataset", AIME, "--select_metric", "pass@64"], "--select_metric must be one of"),
         (["--dataset", AIME, "--model", "no/such-model"], "no such local folder (and the Hub is offline)"),
-        (["--dataset", AIME, "--all_checkpoints"], "no checkpoint-N/ folder with model weights"),
+        (["--dataset", AIME, "--all_checkpoints"], "no complete checkpoint-N/ folder in it"),
         (["--model", "x"], "--dataset is required"),
     ],
 )
@@ -255,9 +255,10 @@ def test_all_checkpoints_of_a_run_in_one_command(tiny_model_path, tmp_path, caps
     import shutil
 
     run = tmp_path / "run"
-    for step in (2, 4):
+    for step in (2, 4, 6):
         shutil.copytree(tiny_model_path, run / f"checkpoint-{step}")
-    (run / "checkpoint-6").mkdir()  # cut short by a kill: no weights, left out
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (run / "checkpoint-6" / "trainer_state.json").write_text('{"global_st')  # cut short by a kill: left out
     out = tmp_path / "eval"
     main(["--model", str(run), "--all_checkpoints", "--dataset", AIME, "--output", str(out), "--num_samples", "2",
           "--k", "1,2", "--max_new_tokens", "8", "--device", "cpu", "--limit", "1"])  # fmt: skip

@@ -77,16 +77,19 @@ def checkpoint_problem(folder: str, extra_state_files: Sequence[str] = ()) -> st
     return None
 
 
+def numbered_checkpoints(output_dir: str) -> list[tuple[int, str]]:
+    """(step, folder) of every `checkpoint-N` folder in `output_dir`, complete or not, by step."""
+    if not os.path.isdir(output_dir):
+        return []
+    numbered = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
+    folders = [(step, os.path.join(output_dir, name)) for step, name in sorted(numbered)]
+    return [(step, folder) for step, folder in folders if os.path.isdir(folder)]
+
+
 def last_complete_checkpoint(output_dir: str, extra_state_files: Sequence[str] = ()) -> str | None:
     """The highest-numbered complete `checkpoint-N` folder in `output_dir` (None if there is none); each newer,
     incomplete one is skipped with a warning that says why."""
-    if not os.path.isdir(output_dir):
-        return None
-    numbered = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
-    for _, name in sorted(numbered, reverse=True):
-        folder = os.path.join(output_dir, name)
-        if not os.path.isdir(folder):
-            continue
+    for _, folder in reversed(numbered_checkpoints(output_dir)):
         problem = checkpoint_problem(folder, extra_state_files)
         if problem is None:
             return folder

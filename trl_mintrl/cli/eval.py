@@ -132,7 +132,7 @@ def _check_model(parser: OneLineParser, args: argparse.Namespace) -> None:
             parser.error(f"--model {model}: with --all_checkpoints this must be a training output folder")
         args.checkpoints = run_checkpoints(Path(model))
         if not args.checkpoints:
-            parser.error(f"--model {model}: no checkpoint-N/ folder with model weights in it")
+            parser.error(f"--model {model}: no complete checkpoint-N/ folder in it (trainer_state.json and weights)")
         return
     if Path(model).exists():
         if not (Path(model) / "config.json").is_file() and not (Path(model) / "adapter_config.json").is_file():

@@ -3,26 +3,25 @@ curve, and the best checkpoint (the MInTRL paper reports the best of checkpoints
 
 from __future__ import annotations
 
-import re
+import logging
 from pathlib import Path
 
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
+from ..resume import checkpoint_problem, numbered_checkpoints
 
-
-def has_weights(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in _WEIGHTS)
+logger = logging.getLogger(__name__)
 
 
 def run_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every `checkpoint-N/` in a training run's output folder that holds weights, by step.
-    A folder without weights (cut short while being written) is left out."""
+    """(step, folder) of every complete `checkpoint-N/` in a training run's output folder, by step. A folder a crash
+    cut short (see `trl_mintrl.resume.checkpoint_problem`) is left out with a warning."""
     found = []
-    for folder in Path(run_dir).iterdir():
-        match = _CHECKPOINT.match(folder.name)
-        if match and folder.is_dir() and has_weights(folder):
-            found.append((int(match.group(1)), folder))
-    return sorted(found)
+    for step, folder in numbered_checkpoints(str(run_dir)):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            found.append((step, Path(folder)))
+        else:
+            logger.warning("Not evaluating %s: incomplete (%s).", folder, problem)
+    return found
 
 
 def mean_over_benchmarks(summaries: dict[str, dict], metric: str) -> float | None:
