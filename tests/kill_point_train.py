@@ -5,7 +5,7 @@
 - `backward`: inside the backward pass (a gradient hook on the first trainable parameter);
 - `save_weights`: while `checkpoint-STEP/model.safetensors` is written (the file is left half-written);
 - `save_state`: while `checkpoint-STEP/trainer_state.json`, TRL's last file, is written (left half-written).
-Nothing else is changed: the arguments go to `trl_mintrl.train.main` as they would from the command line.
+Nothing else is changed: the arguments go to `trl_mintrl.cli.train.main` as they would from the command line.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import transformers
 from transformers import GenerationMixin, Trainer, TrainerState
 
-from trl_mintrl.train import main
+from trl_mintrl.cli.train import main
 
 point, _, step = os.environ.get("KILL_AT", "none:0").partition(":")
 KILL_STEP = int(step)

@@ -21,7 +21,7 @@ from trl_mintrl.input_checks import InputError, RewardFunctionError
 from trl_mintrl.judges import FunctionJudge
 from trl_mintrl.mintrl import MInTRLTrainer
 from trl_mintrl.sort import SORTConfig, SORTTrainer
-from trl_mintrl.train import main
+from trl_mintrl.cli.train import main
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = [json.loads(line) for line in (REPO / "recipes/cpu/data/arithmetic.jsonl").read_text().splitlines()[:8]]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_mintrl.train import RecipeError, _masked_command, check_environment, main, parse_recipe
+from trl_mintrl.cli.train import RecipeError, _masked_command, check_environment, main, parse_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_RECIPES = {method: str(REPO / "recipes" / "cpu" / f"{method}.yaml") for method in ("grpo", "mintrl", "sort")}
@@ -125,7 +125,7 @@ def test_environment_is_checked_before_loading(flags, message):
 def test_push_without_token_fails_up_front(monkeypatch):
     import huggingface_hub
 
-    monkeypatch.setattr("trl_mintrl.train._hub_offline", lambda: False)
+    monkeypatch.setattr("trl_mintrl.cli.train._hub_offline", lambda: False)
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
     recipe = parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--push_to_hub", "true", "--hub_model_id", "me/x"])
     with pytest.raises(RecipeError, match="needs a Hugging Face token"):

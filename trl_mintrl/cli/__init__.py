@@ -11,7 +11,7 @@ import sys
 
 # sub-command -> (module with a `main(argv)`, one-line help)
 COMMANDS = {
-    "train": ("trl_mintrl.train", "train with GRPO, MInTRL or SORT from a TRL-style YAML recipe"),
+    "train": ("trl_mintrl.cli.train", "train with GRPO, MInTRL or SORT from a TRL-style YAML recipe"),
     "eval": ("trl_mintrl.cli.eval", "pass@k of a model, or of every checkpoint of a training run, on benchmarks"),
     "tiny-model": ("trl_mintrl.cli.tiny_model", "build the offline tiny model + tokenizer used by tests"),
     "env": ("trl_mintrl.cli.env", "print the versions and devices to paste into a bug report"),

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from .input_checks import InputError, RewardFunctionError
-from .resume import resolve_resume_from_checkpoint
+from ..input_checks import InputError, RewardFunctionError
+from ..resume import resolve_resume_from_checkpoint
 
 # method -> (module, config class, trainer class)
 METHODS = {
@@ -182,7 +182,7 @@ def resolve_reward_funcs(names: list[str]) -> list:
 
 
 def _check_data(script_args: TrainScriptArguments) -> None:
-    from . import data
+    from .. import data
 
     name, template = script_args.dataset_loader, script_args.prompt_template
     if name not in data.LOADERS:
@@ -312,7 +312,7 @@ def check_environment(recipe: Recipe) -> None:
     if path is not None and _looks_local(path) and not os.path.exists(path):
         raise RecipeError(f"dataset_name={path!r}: no such file or folder (relative paths start at {os.getcwd()}).")
     if path is None and _hub_offline():
-        from . import data
+        from .. import data
 
         raise RecipeError(
             f"dataset_name is not set, so loader {script_args.dataset_loader!r} would download "
@@ -353,7 +353,7 @@ def _masked_command(method: str, argv: list[str]) -> str:
 
 
 def _load_split(script_args: TrainScriptArguments, split: str, limit: int | None):
-    from . import data
+    from .. import data
 
     extra = {"name": script_args.dataset_config} if script_args.dataset_config else {}
     loader = data.LOADERS[script_args.dataset_loader]
@@ -365,8 +365,8 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
     model's config loaded, so that bad data fails before the model does."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from .input_checks import check_train_dataset, max_prompt_tokens
-    from .prompts import prompt_token_ids
+    from ..input_checks import check_train_dataset, max_prompt_tokens
+    from ..prompts import prompt_token_ids
 
     args, model_args = recipe.training_args, recipe.model_args
     options = {"revision": model_args.model_revision}
@@ -390,14 +390,14 @@ def run(recipe: Recipe):
     from accelerate import PartialState
     from trl import get_peft_config, get_quantization_config
 
-    from . import data
-    from .model_card import with_model_card
+    from .. import data
+    from ..model_card import with_model_card
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
     if script_args.build_tiny_model:
         with PartialState().main_process_first():
             if not os.path.isfile(os.path.join(model_args.model_name_or_path, "config.json")):
-                from .tiny import build_tiny_model
+                from ..tiny import build_tiny_model
 
                 build_tiny_model(model_args.model_name_or_path)
 
