@@ -11,7 +11,7 @@ from conftest import digit_count_reward
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_mintrl.engines import TransformersEngine, engine_for_trainer
-from trl_mintrl.engines.vllm import VLLMEngine, check_vllm_mode_supported
+from trl_mintrl.engines.vllm import VLLMEngine, VLLMServerEngine
 from trl_mintrl.prompts import chat_token_ids
 
 
@@ -132,11 +132,15 @@ def test_temperature_override_and_eos_stop(trained):
     assert params.top_p == trained.args.top_p
 
 
-def test_server_mode_refused_with_a_clear_message(tmp_path):
-    server = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="server", report_to=[])
-    with pytest.raises(ValueError, match="vllm_mode='server' is not supported.*vllm_mode='colocate'"):
-        check_vllm_mode_supported(server)
-    check_vllm_mode_supported(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=False, vllm_mode="server"))
+def test_trl_client_surface_the_server_engine_relies_on():
+    """Fails loudly if TRL changes what `VLLMServerEngine` sends (trl is pinned to 1.16)."""
+    from trl.generation.vllm_client import VLLMClient
+
+    parameters = inspect.signature(VLLMClient.generate).parameters
+    for name in ("prompts", "max_tokens", "logprobs", "generation_kwargs", *VLLMServerEngine._CLIENT_ARGS):
+        assert name in parameters, f"VLLMClient.generate lost `{name}`"
+    for name in ("reset_prefix_cache", "init_communicator", "update_named_params"):
+        assert hasattr(VLLMClient, name), f"VLLMClient lost `{name}`"
 
 
 def test_trl_private_surface_we_rely_on(trained):

@@ -207,4 +207,3 @@ def test_sort_plans_are_written_by_the_current_policy_on_vllm(tiny_model_path, c
     for caps, temperature, from_vllm, from_transformers in plans:
         assert caps == [12, 12] and temperature == 0.0
         assert from_vllm == from_transformers
-
