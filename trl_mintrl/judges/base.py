@@ -8,6 +8,7 @@ user code) comes back marked `failed`, and the rollout loop treats it as KEEP an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -55,6 +56,40 @@ class Correction:
 
     text: str = ""
     failed: bool = False
+
+
+@dataclass
+class VoteTally:
+    """The decision of several reviews of one chunk. `wrong_step`: the step to cut at, or None (KEEP). `usable`:
+    reviews that answered; `agreeing`: those that support the decision (KEEP votes for a KEEP, REVISE votes at or
+    before the cut for a REVISE); `failures`: failed or out-of-range reviews (abstentions); `vetoed`: some review
+    said REVISE but fewer than `min_agree` agreed, so the chunk is kept."""
+
+    wrong_step: int | None
+    usable: int
+    agreeing: int
+    failures: int
+    vetoed: bool
+
+
+def tally_votes(verdicts: Sequence[Verdict], num_steps: int, min_agree: int) -> VoteTally:
+    """REVISE when at least `min_agree` reviews flag a step at or before some step i, cutting at the smallest such i
+    (the `min_agree`-th smallest flagged index): a review that flags step j says the chunk is wrong by step j, so
+    it backs every cut at or after j. Failed reviews, and indices outside the chunk's steps, abstain. With one
+    review and `min_agree=1` this is the single verdict: its step, or KEEP."""
+    flagged, failures = [], 0
+    for verdict in verdicts:
+        step = verdict.wrong_step
+        if verdict.failed or step is not None and not 0 <= step < num_steps:
+            failures += 1
+        elif step is not None:
+            flagged.append(step)
+    usable = len(verdicts) - failures
+    flagged.sort()
+    if len(flagged) >= min_agree:
+        cut = flagged[min_agree - 1]
+        return VoteTally(cut, usable, sum(step <= cut for step in flagged), failures, vetoed=False)
+    return VoteTally(None, usable, usable - len(flagged), failures, vetoed=bool(flagged))
 
 
 class Judge(ABC):

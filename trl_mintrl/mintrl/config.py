@@ -50,6 +50,22 @@ class MInTRLConfig(GRPOConfig):
             help. `None` keeps the fixed `intervention_steps` schedule only.
         intervention_gap_ema (`float`, *optional*, defaults to `0.9`):
             Smoothing of the reward-gap moving average used by `intervention_stop_gap`.
+        judge_token_target (`float` or `None`, *optional*, defaults to `None`):
+            Intervention budget controller: hold the share of judge tokens among all completion tokens near this
+            value (e.g. `0.03`; the paper's sweet spot is 2-4%) by reviewing only a share of the intervened slots
+            each step (the others run as controls), raised or lowered from the last step's measured share.
+            Combine with `intervention_stop_gap` to also stop when corrections stop helping. `None`: every
+            intervened slot is reviewed. Unmeasured on the support-expansion benchmark yet.
+
+        > Parameters that control voting judges
+
+        judge_votes (`int`, *optional*, defaults to `1`):
+            Reviews per chunk, requested together in the same judge call (k copies of each review request) and
+            sampled at `judge_temperature`, which must then be > 0 for a model judge.
+        judge_min_agree (`int`, *optional*, defaults to `1`):
+            Revise a chunk only when at least this many of its `judge_votes` reviews flag a step at or before step
+            i; the cut is at the smallest such i. Failed reviews abstain. Unmeasured on the support-expansion
+            benchmark yet.
 
         > Parameters that control the loss
 
@@ -150,6 +166,29 @@ class MInTRLConfig(GRPOConfig):
     )
     intervention_gap_ema: float = field(
         default=0.9, metadata={"help": "Smoothing of the reward-gap moving average used by intervention_stop_gap."}
+    )
+    judge_token_target: float | None = field(
+        default=None,
+        metadata={
+            "help": "Intervention budget controller: hold the share of judge tokens among completion tokens near this "
+            "value (e.g. 0.03) by reviewing only a share of the intervened slots each step (the others run as "
+            "controls). None: every intervened slot is reviewed."
+        },
+    )
+    # voting judges
+    judge_votes: int = field(
+        default=1,
+        metadata={
+            "help": "Reviews per chunk, requested in the same judge call and sampled at judge_temperature (> 0 for a "
+            "model judge)."
+        },
+    )
+    judge_min_agree: int = field(
+        default=1,
+        metadata={
+            "help": "Revise only when at least this many of the judge_votes reviews flag a step at or before step i; "
+            "the cut is at the smallest such i. Failed reviews abstain."
+        },
     )
     # loss
     anchor: str = field(
@@ -275,6 +314,18 @@ class MInTRLConfig(GRPOConfig):
         resolve_template(self.judge_correction_template, "correction")
         if not 0.0 <= self.intervention_gap_ema < 1.0:
             raise ValueError(f"intervention_gap_ema must be in [0, 1), got {self.intervention_gap_ema}.")
+        target = self.judge_token_target
+        if target is not None and not 0.0 < target < 1.0:
+            raise ValueError(
+                f"judge_token_target must be in (0, 1) (a share of completion tokens, e.g. 0.03) or None, got {target}."
+            )
+        if self.judge_votes < 1:
+            raise ValueError(f"judge_votes must be >= 1 (reviews per chunk), got {self.judge_votes}.")
+        if not 1 <= self.judge_min_agree <= self.judge_votes:
+            raise ValueError(
+                f"judge_min_agree={self.judge_min_agree} must be between 1 and judge_votes={self.judge_votes}: a "
+                "revision needs that many of the chunk's reviews to agree."
+            )
         share = self.judge_vllm_gpu_memory_utilization
         if share is not None and not 0.0 < share < 1.0:
             raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")

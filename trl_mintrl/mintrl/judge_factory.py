@@ -6,6 +6,7 @@ import logging
 
 from ..engines.base import GenerationEngine
 from ..judges import EndpointJudge, GeneratingJudge, Judge
+from ..judges.endpoint import require_openai
 from .config import MInTRLConfig
 
 logger = logging.getLogger(__name__)
@@ -21,12 +22,28 @@ def _is_peft_model(model) -> bool:
 
 def check_judge_backend(args: MInTRLConfig, model, peft_config) -> None:
     """Refuse judge settings that cannot work, before the model is loaded."""
+    if args.judge == "endpoint" and args.intervention_steps and args.num_intervened_generations:
+        require_openai()  # the endpoint judge's HTTP client is an extra
     if args.judge == "base" and args.use_vllm and (peft_config is not None or _is_peft_model(model)):
         raise ValueError(
             "judge='base' with a PEFT adapter is not supported with use_vllm=True: the colocated vLLM engine holds "
             "the adapter merged into the weights, so it cannot generate with the adapter disabled (vLLM LoRA is not "
             "wired). Use use_vllm=False (the judge is then the policy with its adapter disabled, no extra memory), "
             "or judge='model' with judge_model_name_or_path=<the base model> and judge_vllm_gpu_memory_utilization."
+        )
+
+
+def check_judge_votes(args: MInTRLConfig, judge: Judge | None) -> None:
+    """Refuse votes that could not differ: k reviews of a greedy judge are k copies of one review."""
+    if args.judge_votes == 1:
+        return
+    temperature = args.judge_temperature if judge is None else getattr(judge, "temperature", None)
+    if temperature == 0:
+        source = "judge_temperature" if judge is None else f"the judge object's temperature ({type(judge).__name__})"
+        raise ValueError(
+            f"judge_votes={args.judge_votes} with {source} = 0: a greedy judge gives the same review every time, so "
+            "the votes could never disagree. Set a sampling temperature > 0 (e.g. judge_temperature=0.7) or "
+            "judge_votes=1."
         )
 
 

@@ -14,26 +14,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..engines.base import Generation, GenerationEngine
-from ..judges.base import CorrectionRequest, Judge, ReviewRequest
+from ..judges.base import CorrectionRequest, Judge, ReviewRequest, tally_votes
 from .steps import cut_point, split_steps
 
 
 @dataclass
 class RolloutSettings:
     """Chunking and budgets: `chunk_size` policy tokens per reviewed chunk, `max_reviews` reviews per trajectory,
-    corrections capped at `max_correction_tokens` policy tokens, completions at `max_completion_length` tokens."""
+    corrections capped at `max_correction_tokens` policy tokens, completions at `max_completion_length` tokens.
+    Each chunk gets `judge_votes` reviews (in the same judge call) and is cut only where `judge_min_agree` agree."""
 
     chunk_size: int
     max_reviews: int
     max_correction_tokens: int
     max_completion_length: int
+    judge_votes: int = 1
+    judge_min_agree: int = 1
 
 
 @dataclass
 class Trajectory:
     """One rollout in progress. `review_budget` is 0 for control rollouts. `env_mask` is 1 on policy tokens and 0
     on judge tokens; `logprobs` holds the engine's sampling log-probs (None on judge tokens, or no list at all when
-    the engine does not report them)."""
+    the engine does not report them). `judge_failures` counts unusable answers (each failed review vote, each failed
+    correction); `votes_usable` / `votes_agreeing` / `vetoed` count the review votes and the revisions voted down."""
 
     prompt_ids: list[int]
     question: str
@@ -45,6 +49,9 @@ class Trajectory:
     reviews: int = 0
     revisions: int = 0
     judge_failures: int = 0
+    votes_usable: int = 0
+    votes_agreeing: int = 0
+    vetoed: int = 0
     finished: bool = False
 
     @property
@@ -122,27 +129,31 @@ class InterventionRollout:
         if not self.policy.any_rank(bool(to_review)):
             return
 
-        verdicts = self.judge.review(
-            [
-                ReviewRequest(
-                    question=t.question,
-                    prefix=self._decode(t.completion_ids),
-                    steps=steps,
-                    reference=t.reference,
-                    last_step_complete=self._ends_with_eos(chunk.token_ids),
-                )
-                for t, chunk, steps in to_review
-            ]
-        )
+        votes = self.settings.judge_votes  # k copies of each request in the one call: sampled independently
+        requests = [
+            ReviewRequest(
+                question=t.question,
+                prefix=self._decode(t.completion_ids),
+                steps=steps,
+                reference=t.reference,
+                last_step_complete=self._ends_with_eos(chunk.token_ids),
+            )
+            for t, chunk, steps in to_review
+        ]
+        verdicts = self.judge.review([request for request in requests for _ in range(votes)])
         counts.review_calls += 1
+        if len(verdicts) != len(requests) * votes:
+            raise RuntimeError(f"{self.judge!r} returned {len(verdicts)} verdicts for {len(requests) * votes} reviews")
 
         revise = []  # (trajectory, chunk, number of chunk tokens kept before the wrong step)
-        for (t, chunk, steps), verdict in zip(to_review, verdicts, strict=True):
+        for i, (t, chunk, steps) in enumerate(to_review):
+            tally = tally_votes(verdicts[i * votes : (i + 1) * votes], len(steps), self.settings.judge_min_agree)
             t.reviews += 1
-            wrong = verdict.wrong_step
-            if verdict.failed or wrong is not None and not 0 <= wrong < len(steps):
-                t.judge_failures += 1
-                wrong = None
+            t.judge_failures += tally.failures
+            t.votes_usable += tally.usable
+            t.votes_agreeing += tally.agreeing
+            t.vetoed += tally.vetoed
+            wrong = tally.wrong_step
             if wrong is None:
                 self._accept(t, chunk)
             else:

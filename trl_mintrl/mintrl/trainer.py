@@ -22,8 +22,9 @@ from ..losses import advantage_regression_loss, control_baseline_advantages, min
 from ..model_card import ModelCardMixin
 from ..prompts import question_text
 from ..trainer_base import GRPOTrainerBase, check_reference_column
+from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
-from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend
+from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend, check_judge_votes
 from .rollout import InterventionRollout, RolloutSettings, Trajectory
 
 STATE_FILE = "mintrl_state.json"
@@ -33,7 +34,17 @@ STATE_FILE = "mintrl_state.json"
 class RolloutBatch:
     """What one `rollout_func` call hands to the advantage and metrics code, for this process's rows."""
 
-    STAT_COLUMNS = ("intervened", "revised", "reviews", "judge_tokens", "completion_tokens", "judge_failures")
+    STAT_COLUMNS = (
+        "intervened",
+        "revised",
+        "reviews",
+        "judge_tokens",
+        "completion_tokens",
+        "judge_failures",
+        "votes_usable",
+        "votes_agreeing",
+        "vetoed",
+    )
 
     intervening: bool  # interventions were on for this batch
     is_control: torch.Tensor  # (rows,) bool: purely on-policy rollouts, whose mean reward is the baseline
@@ -99,6 +110,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             check_reference_column(train_dataset, args.reference_column, f"judge={args.judge!r}")
         if judge is None:
             check_judge_backend(args, model, peft_config)
+        check_judge_votes(args, judge)
         if not args.ds3_gather_for_generation:
             raise ValueError(
                 "ds3_gather_for_generation=False is not supported by MInTRL: ranks run different numbers of rollout "
@@ -128,6 +140,8 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         self.judge_failures_total = 0
         self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
         self.interventions_stopped_at: int | None = None
+        # judge_token_target's controller state (saved with checkpoints); None when the controller is off
+        self.intervention_budget = BudgetState() if args.judge_token_target is not None else None
 
     # ----- schedule -----
     def interventions_active(self) -> bool:
@@ -151,13 +165,34 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         if ema < self.args.intervention_stop_gap:
             self.interventions_stopped_at = self.state.global_step
 
+    def _reviewed_columns(self, rows: slice, column: torch.Tensor) -> torch.Tensor:
+        """(rows,) bool: which of this process's rows are reviewed. Every intervened column without the budget
+        controller; with it, `reviewed_slot_count` of the batch's intervened slots, spread evenly over the groups.
+        The controller's state is the same on every process, so they all pick the same global slots."""
+        intervened = column >= self.args.num_control_generations
+        if self.intervention_budget is None:
+            return intervened
+        group_size, budget = self._group_size(), self.intervention_budget
+        per_group = group_size - self.args.num_control_generations
+        slots = (rows.stop - rows.start) * self.accelerator.num_processes // group_size * per_group
+        count, budget.carry = reviewed_slot_count(budget.share, slots, budget.carry)
+        reviewed = torch.tensor(reviewed_slots(count, slots), device=column.device)
+        group = torch.arange(rows.start, rows.stop, device=column.device) // group_size
+        slot = (group * per_group + column - self.args.num_control_generations).clamp(min=0)
+        return intervened & reviewed[slot]
+
+    def _update_intervention_budget(self, judge_token_share: float) -> None:
+        """One controller step from the share measured over the gathered batch (the same on every process)."""
+        budget = self.intervention_budget
+        budget.share = next_intervention_share(budget.share, judge_token_share, self.args.judge_token_target)
+
     # ----- rollout (TRL's rollout_func seam) -----
     def _intervention_rollout(self, prompts: list, trainer: GRPOTrainer) -> dict:
         args = self.args
         intervening = self.interventions_active()
         rows = self._process_slice(len(prompts))  # this process's global rows: a row's role is its group column
         column = torch.arange(rows.start, rows.stop, device=self.accelerator.device) % self._group_size()
-        is_control = column < args.num_control_generations if intervening else torch.ones_like(column, dtype=bool)
+        is_control = ~self._reviewed_columns(rows, column) if intervening else torch.ones_like(column, dtype=bool)
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
         trajectories = [
             Trajectory(
@@ -175,11 +210,23 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             max_reviews=args.max_reviews,
             max_correction_tokens=args.max_correction_tokens,
             max_completion_length=args.max_completion_length,
+            judge_votes=args.judge_votes,
+            judge_min_agree=args.judge_min_agree,
         )
         self.policy_engine.reset_cache_stats()
         InterventionRollout(self.policy_engine, self.judge, self.processing_class, settings).run(trajectories)
         stats = [
-            [t.review_budget > 0, t.revisions > 0, t.reviews, t.judge_tokens, len(t.completion_ids), t.judge_failures]
+            [
+                t.review_budget > 0,
+                t.revisions > 0,
+                t.reviews,
+                t.judge_tokens,
+                len(t.completion_ids),
+                t.judge_failures,
+                t.votes_usable,
+                t.votes_agreeing,
+                t.vetoed,
+            ]
             for t in trajectories
         ]
         self.last_rollout = RolloutBatch(
@@ -219,14 +266,24 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         metrics["mintrl/intervention_rate"].append(stats["revised"][intervened].sum().item() / n_intervened)
         metrics["mintrl/reviews_per_rollout"].append(stats["reviews"][intervened].sum().item() / n_intervened)
         total_tokens = max(stats["completion_tokens"].sum().item(), 1.0)
-        metrics["mintrl/judge_token_frac"].append(stats["judge_tokens"].sum().item() / total_tokens)
+        judge_token_share = stats["judge_tokens"].sum().item() / total_tokens
+        metrics["mintrl/judge_token_frac"].append(judge_token_share)
         failures = stats["judge_failures"].sum().item()
         metrics["mintrl/judge_failures"].append(failures)
+        if self.args.judge_votes > 1 and rollout.intervening:
+            usable = stats["votes_usable"].sum().item()
+            if usable > 0:  # share of the usable review votes that back the decision taken on their chunk
+                metrics["mintrl/vote_agreement"].append(stats["votes_agreeing"].sum().item() / usable)
+            metrics["mintrl/vetoed_revisions"].append(stats["vetoed"].sum().item())
+        if self.intervention_budget is not None and rollout.intervening and mode == "train":
+            metrics["mintrl/judge_token_target"].append(self.args.judge_token_target)
+            metrics["mintrl/intervention_share"].append(self.intervention_budget.share)  # the setting of this batch
+            self._update_intervention_budget(judge_token_share)
         if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
             metrics["mintrl/prefix_cache_hit_rate"].append(rollout.prefix_cache_hit_rate)
         if mode == "train":
             self.judge_failures_total += int(failures)
-            self.judge_failure_warning.update(stats["reviews"].sum().item(), failures)
+            self.judge_failure_warning.update(stats["reviews"].sum().item() * self.args.judge_votes, failures)
         reward_control = torch.nanmean(rewards[is_control]).item()
         metrics["mintrl/reward_control"].append(reward_control)
         if intervened.any():
@@ -278,12 +335,15 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
 
     # ----- checkpoint state (written to and read from STATE_FILE by GRPOTrainerBase) -----
     def _extra_state(self) -> dict:
-        return {
+        state = {
             "judge": self.judge.state_dict() if self.judge is not None else {},
             "judge_failures_total": self.judge_failures_total,
             "reward_gap_ema": self.reward_gap_ema,
             "interventions_stopped_at": self.interventions_stopped_at,
         }
+        if self.intervention_budget is not None:
+            state["intervention_budget"] = self.intervention_budget.to_dict()
+        return state
 
     def _load_extra_state(self, state: dict) -> None:
         if self.judge is not None:
@@ -292,3 +352,5 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         self.reward_gap_ema = None if state["reward_gap_ema"] is None else float(state["reward_gap_ema"])
         stopped = state["interventions_stopped_at"]
         self.interventions_stopped_at = None if stopped is None else int(stopped)
+        if self.intervention_budget is not None:
+            self.intervention_budget = BudgetState.from_dict(state["intervention_budget"])
