@@ -61,15 +61,26 @@ def test_target_outside_zero_one_is_refused(cpu_args, value):
 def budget_args(cpu_args, **overrides) -> MInTRLConfig:
     """2 prompts x (1 control + 7 intervened) per step: 14 intervened slots, each revised once at its first chunk
     with a known correction (CORRECTION capped at 8 tokens) in a 24-token completion."""
-    args = dict(per_device_train_batch_size=16, num_control_generations=1, num_intervened_generations=7,
-                judge_token_target=0.05, max_steps=4, lr_scheduler_type="constant")
+    args = dict(
+        per_device_train_batch_size=16,
+        num_control_generations=1,
+        num_intervened_generations=7,
+        judge_token_target=0.05,
+        max_steps=4,
+        lr_scheduler_type="constant",
+    )
     args.update(overrides)
     return mintrl_args(cpu_args, **args)
 
 
 def test_trainer_moves_the_judge_token_share_towards_the_target(tiny_model_path, cpu_args, toy_dataset):
-    trainer = RecordingTrainer(model=tiny_model_path, reward_funcs=role_reward, args=budget_args(cpu_args),
-                               train_dataset=toy_dataset, judge=revise_first_step_judge())
+    trainer = RecordingTrainer(
+        model=tiny_model_path,
+        reward_funcs=role_reward,
+        args=budget_args(cpu_args),
+        train_dataset=toy_dataset,
+        judge=revise_first_step_judge(),
+    )
     trainer.train()
     logs = [e for e in trainer.state.log_history if "mintrl/intervention_share" in e]
     assert len(logs) == 4 and all(e["mintrl/judge_token_target"] == 0.05 for e in logs)
@@ -90,10 +101,16 @@ def test_trainer_moves_the_judge_token_share_towards_the_target(tiny_model_path,
 
 def test_controller_state_is_saved_and_restored_exactly(tiny_model_path, cpu_args, toy_dataset, tmp_path):
     def make(max_steps):
-        args = budget_args(cpu_args, max_steps=max_steps, save_strategy="steps", save_steps=1,
-                           per_device_train_batch_size=8)
-        return MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset,
-                             judge=revise_first_step_judge())
+        args = budget_args(
+            cpu_args, max_steps=max_steps, save_strategy="steps", save_steps=1, per_device_train_batch_size=8
+        )
+        return MInTRLTrainer(
+            model=tiny_model_path,
+            reward_funcs=role_reward,
+            args=args,
+            train_dataset=toy_dataset,
+            judge=revise_first_step_judge(),
+        )
 
     straight = make(3)
     straight.train()

@@ -60,8 +60,14 @@ def test_k_copies_in_one_review_call_and_the_majority_cut(tiny_tokenizer):
     first = {7: [Verdict(0), Verdict(None), Verdict(0)], 8: [Verdict(1), Verdict(None), Verdict(None)]}
     judge = RecordingJudge(lambda call, i, r: first[int(r.question[1:])][i % 3] if call == 0 else Verdict(None))
     t7, t8 = make_trajectory(7, True, budget=1), make_trajectory(8, True, budget=1)
-    run(tok, {7: [CHUNKS[0], f"2+1=3{tok.eos_token}"], 8: [CHUNKS[0], f"z{tok.eos_token}"]}, [t7, t8], judge,
-        judge_votes=3, judge_min_agree=2)
+    run(
+        tok,
+        {7: [CHUNKS[0], f"2+1=3{tok.eos_token}"], 8: [CHUNKS[0], f"z{tok.eos_token}"]},
+        [t7, t8],
+        judge,
+        judge_votes=3,
+        judge_min_agree=2,
+    )
     assert len(judge.review_calls) == 1  # one call for both trajectories' 3 votes each
     assert [r.question for r in judge.review_calls[0]] == ["q7"] * 3 + ["q8"] * 3
     assert t7.completion_ids[: len(ids(tok, "1+1=2\n\n"))] == ids(tok, "1+1=2\n\n") and t7.revisions == 1
@@ -135,8 +141,9 @@ def test_trainer_logs_agreement_and_vetoed_revisions(tiny_model_path, cpu_args, 
 
     judge = FunctionJudge(review, lambda q, p, r: corrections.append(q) or CORRECTION)
     args = mintrl_args(cpu_args, judge_votes=3, judge_min_agree=2)
-    trainer = MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset,
-                            judge=judge)
+    trainer = MInTRLTrainer(
+        model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset, judge=judge
+    )
     trainer.train()
     assert corrections == [] and len(first_chunk_votes) % 3 == 0 and first_chunk_votes
     logs = [e for e in trainer.state.log_history if "mintrl/vetoed_revisions" in e]
