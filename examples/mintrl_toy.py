@@ -1,12 +1,12 @@
 """MInTRL on CPU in a few minutes: a ~1M-parameter model learns longer arithmetic chains with a rule judge.
 
-    python examples/mintrl_toy.py [--steps 24]
+    python examples/mintrl_toy.py [--steps 16] [--no-grpo]
 
-The warm start (shipped with the package) solves short problems but fails most 8-11 step ones. MInTRL samples 4
+The warm start (committed in benchmarks/toy/) solves short problems but fails most 8-11 step ones. MInTRL samples 4
 on-policy control rollouts and 4 intervened rollouts per prompt; on the intervened ones a rule judge reviews each
 16-token chunk, cuts at the first wrong step and writes the correct step, and the policy continues. Training is
 MInTRL's advantage regression (baseline: mean reward of the controls). Held-out accuracy is measured before and
-after.
+after; the same demo then runs with plain GRPO (same prompts, steps and optimiser) for comparison.
 """
 
 from __future__ import annotations
@@ -43,39 +43,54 @@ class StepLine(TrainerCallback):
             print(f"step {state.global_step:>3}  train reward {logs['reward']:.3f}{judge}", flush=True)
 
 
+def train_and_evaluate(method: str, args, heldout) -> dict:
+    """`method` ("mintrl-const" or "grpo") from the warm start with the toy RL settings; held-out scores after."""
+    tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
+    model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
+    config = rl_config(method, f"{args.output_dir}/{method}", steps=args.steps)
+    train = make_dataset(16 * args.steps, RL_MIN_OPS, RL_MAX_OPS, seed=1000)
+    judge = rule_judge() if method != "grpo" else None
+    trainer = build_trainer(method, model, tokenizer, train, config, judge=judge, callbacks=[StepLine()])
+    trainer.remove_callback(PrinterCallback)
+    print(f"--- {method}", flush=True)
+    start = time.perf_counter()
+    trainer.train()
+    scores = evaluate(trainer.model, tokenizer, heldout, n_samples=8)
+    scores["minutes"] = (time.perf_counter() - start) / 60
+    active = [e for e in trainer.state.log_history if e.get("mintrl/interventions_active")]
+    scores["judge_share"] = sum(e["mintrl/judge_token_frac"] for e in active) / max(len(active), 1)
+    scores["intervention_steps"] = getattr(config, "intervention_steps", 0)
+    return scores
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--eval-problems", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--eval-problems", type=int, default=128)
+    parser.add_argument("--no-grpo", dest="grpo", action="store_false", help="skip the GRPO comparison run")
     parser.add_argument("--output-dir", default="outputs/mintrl-toy")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
-    model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
     heldout = make_problems(args.eval_problems, RL_MIN_OPS, RL_MAX_OPS, seed=999)
-    before = evaluate(model, tokenizer, heldout, n_samples=8)
-    print(f"warm start   held-out pass@1 {before['pass@1']:.3f}  pass@8 {before['pass@8']:.3f}", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
+    before = evaluate(AutoModelForCausalLM.from_pretrained(WARM_START_DIR), tokenizer, heldout, n_samples=8)
+    results = {"mintrl-const": train_and_evaluate("mintrl-const", args, heldout)}
+    if args.grpo:
+        results["grpo"] = train_and_evaluate("grpo", args, heldout)
 
-    config = rl_config("mintrl-const", args.output_dir, steps=args.steps)
-    train = make_dataset(16 * args.steps, RL_MIN_OPS, RL_MAX_OPS, seed=1000)
-    trainer = build_trainer(
-        "mintrl-const", model, tokenizer, train, config, judge=rule_judge(), callbacks=[StepLine()]
-    )
-    trainer.remove_callback(PrinterCallback)
-    start = time.perf_counter()
-    trainer.train()
-    minutes = (time.perf_counter() - start) / 60
-
-    after = evaluate(trainer.model, tokenizer, heldout, n_samples=8)
-    logs = [e for e in trainer.state.log_history if "mintrl/judge_token_frac" in e]
-    active = [e for e in logs if e.get("mintrl/interventions_active")]
-    share = sum(e["mintrl/judge_token_frac"] for e in active) / max(len(active), 1)
-    print(f"after MInTRL held-out pass@1 {after['pass@1']:.3f}  pass@8 {after['pass@8']:.3f}")
+    print(f"\n{len(heldout)} held-out problems with {RL_MIN_OPS}-{RL_MAX_OPS} operations, 8 samples each:")
+    print(f"warm start         pass@1 {before['pass@1']:.3f}  pass@8 {before['pass@8']:.3f}")
+    for method, scores in results.items():
+        print(
+            f"after {method:<12} pass@1 {scores['pass@1']:.3f}  pass@8 {scores['pass@8']:.3f}  "
+            f"({args.steps} steps, {scores['minutes']:.1f} min)"
+        )
+    mintrl = results["mintrl-const"]
     print(
-        f"{args.steps} steps in {minutes:.1f} min; judge tokens were {100 * share:.1f}% of completion tokens while "
-        f"interventions were on (first {config.intervention_steps} steps); {len(heldout)} held-out problems with "
-        f"{RL_MIN_OPS}-{RL_MAX_OPS} operations, 8 samples each"
+        f"MInTRL's judge wrote {100 * mintrl['judge_share']:.1f}% of completion tokens during its first "
+        f"{mintrl['intervention_steps']} steps. One seed: see benchmarks/results/learning.md for differences over "
+        "seeds with confidence intervals."
     )
 
 

@@ -104,3 +104,31 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     assert cells[3] == "40.0 ± 14.1"  # pass@1 mean ± std of 50 and 30
     assert cells[5] == "+40.0 [-87.1, +167.1]"  # paired difference, t(1) = 12.706
     assert cells[6] == "no"  # 2 seeds do not resolve it
+
+
+def test_cost_token_counter_counts_prefill_generated_and_forward_tokens():
+    """The count-based cost figures: prompt tokens given to `generate`, non-padding tokens it returned, and every
+    token position a forward pass processed (prefill + one per decoding step per row)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.cost import TokenCounter
+    from benchmarks.toy import WARM_START_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
+    model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
+    counter = TokenCounter(model, tokenizer.pad_token_id)
+    batch = tokenizer(["Compute 1+2 =", "Compute 12+3-4 ="], return_tensors="pt", padding=True)
+    torch.manual_seed(0)
+    out = model.generate(
+        **batch, max_new_tokens=6, min_new_tokens=6, do_sample=True, pad_token_id=tokenizer.pad_token_id
+    )
+    new = out[:, batch["input_ids"].shape[1] :]
+    assert (
+        counter.prefill_tokens == int(batch["attention_mask"].sum()) == len("Compute 1+2 =") + len("Compute 12+3-4 =")
+    )
+    assert counter.generated_tokens == int((new != tokenizer.pad_token_id).sum()) == 12
+    # prefill processes the padded prompt batch, then each of the 5 further decoding steps one token per row
+    assert counter.forward_tokens == batch["input_ids"].numel() + 5 * 2
+    model(**batch)
+    assert counter.forward_tokens == 2 * batch["input_ids"].numel() + 5 * 2
