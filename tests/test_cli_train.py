@@ -248,3 +248,60 @@ def test_resume_true_picks_the_last_complete_checkpoint_before_loading(tmp_path)
     recipe = parse_recipe(["sort", "--config", CPU_RECIPES["sort"], "--resume_from_checkpoint", "false"])
     check_environment(recipe)
     assert recipe.training_args.resume_from_checkpoint is None
+
+
+@pytest.mark.parametrize(
+    "recipe_of, command, keys",
+    [
+        ("mintrl", "grpo", "'num_control_generations'"),
+        ("sort", "grpo", "'repair_beta'"),
+        ("sort", "mintrl", "'repair_beta'"),
+        ("mintrl", "sort", "'kappa'"),
+    ],
+)
+def test_another_methods_recipe_names_the_command_to_use(recipe_of, command, keys):
+    with pytest.raises(
+        RecipeError, match=f"{keys}.*this looks like a {recipe_of} recipe.*`trl-mintrl train {recipe_of}"
+    ):
+        parse_recipe([command, "--config", CPU_RECIPES[recipe_of]])
+
+
+def test_another_methods_flag_names_the_command_to_use():
+    with pytest.raises(RecipeError, match=r"command-line argument\(s\) \['--kappa'\].*`trl-mintrl train mintrl"):
+        parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--kappa", "0.5"])
+
+
+def test_dataset_loader_defaults_to_prepared_when_only_dataset_name_is_set(tmp_path):
+    from trl_mintrl.cli.train import _load_split
+
+    recipe = parse_recipe(["grpo", "--config", recipe_file(tmp_path, "dataset_loader: null\n", "grpo")])
+    assert recipe.script_args.dataset_loader == "prepared"
+    rows = _load_split(recipe.script_args, "train", 2)  # what `run` loads
+    assert {"prompt", "solution"} <= set(rows.column_names) and len(rows) == 2
+    with pytest.raises(RecipeError, match="no data: set `dataset_name`"):
+        parse_recipe(["grpo", "--config", recipe_file(tmp_path, "dataset_loader: null\ndataset_name: null\n", "grpo")])
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("dataset_streaming: true\n", "dataset_streaming=true is not supported.*dataset_limit"),
+        ("datasets:\n  - path: trl-lib/tldr\n", r"\['datasets'\]: TRL's dataset mixtures .* are not supported"),
+        ("streaming: true\ntest_split_size: 0.1\n", r"\['streaming', 'test_split_size'\]: TRL's dataset mixtures"),
+    ],
+)
+def test_streaming_and_dataset_mixtures_are_refused_not_ignored(tmp_path, body, message):
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe(["grpo", "--config", recipe_file(tmp_path, body, "grpo")])
+
+
+def test_dotted_reward_path_resolves_from_the_current_folder(tmp_path, monkeypatch):
+    (tmp_path / "my_cwd_rewards.py").write_text(
+        "def correctness(completions, **kwargs):\n    return [0.5 for _ in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)  # as a user runs it: the rewards file beside the recipe, not installed
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    recipe = parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--reward_funcs", "my_cwd_rewards.correctness"])
+    (reward,) = recipe.reward_funcs
+    assert reward.__module__ == "my_cwd_rewards" and reward(completions=["a", "b"]) == [0.5, 0.5]
+    monkeypatch.delitem(__import__("sys").modules, "my_cwd_rewards")

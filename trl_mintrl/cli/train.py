@@ -10,13 +10,14 @@ recipe. What a recipe can get wrong fails before any model is loaded, with a mes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import importlib
 import os
 import sys
 from dataclasses import dataclass, field
 
-from trl import ModelConfig, ScriptArguments, TrlParser
+from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from ..input_checks import InputError, RewardFunctionError
 from ..resume import resolve_resume_from_checkpoint
@@ -49,7 +50,7 @@ class TrainScriptArguments(ScriptArguments):
         metadata={
             "help": "Loader from `trl_mintrl.data.LOADERS` that turns `dataset_name` into prompt + solution (math) "
             "or prompt + tests (code) rows: 'mintrl_math', 'mintrl_code', 'sort_math', a benchmark name, or "
-            "'prepared' for data already in those columns."
+            "'prepared' for data already in those columns (the default when only `dataset_name` is set)."
         },
     )
     prompt_template: str | None = field(
@@ -98,12 +99,20 @@ class Recipe:
     command: str  # how it was invoked, secrets masked (goes into the model card)
 
 
+# keys of TRL's `DatasetMixtureConfig` (`trl grpo` recipes may carry a `datasets:` section)
+MIXTURE_KEYS = ("datasets", "streaming", "test_split_size")
+
+
 class RecipeParser(TrlParser):
     """`TrlParser` that rejects unknown recipe keys and checks recipe values the way argparse checks flags.
 
     TrlParser installs YAML values as argparse defaults, which argparse neither type-converts (unless they are
     strings) nor checks against `choices`; a typo'd key would only be reported after the fact. Here both fail first.
     """
+
+    def __init__(self, *args, method: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.method = method
 
     def error(self, message: str):
         raise RecipeError(message)
@@ -114,6 +123,14 @@ class RecipeParser(TrlParser):
             if action.option_strings and not isinstance(action, argparse._StoreFalseAction):
                 actions.setdefault(action.dest, action)
         unknown = [key for key in config if key not in actions]
+        mixture = [key for key in unknown if key in MIXTURE_KEYS]
+        if mixture:
+            raise RecipeError(
+                f"recipe key(s) {mixture}: TRL's dataset mixtures (`datasets:`) are not supported, since the loaders "
+                "convert and check one dataset. Write the mixture to one file with prompt + solution (math) or "
+                "prompt + tests (code) columns and set `dataset_name` to it, or use `dataset_name` + `dataset_loader`."
+            )
+        _refuse_other_method_keys(self.method, unknown, "recipe key(s)")
         if unknown:
             raise RecipeError(
                 f"unknown recipe key(s): {_with_hints(unknown, actions)}. Every key must be a field of {self.prog}'s "
@@ -121,6 +138,26 @@ class RecipeParser(TrlParser):
             )
         checked = {key: _checked_value(actions[key], key, value) for key, value in config.items()}
         return super().set_defaults_with_config(**checked)
+
+
+def _refuse_other_method_keys(method: str, keys: list[str], what: str) -> None:
+    """Keys that are fields of another method's config mean the wrong sub-command, not a typo: say which to use."""
+    base = {f.name for f in dataclasses.fields(GRPOConfig)}
+    owners: dict[str, list[str]] = {}
+    for other, (module, config_name, _) in METHODS.items():
+        if other == method:
+            continue
+        own = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), config_name))} - base
+        for key in keys:
+            if key.removeprefix("--").partition("=")[0] in own:
+                owners.setdefault(other, []).append(key)
+    if owners:
+        other = max(owners, key=lambda name: len(owners[name]))
+        config_name = METHODS[other][1]
+        raise RecipeError(
+            f"{what} {owners[other]} are {config_name} fields, which `train {method}` does not have: this looks like "
+            f"a {other} recipe. Run `trl-mintrl train {other} --config ...` instead, or remove them."
+        )
 
 
 def _with_hints(keys: list[str], known) -> str:
@@ -184,6 +221,19 @@ def resolve_reward_funcs(names: list[str]) -> list:
 def _check_data(script_args: TrainScriptArguments) -> None:
     from .. import data
 
+    if script_args.dataset_loader is None:
+        if not script_args.dataset_name:
+            raise RecipeError(
+                "no data: set `dataset_name` (a path or Hub id of data already in prompt + solution or prompt + tests "
+                f"columns) and, to convert another schema, `dataset_loader` (one of {sorted(data.LOADERS)})."
+            )
+        script_args.dataset_loader = "prepared"
+    if script_args.dataset_streaming:
+        raise RecipeError(
+            "dataset_streaming=true is not supported: the loaders convert the whole train split and check it (prompt "
+            "lengths, references, enough prompts for one batch) before the model loads. Remove it; to train on part "
+            "of a large dataset set `dataset_limit: N`."
+        )
     name, template = script_args.dataset_loader, script_args.prompt_template
     if name not in data.LOADERS:
         raise RecipeError(
@@ -251,13 +301,17 @@ def parse_recipe(argv: list[str]) -> Recipe:
     module, config_name, _ = METHODS[method]
     config_cls = getattr(importlib.import_module(module), config_name)
     parser = RecipeParser(
-        (TrainScriptArguments, config_cls, ModelConfig), prog=f"trl-mintrl train {method}", allow_abbrev=False
+        (TrainScriptArguments, config_cls, ModelConfig),
+        prog=f"trl-mintrl train {method}",
+        allow_abbrev=False,
+        method=method,
     )
     script_args, training_args, model_args, remaining = parser.parse_args_and_config(
         rest, return_remaining_strings=True
     )
     if remaining:
         flags = [arg.partition("=")[0] for arg in remaining if arg.startswith("--")] or remaining
+        _refuse_other_method_keys(method, flags, "command-line argument(s)")
         known = [option for action in parser._actions for option in action.option_strings]
         raise RecipeError(
             f"unknown command-line argument(s): {_with_hints(flags, known)}. See `trl-mintrl train {method} --help`."
