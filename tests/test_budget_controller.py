@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from mintrl_helpers import RecordingTrainer, mintrl_args, revise_first_step_judge, role_reward
@@ -122,3 +126,38 @@ def test_controller_state_is_saved_and_restored_exactly(tiny_model_path, cpu_arg
     resumed3 = [e for e in resumed.state.log_history if e.get("step") == 3 and "mintrl/intervention_share" in e]
     assert resumed3[0]["mintrl/intervention_share"] == step3[0]["mintrl/intervention_share"] == saved["share"]
     assert resumed.intervention_budget == straight.intervention_budget
+
+
+@pytest.mark.slow
+def test_two_processes_take_the_same_decision(tiny_model_path, tmp_path):
+    """Groups span the processes: every process holds the same controller state and the reviewed rows across them
+    are exactly the slots the pure functions pick for the shared share."""
+    script = Path(__file__).with_name("budget_ddp_script.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        tiny_model_path,
+        str(tmp_path),
+    ]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["world"] == 2 and len(r["records"]) == 3 for r in ranks)
+    carry, counts = 0.0, []
+    for step in range(3):
+        zero, one = ranks[0]["records"][step], ranks[1]["records"][step]
+        assert zero["budget"] == one["budget"] and zero["share_used"] == one["share_used"]
+        assert (zero["first_row"], one["first_row"]) == (0, 6)
+        count, carry = reviewed_slot_count(zero["share_used"], 9, carry)  # 3 groups x 3 intervened slots
+        slots = reviewed_slots(count, 9)
+        expected = [g % 4 >= 1 and slots[g // 4 * 3 + g % 4 - 1] for g in range(12)]
+        assert zero["reviewed"] + one["reviewed"] == expected
+        assert zero["judge_rows"] + one["judge_rows"] == expected  # every reviewed row was revised
+        assert zero["budget"]["carry"] == pytest.approx(carry)
+        counts.append(count)
+    assert counts[0] == 9 and counts[-1] < counts[0]

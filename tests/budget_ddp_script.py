@@ -1,0 +1,75 @@
+"""Run by tests/test_budget_controller.py under `torchrun --nproc_per_node=2`: 3 MInTRL steps with
+`judge_token_target`, per-device batch 6 and groups of 4 (1 control + 3 intervened), so a group spans the two
+processes. Each process records its rows' roles and the controller's state after each step."""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+from trl_mintrl import MInTRLConfig, MInTRLTrainer  # noqa: E402
+from trl_mintrl.judges import FunctionJudge  # noqa: E402
+
+
+class RecordingTrainer(MInTRLTrainer):
+    def _generate_and_score_completions(self, inputs):
+        share_used = self.intervention_budget.share
+        output = super()._generate_and_score_completions(inputs)
+        self.records = getattr(self, "records", [])
+        local = self._process_slice(len(inputs))
+        self.records.append(
+            {
+                "share_used": share_used,
+                "budget": self.intervention_budget.to_dict(),
+                "reviewed": (~self.last_rollout.is_control).tolist(),
+                "judge_rows": (output["tool_mask"] == 0).any(dim=1).tolist(),
+                "first_row": local.start,
+            }
+        )
+        return output
+
+
+def main(model_path: str, out_dir: str):
+    torch.manual_seed(0)
+    rows = [{"prompt": [{"role": "user", "content": f"Compute {a}+1 ="}], "solution": f"{a + 1}"} for a in range(8)]
+    args = MInTRLConfig(
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        num_control_generations=1,
+        num_intervened_generations=3,
+        per_device_train_batch_size=6,
+        max_completion_length=16,
+        chunk_size=4,
+        max_reviews=1,
+        max_correction_tokens=4,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+        disable_tqdm=True,
+        judge_token_target=0.05,
+    )
+    judge = FunctionJudge(lambda q, p, steps, r: 0, lambda q, p, r: "1+1=2")
+    trainer = RecordingTrainer(
+        model_path,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        judge=judge,
+    )
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"world": trainer.accelerator.num_processes, "records": trainer.records}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
