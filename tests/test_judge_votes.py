@@ -151,3 +151,37 @@ def test_trainer_logs_agreement_and_vetoed_revisions(tiny_model_path, cpu_args, 
     assert sum(e["mintrl/vetoed_revisions"] for e in logs) == len(first_chunk_votes) // 3
     assert all(2 / 3 <= e["mintrl/vote_agreement"] < 1 for e in logs)  # 2 of 3 agree on first chunks, 3 of 3 later
     assert all(e["mintrl/judge_token_frac"] == 0.0 for e in logs)
+
+
+def test_endpoint_judge_sends_k_requests_and_the_votes_decide(tiny_tokenizer, monkeypatch):
+    """Three review requests per chunk reach a real local server, at the judge temperature; two say REVISE 1."""
+    from openai_server import ScriptedServer
+
+    from trl_mintrl.judges import EndpointJudge
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+    def respond(question, attempt, body):
+        if "VERDICT" not in body["messages"][0]["content"]:
+            return 200, "1+1=2\n\n", 0.0  # the correction
+        return 200, "VERDICT: KEEP" if attempt == 3 else "Step 1 is wrong.\nVERDICT: REVISE 1", 0.0
+
+    server = ScriptedServer(respond)
+    try:
+        judge = EndpointJudge(server.url, "judge", api_key_env=None, temperature=0.7, max_retries=0)
+        t = make_trajectory(7, True, budget=1)
+        run(
+            tiny_tokenizer,
+            {7: [CHUNKS[0], f"2+1=3{tiny_tokenizer.eos_token}"]},
+            [t],
+            judge,
+            judge_votes=3,
+            judge_min_agree=2,
+        )
+    finally:
+        server.close()
+    reviews = [body for _, body in server.requests if "VERDICT" in body["messages"][0]["content"]]
+    assert len(reviews) == 3 and all(body["temperature"] == 0.7 for body in reviews)
+    assert len(server.requests) == 4  # and one correction
+    assert (t.revisions, t.votes_usable, t.votes_agreeing, t.vetoed) == (1, 3, 2, 0)
+    assert t.completion_ids[: len(ids(tiny_tokenizer, "1+1=2\n\n"))] == ids(tiny_tokenizer, "1+1=2\n\n")
