@@ -132,7 +132,7 @@ def test_prompt_template_and_limit():
     assert (
         dataset[0]["prompt"][0]["content"] == "Q: Find the remainder when $2^{10}$ is divided by $1000$.\nA: \\boxed{}"
     )
-    with pytest.raises(ValueError, match=r"prompt_template must contain the placeholder \{question\}"):
+    with pytest.raises(ValueError, match=r"`prompt_template` must contain the placeholder\(s\) \{question\}"):
         load("aime24", prompt_template="no placeholder")
     with pytest.raises(ValueError, match="limit"):
         load("aime24", limit=0)

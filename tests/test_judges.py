@@ -22,7 +22,7 @@ from trl_mintrl.judges import (
     parse_verdict,
     resolve_template,
 )
-from trl_mintrl.prompts import chat_token_ids
+from trl_mintrl.text import chat_token_ids
 
 # ---------------------------------------------------------------------------------------------------- parse_verdict
 
@@ -150,15 +150,22 @@ def test_presets_and_custom_templates():
     assert custom.render_correction(CorrectionRequest("q", "x = 1", None)) == "Go on: x = 1"
 
 
+def test_custom_templates_keep_other_braces_and_never_substitute_twice():
+    review = 'Put it in \\boxed{} or \\boxed{answer}; {0}, {x, y}, {question.attr} and {"a": 1} are text.\n{steps}'
+    text = JudgeTemplates(review, "math").render_review(ReviewRequest("q", "", ["x = {question}"]))
+    assert text == (
+        'Put it in \\boxed{} or \\boxed{answer}; {0}, {x, y}, {question.attr} and {"a": 1} are text.\n'
+        "### Step 1\nx = {question}"  # a value's braces are not read as a placeholder
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "kind", "message"),
     [
         ("Check {steps} against {answer}", "review", r"judge_review_template` uses unknown field\(s\) \{answer\}"),
         ("Continue {prefix} with {steps}", "correction", r"judge_correction_template` uses unknown field.*\{steps\}"),
-        ("Check {question.__class__} {steps}", "review", r"unknown field.*question.__class__"),
-        ("Check {0} {steps}", "review", "positional field"),
-        ("Check {steps", "review", "not a valid format string"),
-        ("Is it right? {question}", "review", r"must contain the \{steps\} field"),
+        ("Check {steps} of {questoin}", "review", r"unknown field\(s\) \{questoin\} \(did you mean \{question\}\?\)"),
+        ("Is it right? {question}", "review", r"judge_review_template` must contain the placeholder\(s\) \{steps\}"),
         ("mathh", "review", "neither a preset"),
         ("", "correction", "preset name"),
     ],

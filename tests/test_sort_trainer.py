@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from trl_mintrl.engines import Generation, GenerationEngine
 from trl_mintrl.losses import sort_repair_loss
-from trl_mintrl.prompts import chat_token_ids, prompt_token_ids
 from trl_mintrl.sort import RepairItem, SORTConfig, SORTTrainer
 from trl_mintrl.sort.buffer import BUFFER_FILE
+from trl_mintrl.text import chat_token_ids, prompt_token_ids
 
 HARD = {f"Compute {a}+{(a * 3) % 7} =" for a in range(4)}  # the toy prompts that never score
 
@@ -75,8 +75,8 @@ def test_config_defaults_follow_the_paper(cpu_args):
     "field,value,match",
     [
         ("teacher_template", "{question} without the plan", r"`teacher_template`.*\{plan\}"),
-        ("plan_template", "{question} {reference} {answer}", r"`plan_template`.*unknown \['answer'\]"),
-        ("base_template", "\\boxed{x} {question}", r"`base_template`.*\{\{"),
+        ("plan_template", "{question} {reference} {answer}", r"`plan_template` uses unknown field\(s\) \{answer\}"),
+        ("base_template", "\\boxed{} {questoin}", r"`base_template` uses unknown.*did you mean \{question\}"),
         ("repair_beta", 1.5, "`repair_beta`"),
         ("repair_batch_size", 0, "`repair_batch_size`"),
         ("repair_update", "alternate", "`repair_update`.*'separate', 'joint'"),

@@ -28,7 +28,7 @@ def sample_completions(
     from transformers import GenerationConfig
 
     from trl_mintrl.engines import TransformersEngine
-    from trl_mintrl.prompts import prompt_token_ids
+    from trl_mintrl.text import prompt_token_ids
 
     if max_new_tokens is None:
         max_new_tokens = 2 * max(len(p.solution) for p in problems) + 8

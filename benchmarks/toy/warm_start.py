@@ -25,7 +25,7 @@ def sft_batch(tokenizer, problems) -> dict:
     """Right-padded input ids, attention mask and labels (completion tokens only) for a list of problems."""
     import torch
 
-    from trl_mintrl.prompts import prompt_token_ids
+    from trl_mintrl.text import prompt_token_ids
 
     rows = []
     for p in problems:

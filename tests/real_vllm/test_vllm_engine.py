@@ -12,7 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_mintrl.engines import TransformersEngine, engine_for_trainer
 from trl_mintrl.engines.vllm import VLLMEngine, VLLMServerEngine
-from trl_mintrl.prompts import chat_token_ids
+from trl_mintrl.text import chat_token_ids
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from ..input_checks import InputError, RewardFunctionError
 from ..resume import resolve_resume_from_checkpoint
+from ..text import check_template
 
 # method -> (module, config class, trainer class)
 METHODS = {
@@ -247,9 +248,9 @@ def _check_data(script_args: TrainScriptArguments) -> None:
         if task is None:
             raise RecipeError("prompt_template does not apply to dataset_loader='prepared' (its prompts are written).")
         try:
-            data.check_template(template)
+            check_template("prompt_template", template, data.PROMPT_TEMPLATE_FIELDS)
         except ValueError as err:
-            raise RecipeError(f"prompt_template: {err}") from None
+            raise RecipeError(str(err)) from None
     clash = {"math": "code", "code": "math"}.get(task)
     if clash in script_args.reward_funcs:
         raise RecipeError(
@@ -420,7 +421,7 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     from ..input_checks import check_train_dataset, max_prompt_tokens
-    from ..prompts import prompt_token_ids
+    from ..text import prompt_token_ids
 
     args, model_args = recipe.training_args, recipe.model_args
     options = {"revision": model_args.model_revision}

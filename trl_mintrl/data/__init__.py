@@ -12,11 +12,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from ..text import check_template
 from .loaders import (
     CODE_TEMPLATE,
     MATH_TEMPLATE,
     Source,
-    check_template,
     convert_deepcoder,
     convert_humanevalplus,
     convert_livecodebench,
@@ -30,13 +30,16 @@ __all__ = [
     "CODE_TEMPLATE",
     "LOADERS",
     "MATH_TEMPLATE",
-    "check_template",
+    "PROMPT_TEMPLATE_FIELDS",
     "dataset_task",
     "fixture_path",
     "load_dataset_by_name",
     "load_prepared",
     "resolve_dataset",
 ]
+
+PROMPT_TEMPLATE_FIELDS = {"question"}
+"""The placeholder of a loader's `prompt_template` (see `trl_mintrl.text` for the convention)."""
 
 # name -> (where it lives, converter, task, what it is)
 _CATALOGUE = {
@@ -86,7 +89,7 @@ def _make_loader(name: str, source: Source, convert: Callable, task: str, descri
         **load_kwargs,
     ):
         template = prompt_template or (MATH_TEMPLATE if task == "math" else CODE_TEMPLATE)
-        check_template(template)
+        check_template("prompt_template", template, PROMPT_TEMPLATE_FIELDS)
         _check_limit(limit)
         raw = load_raw(source, path_or_name, split, **load_kwargs)
         if limit is not None:

@@ -28,7 +28,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rewards.math import last_boxed
+from ..text import fill_template, last_boxed
 
 MATH_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 CODE_TEMPLATE = "{question}\n\nWrite your solution in Python and put the complete program in one ```python code block."
@@ -89,13 +89,8 @@ def load_raw(source: Source, path_or_name: str | None, split: str | None, **load
 
 
 def chat_prompt(template: str, question: str) -> list[dict]:
-    """The user message: `{question}` in the template replaced (other braces, e.g. `\\boxed{}`, stay as they are)."""
-    return [{"role": "user", "content": template.replace("{question}", question.strip())}]
-
-
-def check_template(template: str) -> None:
-    if "{question}" not in template:
-        raise ValueError(f"prompt_template must contain the placeholder {{question}}; got {template!r}")
+    """The user message: the template's `{question}` filled (see `trl_mintrl.text`; `\\boxed{}` stays as it is)."""
+    return [{"role": "user", "content": fill_template(template, {"question": question.strip()})}]
 
 
 def pick_column(columns, candidates: tuple[str, ...], dataset: str, role: str) -> str:

@@ -75,7 +75,7 @@ def evaluate_benchmark(name, dataset, engine, tokenizer, scorer, output: Path, s
     from tqdm.auto import tqdm
 
     from ..data import dataset_task
-    from ..prompts import prompt_token_ids
+    from ..text import prompt_token_ids
 
     task = dataset_task(dataset)
     path = output / f"{name}.samples.jsonl"

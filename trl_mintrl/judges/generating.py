@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..engines.base import Generation, GenerationEngine
-from ..prompts import NO_THINKING, chat_token_ids
+from ..text import NO_THINKING, chat_token_ids
 from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
 from .parsing import parse_correction, parse_verdict
 from .templates import JudgeTemplates

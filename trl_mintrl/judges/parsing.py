@@ -4,20 +4,20 @@ Only the last non-empty line of a review counts, and it must be `VERDICT: KEEP` 
 that rambles, hedges or names a step that does not exist gives a failed verdict (treated as KEEP and counted),
 never a guess. Tolerated: case, spacing, brackets around the line or around k, markdown emphasis, a final period.
 
-Reasoning blocks: text up to the last `</think>` is reasoning (a thinking template may open `<think>` in the prompt,
-so the answer can hold only the closing tag). An answer that opens `<think>` and never closes it, or that hit its
-token cap before ending, is unusable: the judge was still thinking.
+Reasoning blocks (`<think> ... </think>`, see `trl_mintrl.text.outside_thinking`) are dropped; a thinking template
+may open `<think>` in the prompt, so the answer can hold only the closing tag. An answer that opens `<think>` and
+never closes it, or that hit its token cap before ending, is unusable: the judge was still thinking.
 """
 
 from __future__ import annotations
 
 import re
 
+from ..text import outside_thinking
 from .base import Correction, Verdict
 
 _VERDICT_LINE = re.compile(r"verdict\s*:\s*(?:(keep)|revise\s*[\[(<]?\s*(\d+)\s*[\])>]?)", re.IGNORECASE)
 _EMPHASIS = "*_`"
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")
 _LABEL = re.compile(
     r"^\s*(?:[*_#>]+\s*)?(?:correction|corrected step|next step|continuation|revised step)\s*[*_]*\s*:[*_]*[ \t]*",
@@ -46,11 +46,9 @@ def parse_verdict(text: str, num_steps: int) -> Verdict:
 
 
 def strip_reasoning(text: str | None) -> str | None:
-    """The answer after any reasoning block (up to the last `</think>`); None when a `<think>` block is left open."""
-    text = text or ""
-    if _THINK_CLOSE in text:
-        text = text.rsplit(_THINK_CLOSE, 1)[1]
-    return None if _THINK_OPEN in text else text
+    """The answer outside reasoning blocks; None when a `<think>` block is left open."""
+    answer, left_open = outside_thinking(text or "")
+    return None if left_open else answer
 
 
 def clean_correction(text: str | None) -> str | None:

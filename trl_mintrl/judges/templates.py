@@ -1,17 +1,17 @@
 """Judge prompt templates: math and code presets, user overrides, validation and rendering.
 
-A template is a Python format string with named fields. Review templates may use {question}, {prefix}, {steps},
-{num_steps}, {reference} and {unfinished_note}; correction templates {question}, {prefix} and {reference}.
-{reference} expands to a whole "reference solution" section (ending with a blank line) when the request has a
-reference and to nothing otherwise, so one template serves judges with and without privileged context. Values are
-substituted verbatim: braces inside questions or solutions need no escaping.
+A template has `{field}` placeholders (the convention of `trl_mintrl.text`: other braces are text, no escaping).
+Review templates may use {question}, {prefix}, {steps}, {num_steps}, {reference} and {unfinished_note}; correction
+templates {question}, {prefix} and {reference}. {reference} expands to a whole "reference solution" section (ending
+with a blank line) when the request has a reference and to nothing otherwise, so one template serves judges with and
+without privileged context. Values are substituted verbatim: braces inside questions or solutions stay as they are.
 """
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 
+from ..text import check_template, fill_template, template_fields
 from .base import CorrectionRequest, ReviewRequest
 
 _VERDICT_INSTRUCTIONS = (
@@ -78,31 +78,11 @@ CORRECTION_FIELDS = frozenset({"question", "prefix", "reference"})
 _EMPTY_PREFIX = "(nothing yet: the new steps start the solution)"
 
 
-def _template_fields(template: str, option: str) -> set[str]:
-    """The field names a format string uses; malformed strings and positional fields are configuration errors."""
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as err:
-        raise ValueError(
-            f"`{option}` is not a valid format string ({err}); write literal braces as '{{{{' and '}}}}'."
-        ) from None
-    fields = set()
-    for _, field, _, _ in parsed:
-        if field is None:
-            continue
-        if field == "" or field.isdigit():
-            raise ValueError(
-                f"`{option}` uses a positional field '{{{field}}}'; use named fields such as {{question}}."
-            )
-        fields.add(field)
-    return fields
-
-
 def resolve_template(value: str, kind: str, option: str | None = None) -> str:
     """Return the template for a preset name ("math", "code") or validate a custom template string.
 
     Args:
-        value: a preset name or a custom format string.
+        value: a preset name or a custom template string.
         kind: "review" or "correction".
         option: the config field named in error messages (default `judge_<kind>_template`).
     """
@@ -118,23 +98,12 @@ def resolve_template(value: str, kind: str, option: str | None = None) -> str:
         )
     if value in presets:
         return presets[value]
-    fields = _template_fields(value, option)
-    unknown = sorted(fields - allowed)
-    if unknown:
-        raise ValueError(
-            f"`{option}` uses unknown field(s) {', '.join('{' + f + '}' for f in unknown)}; "
-            f"{kind} templates may use {', '.join('{' + f + '}' for f in sorted(allowed))} "
-            "(write literal braces as '{{' and '}}')."
-        )
-    if not fields:  # most likely a misspelt preset name
+    if not template_fields(value):  # most likely a misspelt preset name
         raise ValueError(
             f"`{option}`={value!r} is neither a preset ({', '.join(presets)}) nor a template with fields."
         )
-    required = "steps" if kind == "review" else "prefix"
-    if required not in fields:
-        raise ValueError(
-            f"`{option}` must contain the {{{required}}} field: without it the judge cannot see the text."
-        )
+    # without {steps} (review) or {prefix} (correction) the judge cannot see the text
+    check_template(option, value, allowed, required={"steps" if kind == "review" else "prefix"})
     return value
 
 
@@ -174,7 +143,8 @@ class JudgeTemplates:
             else f"Step {n} was cut off by the length limit and may be unfinished: judge only what it says so far "
             "and do not flag it for being incomplete."
         )
-        return self.review.format_map(
+        return fill_template(
+            self.review,
             {
                 "question": request.question.strip(),
                 "prefix": _block(request.prefix) or _EMPTY_PREFIX,
@@ -182,14 +152,15 @@ class JudgeTemplates:
                 "num_steps": n,
                 "reference": _reference_section(request.reference),
                 "unfinished_note": unfinished_note,
-            }
+            },
         )
 
     def render_correction(self, request: CorrectionRequest) -> str:
-        return self.correction.format_map(
+        return fill_template(
+            self.correction,
             {
                 "question": request.question.strip(),
                 "prefix": _block(request.prefix) or "(empty: write the first step)",
                 "reference": _reference_section(request.reference),
-            }
+            },
         )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..judges.templates import resolve_template
-from ..prompts import NO_THINKING
+from ..text import NO_THINKING
 
 ANCHORS = ("const", "proxy")
 JUDGE_BACKENDS = ("self", "base", "model", "endpoint")

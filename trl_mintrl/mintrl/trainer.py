@@ -20,7 +20,7 @@ from trl import GRPOTrainer
 from ..judges import Judge
 from ..losses import advantage_regression_loss, control_baseline_advantages, mintrl_anchors
 from ..model_card import ModelCardMixin
-from ..prompts import question_text
+from ..text import question_text
 from ..trainer_base import GRPOTrainerBase, check_reference_column
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig

@@ -6,8 +6,9 @@
 `make_math_reward(...)` / `make_code_reward(...)` build configured variants (time limits, workers, binary).
 """
 
+from ..text import last_boxed
 from .code import code_reward, extract_code, make_code_reward, parse_tests
-from .math import MathVerifier, completion_text, last_boxed, make_math_reward, math_reward
+from .math import MathVerifier, completion_text, make_math_reward, math_reward
 from .sandbox import Job, RunResult, Sandbox
 
 __all__ = [

@@ -25,7 +25,8 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+from ..text import content_text, last_boxed
+
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")  # a word that is not a LaTeX command
 _WORKER = "from trl_mintrl.rewards.math import _serve; _serve()"
 
@@ -34,24 +35,7 @@ def completion_text(completion: str | list[dict]) -> str:
     """The text of a completion: the string itself, or the content of the last message of a conversation."""
     if isinstance(completion, str):
         return completion
-    if not completion:
-        return ""
-    content = completion[-1].get("content") or ""
-    if isinstance(content, list):  # typed content blocks
-        return "".join(block.get("text", "") for block in content if block.get("type") == "text")
-    return content
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced; None if there is none."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i]
-    return None
+    return content_text(completion[-1].get("content")) if completion else ""
 
 
 class MathVerifier:

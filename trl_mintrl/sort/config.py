@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .templates import PLAN_TEMPLATE, TEACHER_TEMPLATE, check_template
+from ..text import check_template
+from .templates import PLAN_TEMPLATE, REQUIRED_FIELDS, TEACHER_TEMPLATE
 
 
 @dataclass
@@ -186,10 +187,10 @@ class SORTConfig(GRPOConfig):
                 f"`remove_unused_columns=True` would drop the reference column `{self.reference_column}` before the "
                 "trainer sees it; set `remove_unused_columns=False`."
             )
-        check_template("plan_template", self.plan_template)
-        check_template("teacher_template", self.teacher_template)
+        check_template("plan_template", self.plan_template, REQUIRED_FIELDS["plan_template"])
+        check_template("teacher_template", self.teacher_template, REQUIRED_FIELDS["teacher_template"])
         if self.base_template is not None:
-            check_template("base_template", self.base_template)
+            check_template("base_template", self.base_template, REQUIRED_FIELDS["base_template"])
         super().__post_init__()
 
     def _check_correctness_reward_funcs(self) -> None:

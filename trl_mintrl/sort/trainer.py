@@ -31,11 +31,10 @@ from trl.trainer.utils import get_callable_name, get_config_model_id, selective_
 from ..engines.vllm import check_vllm_mode_supported
 from ..losses import reference_nll_loss, sort_repair_terms
 from ..model_card import ModelCardMixin
-from ..prompts import question_text
+from ..text import fill_template, opens_thinking, outside_thinking, question_text
 from ..trainer_base import GRPOTrainerBase, check_reference_column
 from .buffer import BUFFER_FILE, RepairBuffer, RepairItem, classify_groups, correctness_scores, resolve_reward_funcs
 from .config import SORTConfig
-from .templates import plan_outside_thinking
 
 logger = get_logger(__name__)
 
@@ -242,7 +241,7 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
             plans, failed = self._write_plans(items, references)
             teacher_prompts = self._templated_prompt_ids(
                 [
-                    self.args.teacher_template.format(question=question_text(item.prompt), plan=plan)
+                    fill_template(self.args.teacher_template, {"question": question_text(item.prompt), "plan": plan})
                     for item, plan in zip(items, plans, strict=True)
                 ],
                 [item.prompt for item in items],
@@ -291,7 +290,7 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
         salience out of its weights.
         """
         texts = [
-            self.args.plan_template.format(question=question_text(item.prompt), reference=ref.text)
+            fill_template(self.args.plan_template, {"question": question_text(item.prompt), "reference": ref.text})
             for item, ref in zip(items, references, strict=True)
         ]
         if is_conversational({"prompt": items[0].prompt}):
@@ -312,17 +311,18 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
         plans, failed = [], []
         for prompt, generation in zip(prompts, generations, strict=True):
             ended = bool(generation.token_ids) and generation.token_ids[-1] in self.eos_token_ids
-            plan, thinking_open = plan_outside_thinking(
-                self._tokenizer.decode(prompt), self._tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            plan, thinking_open = outside_thinking(
+                self._tokenizer.decode(generation.token_ids, skip_special_tokens=True),
+                opened=opens_thinking(self._tokenizer.decode(prompt)),
             )
-            plans.append(plan)
+            plans.append(plan.strip())
             failed.append(thinking_open or not ended)
         return plans, failed
 
     def _base_prompt_ids(self, prompts: list) -> list[list[int]]:
         if self.args.base_template is None:
             return list(self._tokenize_prompts(prompts)[0])
-        texts = [self.args.base_template.format(question=question_text(p)) for p in prompts]
+        texts = [fill_template(self.args.base_template, {"question": question_text(p)}) for p in prompts]
         return self._templated_prompt_ids(texts, prompts)
 
     def _templated_prompt_ids(self, texts: list[str], like: list) -> list[list[int]]:
