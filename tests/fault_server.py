@@ -71,6 +71,9 @@ def serve(args: argparse.Namespace) -> None:
     state = {"in_flight": 0, "max_in_flight": 0}
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if args.keep_alive else "HTTP/1.0"  # 1.1: a connection serves many requests
+        disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms wait for a delayed ACK
+
         def do_GET(self):  # /stats: what was injected so far
             with lock:
                 payload = json.dumps({"injected": injected, "max_in_flight": state["max_in_flight"]}).encode()
@@ -102,7 +105,9 @@ def serve(args: argparse.Namespace) -> None:
             error = json.dumps({"error": {"message": fault}}).encode()
             if fault == "ok":
                 self._send(200, _completion(answer))
-            elif fault.startswith("http_"):
+                return
+            self.close_connection = True  # a faulty answer never leaves a connection to reuse
+            if fault.startswith("http_"):
                 status = int(fault[5:8])
                 self._send(status, error, {"Retry-After": args.retry_after} if "retry_after" in fault else {})
             elif fault == "hang":  # nothing at all until well past the client's timeout
@@ -177,9 +182,11 @@ class FaultServer:
     With `tls_cert`/`tls_key` (PEM files for 127.0.0.1) it serves HTTPS."""
 
     def __init__(self, *, hang_s=3.0, drip_s=0.2, retry_after="1", too_long_bytes=8 << 20, mix="ok=1", seed=0,
-                 lifetime_s=600.0, tls_cert=None, tls_key=None):  # fmt: skip
+                 lifetime_s=600.0, tls_cert=None, tls_key=None, keep_alive=False):  # fmt: skip
         flags = {"hang-s": hang_s, "drip-s": drip_s, "retry-after": retry_after, "too-long-bytes": too_long_bytes,
                  "mix": mix, "seed": seed, "lifetime-s": lifetime_s}  # fmt: skip
+        if keep_alive:
+            flags["keep-alive"] = 1
         if tls_cert:
             flags.update({"tls-cert": tls_cert, "tls-key": tls_key})
         self.tls_cert = tls_cert
@@ -258,16 +265,16 @@ def run_mix(judge, server: FaultServer, per_fault: int, seed: int = 0) -> dict:
             expected_injected[fault] += 2
 
     latencies = []
-    complete = judge._complete
+    request = judge._request
 
-    def timed_complete(*args, **kwargs):  # the real attempt loop, timed from first attempt to outcome
+    async def timed_request(*args, **kwargs):  # the real attempt loop, timed from first attempt to outcome
         start = time.monotonic()
         try:
-            return complete(*args, **kwargs)
+            return await request(*args, **kwargs)
         finally:
             latencies.append(time.monotonic() - start)
 
-    judge._complete = timed_complete
+    judge._request = timed_request
     failures, retries, injected = Counter(judge.failures), Counter(judge.retries), server.injected()
     threads, fds = threading.active_count(), open_fds()
     start = time.monotonic()
@@ -275,7 +282,7 @@ def run_mix(judge, server: FaultServer, per_fault: int, seed: int = 0) -> dict:
         reviews = judge.review([ReviewRequest(f"review {t}", "", ["1+1=2\n\n", "2+2=5"], None) for t in tags])
         corrections = judge.correct([CorrectionRequest(f"correction {t}", "1+1=2\n\n", None) for t in tags])
     finally:
-        del judge._complete
+        del judge._request
     wall = time.monotonic() - start
     results = zip(tags * 2, reviews + corrections, expected_reviews + expected_corrections, strict=True)
     wrong = [(tag, got, want) for tag, got, want in results if got != want]
@@ -306,6 +313,7 @@ def main() -> None:
     parser.add_argument("--too-long-bytes", type=int, default=8 << 20, help="body size of 'too_long'")
     parser.add_argument("--mix", default="ok=1", help="faults of untagged questions, e.g. ok=3,hang=1,http_500=1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep-alive", type=int, default=0, help="1: HTTP/1.1, connections reused after 'ok'")
     parser.add_argument("--lifetime-s", type=float, default=600.0, help="exit after this long, whatever happens")
     parser.add_argument("--tls-cert", help="PEM certificate: serve HTTPS")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")

@@ -12,22 +12,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class ScriptedServer:
     """An OpenAI-style chat-completions server. `respond(question, attempt, body)` returns (status, reply, delay_s):
     `reply` is the message content (str), a dict sent as JSON, or bytes sent raw; `attempt` counts from 1 per
-    question. It records every request and the most requests it ever had in flight."""
+    question. It speaks HTTP/1.1, so a client may reuse a connection, as with vLLM or a hosted API. It records every
+    request (headers as a case-insensitive `http.client.HTTPMessage`), each client connection (address and port),
+    and the most requests it ever had in flight."""
 
     def __init__(self, respond):
         self.respond = respond
         self.requests = []  # (headers, body)
+        self.connections = set()  # (host, port) of each client connection
         self.attempts = Counter()
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
+            disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms wait for a delayed ACK
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 question = body["messages"][0]["content"].split("## Problem\n")[1].split("\n")[0]
                 with server.lock:
-                    server.requests.append((dict(self.headers), body))
+                    server.connections.add(self.client_address)
+                    server.requests.append((self.headers, body))  # looked up case-insensitively, as HTTP names are
                     server.attempts[question] += 1
                     attempt = server.attempts[question]
                     server.in_flight += 1

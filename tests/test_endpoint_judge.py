@@ -1,15 +1,19 @@
-"""EndpointJudge against a real HTTP server on 127.0.0.1 with scripted responses (no mocks of urllib)."""
+"""EndpointJudge against a real HTTP server on 127.0.0.1 with scripted responses (no mocks of the HTTP client)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
+import sys
 import time
 
 import pytest
+from mintrl_helpers import mintrl_args, role_reward
 from openai_server import ScriptedServer
 
+from trl_mintrl import MInTRLTrainer
 from trl_mintrl.judges import Correction, CorrectionRequest, EndpointJudge, ReviewRequest, Verdict
 
 KEY = "sk-test-0123456789abcdef"
@@ -73,6 +77,34 @@ def test_concurrency_never_exceeds_max_concurrency(serve):
     verdicts = _judge(server, max_concurrency=3).review(_reviews(*(f"q{i}" for i in range(12))))
     assert verdicts == [Verdict(None)] * 12
     assert server.max_in_flight == 3  # bounded, and the bound is actually used
+
+
+def test_connections_are_reused_within_a_batch(serve):
+    """The client pools connections: 12 requests, 3 at a time, over 3 kept-alive connections, not 12 new ones."""
+    server = serve(lambda q, attempt, body: (200, "VERDICT: KEEP", 0.02))
+    assert _judge(server, max_concurrency=3).review(_reviews(*(f"q{i}" for i in range(12)))) == [Verdict(None)] * 12
+    assert len(server.requests) == 12 and len(server.connections) == 3
+
+
+def test_review_from_inside_a_running_event_loop(serve):
+    """A caller already running an event loop (a notebook, async code) still gets a synchronous answer."""
+    server = serve(lambda q, attempt, body: (200, "VERDICT: REVISE 2", 0))
+    judge = _judge(server)
+
+    async def caller():
+        return judge.review(_reviews("q"))
+
+    assert asyncio.run(caller()) == [Verdict(1)]
+
+
+def test_without_openai_the_endpoint_judge_names_the_extra_before_the_model_loads(monkeypatch, cpu_args, toy_dataset):
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if not installed: `import openai` raises ImportError
+    install = r'pip install -e "\.\[openai\]"'
+    with pytest.raises(ImportError, match=install):
+        EndpointJudge("http://127.0.0.1:8000/v1", "m")
+    args = mintrl_args(cpu_args, judge="endpoint", judge_base_url="http://127.0.0.1:8000/v1", judge_model="judge")
+    with pytest.raises(ImportError, match=install):  # not an error about the model path: raised before loading it
+        MInTRLTrainer(model="/nonexistent/model", reward_funcs=role_reward, args=args, train_dataset=toy_dataset)
 
 
 @pytest.mark.parametrize("status", [500, 503, 429])

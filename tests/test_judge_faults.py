@@ -16,7 +16,7 @@ from trl_mintrl import MInTRLTrainer
 from trl_mintrl.judges import EndpointJudge, ReviewRequest, Verdict
 from trl_mintrl.judges.endpoint import FAILURE_KINDS
 
-SCHEDULING_SLACK_S = 0.5  # thread wake-ups on a loaded 2-core machine; a trickled body overruns by seconds
+SCHEDULING_SLACK_S = 0.5  # event-loop wake-ups on a loaded 2-core machine; a trickled body overruns by seconds
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,9 @@ def _judge(server, **kwargs):
     return EndpointJudge(server.url, "judge-model", api_key_env=None, **{**defaults, **kwargs})
 
 
-@pytest.mark.parametrize(("concurrency", "per_fault", "timeout_s"), [(1, 1, 0.5), (16, 4, 1.0), (64, 12, 1.0)])
+# At 64 in flight the client's one event loop spends ~5-10 ms of CPU per attempt (the openai client); on 2 busy cores an
+# answer can wait over 1 s for the loop to read it, and would be counted as a timeout: the deadline is 2 s there.
+@pytest.mark.parametrize(("concurrency", "per_fault", "timeout_s"), [(1, 1, 0.5), (16, 4, 1.0), (64, 12, 2.0)])
 def test_every_fault_counted_by_kind_within_budget_without_leaks(server, concurrency, per_fault, timeout_s):
     judge = _judge(server, max_concurrency=concurrency, timeout_s=timeout_s)
     logging.disable(logging.WARNING)  # one line per batch is expected; keep the test output readable

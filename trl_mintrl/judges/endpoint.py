@@ -1,27 +1,26 @@
 """A judge behind an OpenAI-compatible chat-completions endpoint (`vllm serve`, SGLang, hosted APIs).
 
-Standard library only (urllib + a thread pool). Each batch sends one request per item, at most `max_concurrency` at a
-time. Connecting and reading the whole answer share one deadline per attempt, `timeout_s`, so a server that hangs or
-trickles bytes cannot hold a request longer than `max_request_seconds`. Timeouts, connection errors,
-5xx and 429 are retried with exponential backoff and jitter; other 4xx are not (the request itself is wrong), nor are
-answers that arrived but are unusable (malformed, too long, no verdict). An item that still fails comes back
-`failed`, never as an exception, and is counted by kind in `failures`. The API key is read from an environment
-variable when a batch starts and only ever put into the `Authorization` header: it is not stored on the judge, and
+Requests go through the `openai` client (the `openai` extra: `pip install -e ".[openai]"`). Each batch gets one
+`AsyncOpenAI` whose connections every request of the batch reuses (keep-alive), run on an event loop (`asyncio.run`,
+in a helper thread when the caller already runs a loop) so that `review()` and `correct()` stay synchronous for the
+trainer. At most `max_concurrency` requests are in flight (a semaphore). Each attempt, connecting, sending and
+reading the whole answer, has one deadline, `timeout_s`, so a server that hangs or trickles bytes cannot hold a
+request longer than `max_request_seconds`. The client's own retries are off (they would honour a Retry-After of up to
+two minutes, count nothing, and stretch the deadline): timeouts, connection errors, 5xx and 429 are retried here with
+exponential backoff and jitter, Retry-After honoured up to `max_backoff_s`; other 4xx are not (the request itself is
+wrong), nor are answers that arrived but are unusable (malformed, too long, no verdict). An item that still fails
+comes back `failed`, never as an exception, and is counted by kind in `failures`. The API key is read from an
+environment variable when a batch starts and handed only to that batch's client: it is not stored on the judge, and
 any echo of it in an error body is redacted before logging.
 """
 
 from __future__ import annotations
 
-import functools
-import http.client
-import io
+import asyncio
 import json
 import logging
 import os
 import random
-import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 _ERROR_BODY_CHARS = 300  # of an error body, in log lines
 _READ_CHARS = 4096  # read before redacting, so a key is never cut in two by the truncation
-_READ_CHUNK = 65536
+_INSTALL_HINT = 'pip install -e ".[openai]" (or pip install "trl-mintrl[openai]")'
 
 FAILURE_KINDS = (
     "timeout",  # no complete answer within the attempt's deadline
@@ -49,6 +48,18 @@ FAILURE_KINDS = (
     "unparseable_correction",  # a correction whose `<think>` block never closes
     "unexpected",  # any other exception (a bug, an odd server): logged, never raised
 )
+
+
+def require_openai():
+    """The `openai` module, or an ImportError naming the extra that installs it (raised before any model loads)."""
+    try:
+        import openai
+    except ImportError as err:
+        raise ImportError(
+            f"The endpoint judge (judge='endpoint', EndpointJudge) sends its requests with the `openai` client, which "
+            f"is not installed: {_INSTALL_HINT}."
+        ) from err
+    return openai
 
 
 @dataclass
@@ -75,7 +86,7 @@ class _AttemptError(Exception):
 
 
 class EndpointJudge(Judge):
-    """Reviews and corrects through `POST {base_url}/chat/completions`.
+    """Reviews and corrects through `POST {base_url}/chat/completions`, with the `openai` client.
 
     Args:
         base_url: the API root, e.g. "http://127.0.0.1:8000/v1".
@@ -83,8 +94,9 @@ class EndpointJudge(Judge):
         api_key_env: environment variable holding the API key (sent as `Authorization: Bearer`); None or unset
             sends no key, as local servers need none.
         timeout_s: deadline of one attempt: connecting, sending and receiving the whole answer.
-        max_retries: extra attempts after the first for retryable failures.
-        max_concurrency: most requests in flight at once.
+        max_retries: extra attempts after the first for retryable failures (the `openai` client's own retries are
+            off; these are counted by kind in `retries`).
+        max_concurrency: most requests in flight at once, and most idle connections kept open for reuse.
         temperature: sampling temperature sent with each request.
         review_template: a preset name ("math", "code") or a custom review template string.
         correction_template: a preset name ("math", "code") or a custom correction template string.
@@ -97,8 +109,8 @@ class EndpointJudge(Judge):
         extra_body: extra JSON fields for every request. The server renders the chat template: to turn a thinking
             template off on vLLM or SGLang, send `{"chat_template_kwargs": {"enable_thinking": False}}` (hosted APIs
             may reject fields they do not know, so nothing is sent by default).
-        max_response_bytes: larger response bodies fail as `too_long` (a server ignoring `max_tokens` must not
-            exhaust the trainer's memory).
+        max_response_bytes: larger successful response bodies fail as `too_long` (a server ignoring `max_tokens`
+            must not exhaust the trainer's memory); the body is streamed and dropped at the cap.
 
     Attributes:
         failures: requests that failed for good, by kind (see `FAILURE_KINDS`), since construction.
@@ -144,6 +156,7 @@ class EndpointJudge(Judge):
                 raise ValueError(f"EndpointJudge `{name}` must be > 0, got {value!r}")
         if temperature < 0:
             raise ValueError(f"EndpointJudge `temperature` must be >= 0, got {temperature}")
+        require_openai()
         self.base_url = base_url.rstrip("/")
         self.url = self.base_url + "/chat/completions"
         self.model = model
@@ -216,75 +229,96 @@ class EndpointJudge(Judge):
         if not prompts:
             return []
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        headers = {"Content-Type": "application/json", "User-Agent": f"trl-mintrl/{__version__}"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        opener = urllib.request.build_opener(_DeadlineHTTPHandler, _DeadlineHTTPSHandler)  # reads proxy settings now
-
-        def call(prompt: str) -> tuple[_Reply | _Failure, list[str]]:
-            retried = []  # kinds of the failed attempts that were retried
-            try:
-                return self._complete(opener, prompt, max_tokens, headers, key, retried), retried
-            except _AttemptError as err:
-                return _Failure(err.kind, err.reason), retried
-            except Exception as err:  # a bug or an odd server must not take the rollout down
-                return _Failure("unexpected", _redact(f"{type(err).__name__}: {err}", key)), retried
-
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
-            results = list(pool.map(call, prompts))
+        results = _run_to_completion(self._send_all(prompts, max_tokens, key))
         for _, retried in results:
             self.retries.update(retried)
         return [outcome for outcome, _ in results]
 
-    def _complete(self, opener, prompt: str, max_tokens: int, headers: dict, key: str | None, retried: list) -> _Reply:
-        body = {
-            **self.extra_body,
-            "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "temperature": self.temperature,
-        }
-        data = json.dumps(body).encode()
+    async def _send_all(self, prompts: list[str], max_tokens: int, key: str | None) -> list[tuple]:
+        """Every prompt's outcome and retried kinds, through one pooled client that is closed before returning."""
+        openai = require_openai()
+        import httpx2  # the `openai` client's HTTP library
+
+        # The semaphore bounds the requests in flight; a cap on connections too would make a request wait for the
+        # connection of an attempt cut off at its deadline to finish closing, and time out in turn.
+        pool = httpx2.Limits(max_connections=None, max_keepalive_connections=self.max_concurrency)
+        client = openai.AsyncOpenAI(
+            api_key=key or "unused",  # without a key the Authorization header is omitted from each request
+            base_url=self.base_url,
+            max_retries=0,
+            timeout=self.timeout_s,
+            http_client=openai.DefaultAsyncHttpxClient(limits=pool, timeout=self.timeout_s),
+        )
+        # Credentials of the environment (OpenAI organization and project) are not for an arbitrary endpoint.
+        headers = {"User-Agent": f"trl-mintrl/{__version__}", "OpenAI-Organization": openai.Omit(),
+                   "OpenAI-Project": openai.Omit()}  # fmt: skip
+        if not key:
+            headers["Authorization"] = openai.Omit()
+        in_flight = asyncio.Semaphore(self.max_concurrency)
+
+        async def send(prompt: str) -> tuple[_Reply | _Failure, list[str]]:
+            retried = []  # kinds of the failed attempts that were retried
+            async with in_flight:
+                try:
+                    return await self._request(client, prompt, max_tokens, headers, key, retried), retried
+                except _AttemptError as err:
+                    return _Failure(err.kind, err.reason), retried
+                except Exception as err:  # a bug or an odd server must not take the rollout down
+                    return _Failure("unexpected", _redact(f"{type(err).__name__}: {err}", key)), retried
+
+        try:
+            return await asyncio.gather(*(send(prompt) for prompt in prompts))
+        finally:
+            await client.close()
+
+    async def _request(self, client, prompt: str, max_tokens: int, headers: dict, key: str | None, retried: list):
+        """One request: attempts until an answer, a failure not worth retrying, or `max_retries` retries."""
+        request = dict(
+            model=self.model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            extra_body=self.extra_body or None,
+            extra_headers=headers,
+        )
         attempt = 0
         while True:
             try:
-                return self._post(opener, data, headers, key)
-            except _AttemptError as err:
-                if not err.retryable or attempt == self.max_retries:
-                    if attempt:
-                        err.reason = f"{err.reason} (after {attempt + 1} attempts)"
-                    raise
-                delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
-                if err.retry_after is not None:
-                    delay = max(delay, min(err.retry_after, self.max_backoff_s))
-                logger.debug("judge request attempt %d failed (%s); retrying in %.2fs", attempt + 1, err.reason, delay)
-                retried.append(err.kind)
-                time.sleep(delay)
-                attempt += 1
+                return await asyncio.wait_for(self._attempt(client, request, key), self.timeout_s)
+            except TimeoutError:
+                err = _AttemptError("timeout", f"no complete answer within timeout_s={self.timeout_s}s", True)
+            except _AttemptError as attempt_err:
+                err = attempt_err
+            if not err.retryable or attempt == self.max_retries:
+                if attempt:
+                    err.reason = f"{err.reason} (after {attempt + 1} attempts)"
+                raise err
+            delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
+            if err.retry_after is not None:
+                delay = max(delay, min(err.retry_after, self.max_backoff_s))
+            logger.debug("judge request attempt %d failed (%s); retrying in %.2fs", attempt + 1, err.reason, delay)
+            retried.append(err.kind)
+            await asyncio.sleep(delay)
+            attempt += 1
 
-    def _post(self, opener, data: bytes, headers: dict, key: str | None) -> _Reply:
+    async def _attempt(self, client, request: dict, key: str | None) -> _Reply:
         """One HTTP attempt, its failures classified by kind and as retryable or not."""
-        request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+        import httpx2
+        import openai
+
         try:
-            with opener.open(request, timeout=self.timeout_s) as response:
-                raw = self._read_body(response)
-        except urllib.error.HTTPError as err:
-            try:
-                detail = _snippet(err.read(_READ_CHARS), key)
-            except (OSError, http.client.HTTPException) as read_err:
-                detail = f"(body unreadable: {type(read_err).__name__})"
-            finally:
-                err.close()
-            kind = "http_429" if err.code == 429 else "http_5xx" if err.code >= 500 else "http_4xx"
-            retry_after = _seconds(err.headers.get("Retry-After")) if err.headers else None
-            raise _AttemptError(kind, f"HTTP {err.code}: {detail}", kind != "http_4xx", retry_after) from None
-        except urllib.error.URLError as err:
-            kind = "timeout" if isinstance(err.reason, TimeoutError) else "connection"
-            raise _AttemptError(kind, f"connection failed: {err.reason}", retryable=True) from None
-        except TimeoutError as err:
-            raise _AttemptError("timeout", f"timed out after {self.timeout_s}s: {err}", retryable=True) from None
-        except (OSError, http.client.HTTPException) as err:
-            raise _AttemptError("connection", f"{type(err).__name__}: {err}", retryable=True) from None
+            async with client.chat.completions.with_streaming_response.create(**request) as response:
+                raw = await self._read_body(response)
+        except openai.APIStatusError as err:
+            detail = _snippet(err.response.content, key)  # read by the client before raising
+            kind = "http_429" if err.status_code == 429 else "http_5xx" if err.status_code >= 500 else "http_4xx"
+            retry_after = _seconds(err.response.headers.get("Retry-After"))
+            raise _AttemptError(kind, f"HTTP {err.status_code}: {detail}", kind != "http_4xx", retry_after) from None
+        except (openai.APITimeoutError, httpx2.TimeoutException) as err:
+            raise _AttemptError("timeout", f"timed out: {type(err).__name__}", retryable=True) from None
+        except (openai.APIConnectionError, httpx2.TransportError) as err:
+            reason = _redact(f"{type(err).__name__}: {err.__cause__ or err}", key)
+            raise _AttemptError("connection", f"connection failed: {reason}", retryable=True) from None
         try:
             choice = json.loads(raw)["choices"][0]
             text = choice["message"].get("content") or ""
@@ -294,17 +328,15 @@ class EndpointJudge(Judge):
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise _AttemptError("malformed_response", f"malformed response: {_snippet(raw, key)}", False) from None
 
-    def _read_body(self, response) -> bytes:
-        """The whole body, refusing one over `max_response_bytes` and one cut short of its Content-Length."""
+    async def _read_body(self, response) -> bytes:
+        """The whole body, refusing one over `max_response_bytes` (a body cut short of its Content-Length makes
+        the HTTP library raise)."""
         chunks, size = [], 0
-        while chunk := response.read(_READ_CHUNK):
+        async for chunk in response.iter_bytes():
             size += len(chunk)
             if size > self.max_response_bytes:
                 raise _AttemptError("too_long", f"response body over {self.max_response_bytes} bytes", False)
             chunks.append(chunk)
-        declared = response.headers.get("Content-Length", "")
-        if declared.isdigit() and size < int(declared):
-            raise _AttemptError("connection", f"connection closed after {size} of {declared} bytes", True)
         return b"".join(chunks)
 
 
@@ -332,63 +364,15 @@ def _correction(reply: _Reply | _Failure) -> Correction | _Failure:
     return _Failure("unparseable_correction", "a `<think>` block left open") if correction.failed else correction
 
 
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads sharing one deadline: a server that trickles bytes cannot stretch an attempt past it."""
-
-    def __init__(self, sock, deadline: float):
-        super().__init__()
-        self._sock = sock
-        self._raw = sock.makefile("rb", buffering=0)  # holds the socket open until the response is closed
-        self._deadline = deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("attempt deadline passed")
-        self._sock.settimeout(remaining)
-        return self._raw.readinto(buffer)
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
-class _DeadlineResponse(http.client.HTTPResponse):
-    def __init__(self, sock, *args, deadline: float, **kwargs):
-        super().__init__(sock, *args, **kwargs)
-        plain = self.fp
-        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
-        plain.close()
-
-
-class _DeadlineConnection:
-    """Mixin for http.client connections: status line, headers and body must all arrive within `timeout` of the
-    connection's creation (connect and send are bounded by the same socket timeout)."""
-
-    def __init__(self, *args, timeout: float, **kwargs):
-        super().__init__(*args, timeout=timeout, **kwargs)
-        self.response_class = functools.partial(_DeadlineResponse, deadline=time.monotonic() + timeout)
-
-
-class _DeadlineHTTPConnection(_DeadlineConnection, http.client.HTTPConnection):
-    pass
-
-
-class _DeadlineHTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
-    pass
-
-
-class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
-    def do_open(self, http_class, req, **kwargs):
-        return super().do_open(_DeadlineHTTPConnection, req, **kwargs)
-
-
-class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
-    def do_open(self, http_class, req, **kwargs):
-        return super().do_open(_DeadlineHTTPSConnection, req, **kwargs)
+def _run_to_completion(coroutine):
+    """Run a batch's coroutine from synchronous code; from inside a running event loop (a notebook, an async
+    caller) it runs on a loop of its own in a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _seconds(retry_after: str | None) -> float | None:
