@@ -145,7 +145,7 @@ def run_job(job: dict) -> dict:
         regime=job["regime"],
         **overrides,
     )
-    judge = rule_judge(job["judge_steps"])
+    judge = rule_judge(job["judge_steps"], error_rate=job.get("judge_error_rate", 0.0), seed=job["seed"])
     trainer = build_trainer(job["method"], model, tokenizer, train, args, judge=judge, callbacks=[CurveCallback()])
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()

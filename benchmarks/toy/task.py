@@ -206,13 +206,45 @@ def correct_step(question: str, prefix: str, reference: str | None = None, steps
     return (STEP_SEPARATOR if partial else "") + target
 
 
-def rule_judge(steps_per_correction: int = 1):
+def rule_judge(steps_per_correction: int = 1, error_rate: float = 0.0, seed: int = 0):
     """A `FunctionJudge` that checks every step exactly and writes the correct step, or the next
-    `steps_per_correction` steps (a strong, cheap judge)."""
+    `steps_per_correction` steps (a strong, cheap judge). With `error_rate` p > 0 it errs like a real judge: a chunk
+    the rule finds right is flagged at a random step with probability p, and a correction carries a wrong number with
+    probability p (independent draws from `seed`, so `judge_votes` reviews of one chunk can disagree)."""
     from trl_mintrl.judges.function import FunctionJudge
 
     if steps_per_correction < 1:
         raise ValueError(f"steps_per_correction must be >= 1, got {steps_per_correction}")
-    if steps_per_correction == 1:
-        return FunctionJudge(review_steps, correct_step)
-    return FunctionJudge(review_steps, functools.partial(correct_step, steps=steps_per_correction))
+    if not 0.0 <= error_rate <= 1.0:
+        raise ValueError(f"error_rate must be in [0, 1], got {error_rate}")
+    correct = (
+        correct_step if steps_per_correction == 1 else functools.partial(correct_step, steps=steps_per_correction)
+    )
+    if error_rate == 0.0:
+        return FunctionJudge(review_steps, correct)
+    rng = random.Random(seed)
+
+    def noisy_review(question, prefix, steps, reference=None):
+        index = review_steps(question, prefix, steps, reference)
+        if index is None and rng.random() < error_rate:
+            candidates = [i for i, step in enumerate(steps) if step.strip()]
+            return rng.choice(candidates) if candidates else None
+        return index
+
+    def noisy_correct(question, prefix, reference=None):
+        text = correct(question, prefix, reference)
+        return corrupt_number(text, rng) if rng.random() < error_rate else text
+
+    return FunctionJudge(noisy_review, noisy_correct)
+
+
+def corrupt_number(text: str, rng: random.Random) -> str:
+    """`text` with its first result (the number after `=`, else its last number) off by 1 or 2, never negative."""
+    results = list(re.finditer(r"=(\d+)", text))
+    numbers = list(re.finditer(r"(\d+)", text))
+    match = results[0] if results else (numbers[-1] if numbers else None)
+    if match is None:
+        return text
+    value = int(match.group(1))
+    wrong = value + rng.choice([d for d in (-2, -1, 1, 2) if value + d >= 0])
+    return text[: match.start(1)] + str(wrong) + text[match.end(1) :]
