@@ -13,6 +13,7 @@ a text can start inside one; a `</think>` with no `<think>` before it closes suc
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterable, Mapping
 
@@ -126,6 +127,25 @@ def chat_token_ids(tokenizer, user_message: str, **chat_template_kwargs) -> list
     a variable ignore it.
     """
     return prompt_token_ids(tokenizer, [{"role": "user", "content": user_message}], **chat_template_kwargs)
+
+
+def chat_template_kwargs_field(name: str, value) -> dict:
+    """A config field of chat-template arguments as a dict: a mapping, None (empty) or, from the command line, a JSON
+    object string. Raises a `ValueError` naming the field `name`."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"`{name}` must be a JSON object, e.g. '{{\"enable_thinking\": false}}'; got {value!r} ({err})."
+            ) from None
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"`{name}` must be a dict of chat-template arguments, e.g. {{'enable_thinking': False}}, got {value!r}."
+        )
+    return dict(value)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
 from ..judges.templates import resolve_template
-from ..text import NO_THINKING
+from ..text import NO_THINKING, chat_template_kwargs_field
 
 ANCHORS = ("const", "proxy")
 JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
@@ -299,7 +298,9 @@ class MInTRLConfig(GRPOConfig):
             raise ValueError(f"anchor={self.anchor!r} is not one of {ANCHORS}.")
         if self.judge not in JUDGE_BACKENDS:
             raise ValueError(f"judge={self.judge!r} is not one of {JUDGE_BACKENDS}.")
-        self.judge_chat_template_kwargs = _chat_template_kwargs(self.judge_chat_template_kwargs)
+        self.judge_chat_template_kwargs = chat_template_kwargs_field(
+            "judge_chat_template_kwargs", self.judge_chat_template_kwargs
+        )
         if self.judge == "model" and not self.judge_model_name_or_path:
             raise ValueError("judge='model' needs judge_model_name_or_path (a local path or Hub id of the judge).")
         if self.judge == "endpoint" and not (self.judge_base_url and self.judge_model):
@@ -336,23 +337,3 @@ class MInTRLConfig(GRPOConfig):
                 f"beta={self.beta}: MInTRL's advantage regression has no KL term. Set beta=0 and tune regression_beta."
             )
         super().__post_init__()
-
-
-def _chat_template_kwargs(value) -> dict:
-    """`judge_chat_template_kwargs` as a dict: a JSON string (command line) is parsed, None means {}."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"judge_chat_template_kwargs={value!r} is not valid JSON ({err}); write e.g. "
-                "'{\"enable_thinking\": false}'."
-            ) from None
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"judge_chat_template_kwargs must be a mapping of chat-template arguments, e.g. "
-            f"{{'enable_thinking': False}}, got {value!r}."
-        )
-    return dict(value)

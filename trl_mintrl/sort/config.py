@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from ..text import check_template
+from ..text import chat_template_kwargs_field, check_template
 from .templates import PLAN_TEMPLATE, REQUIRED_FIELDS, TEACHER_TEMPLATE
 
 
@@ -180,7 +179,9 @@ class SORTConfig(GRPOConfig):
         for name, choices in (("repair_update", ("separate", "joint")), ("repair_weighting", ("salience", "uniform"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"`{name}` must be one of {list(choices)}, got {getattr(self, name)!r}.")
-        self.plan_chat_template_kwargs = _json_dict("plan_chat_template_kwargs", self.plan_chat_template_kwargs)
+        self.plan_chat_template_kwargs = chat_template_kwargs_field(
+            "plan_chat_template_kwargs", self.plan_chat_template_kwargs
+        )
         self._check_correctness_reward_funcs()
         if self.remove_unused_columns:
             raise ValueError(
@@ -208,19 +209,3 @@ class SORTConfig(GRPOConfig):
                     f"`correctness_reward_funcs` holds reward function names or indices, got {entry!r} "
                     f"({type(entry).__name__})."
                 )
-
-
-def _json_dict(name: str, value) -> dict:
-    """A dict-valued field: a dict, None (empty) or, from the command line, a JSON object string."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"`{name}` must be a JSON object, e.g. '{{\"enable_thinking\": false}}' ({err})."
-            ) from err
-    if not isinstance(value, dict):
-        raise ValueError(f"`{name}` must be a dict of chat-template arguments, got {type(value).__name__}.")
-    return value
