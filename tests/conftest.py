@@ -12,7 +12,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+import copy  # noqa: E402
 import importlib.util  # noqa: E402
+import socket  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -27,6 +29,13 @@ requires_deepspeed = pytest.mark.skipif(
 )
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for `--main_process_port` and test servers)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     from trl_mintrl.tiny import build_tiny_model
@@ -39,6 +48,25 @@ def tiny_tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+# Qwen3-like: the assistant turn opens a thinking block unless `enable_thinking=False`, which closes an empty one.
+THINKING_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture
+def thinking_tokenizer(tiny_tokenizer):
+    """The tiny model's tokenizer with THINKING_TEMPLATE as its chat template."""
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    return tokenizer
 
 
 @pytest.fixture

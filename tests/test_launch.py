@@ -3,22 +3,15 @@ and DeepSpeed ZeRO-2, each with the repository's accelerate configs, as users la
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import requires_deepspeed
+from conftest import free_port, requires_deepspeed
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(accelerate_config: str, method: str, model: str, out: Path, *flags: str) -> str:

@@ -5,25 +5,18 @@ single-process repair does."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import requires_deepspeed
+from conftest import free_port, requires_deepspeed
 from sort_ddp_script import run
 
 SCRIPT = Path(__file__).with_name("sort_ddp_script.py")
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(launcher: list[str], model: str, out: Path, repair_update: str) -> list[dict]:

@@ -13,7 +13,7 @@ import torch
 from conftest import digit_count_reward, params_changed, snapshot
 from datasets import Dataset
 from peft import LoraConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from trl_mintrl.engines import Generation, GenerationEngine
 from trl_mintrl.losses import sort_repair_loss
@@ -390,23 +390,8 @@ def test_lora_run_repairs_through_the_adapter(tiny_model_path, cpu_args, toy_dat
 
 # ---- plans under a thinking chat template ---------------------------------------------------------------------------
 
-# Qwen3-like: the assistant turn opens a thinking block unless `enable_thinking=False`, which closes an empty one.
-THINKING_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
-    "{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}"
-)
+# `thinking_tokenizer` (conftest): Qwen3-like, the assistant turn opens a thinking block unless enable_thinking=False.
 PLAN = "1. add the units"
-
-
-@pytest.fixture
-def thinking_tokenizer(tiny_model_path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    tokenizer.chat_template = THINKING_TEMPLATE
-    return tokenizer
 
 
 class ScriptedPlanner(GenerationEngine):

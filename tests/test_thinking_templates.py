@@ -3,7 +3,6 @@ reviews and corrections; `{}` reproduces the old failure (reviews spent inside <
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import pytest
@@ -15,25 +14,11 @@ from trl_mintrl.engines.base import Generation, GenerationEngine
 from trl_mintrl.judges import Correction, CorrectionRequest, GeneratingJudge, ReviewRequest, Verdict
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings
 
-# Qwen3-like: the generation prompt opens a think block unless enable_thinking is false, in which case it writes an
-# empty, closed one (Qwen3's hybrid template); Qwen3-*-Thinking templates always open it.
-THINKING_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
-    "{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}"
-)
+# `thinking_tokenizer` (conftest) is Qwen3-like: the generation prompt opens a think block unless enable_thinking is
+# false, in which case it writes an empty, closed one (Qwen3's hybrid template); Qwen3-*-Thinking templates always
+# open it.
 REVIEW = "Step 1 adds wrongly.\nVERDICT: REVISE 1"
 CORRECTION = "2+3=5\n\n"
-
-
-@pytest.fixture
-def thinking_tokenizer(tiny_tokenizer):
-    tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = THINKING_TEMPLATE
-    return tok
 
 
 class ThinkingJudgeEngine(GenerationEngine):
