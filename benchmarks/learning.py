@@ -1,6 +1,6 @@
 """Does MInTRL / SORT teach the policy what GRPO cannot find alone? Seven methods on two regimes of the toy task.
 
-    python benchmarks/learning.py             # full run (~75 min on 2 busy cores)
+    python benchmarks/learning.py             # full run (about an hour on 2 cores)
     python benchmarks/learning.py --quick     # 1 seed, few steps and prompts (< 3 min)
     python benchmarks/learning.py --replot benchmarks/results/learning.json   # tables and plots from the JSON
 
@@ -48,13 +48,16 @@ LABELS = {
     "sort": ("sort", {}),
     "sort-uniform": ("sort", {"repair_weighting": "uniform"}),
 }
-# intervention-intensity sweep (MInTRL-const, unreachable regime): point -> (config overrides, steps per correction).
-# "off" and "default" are the main runs mintrl-off and mintrl-const.
+# intervention-intensity sweep (MInTRL-const, unreachable regime), from the fewest judge tokens to the most:
+# point -> job fields (config overrides, steps per correction, judge revises every rollout from its first step).
+# "off" and "default" are the main runs mintrl-off and mintrl-const; "whole-solution" is the off-policy extreme (the
+# judge writes every intervened rollout from the start: about half of all tokens).
 SWEEP = {
     "off": None,
-    "reviews-1": ({"max_reviews": 1}, 1),
+    "reviews-1": dict(overrides={"max_reviews": 1}, judge_steps=1),
     "default": None,
-    "all-steps": ({"max_correction_tokens": 96}, 8),
+    "all-steps": dict(overrides={"max_correction_tokens": 96}, judge_steps=8),
+    "whole-solution": dict(overrides={"max_correction_tokens": 96}, judge_steps=8, judge_from_start=True),
 }
 SWEEP_MAIN = {"off": "mintrl-off", "default": "mintrl-const"}
 LOGGED = (
@@ -74,13 +77,13 @@ LOGGED = (
 )
 MODES = {
     # steps, seeds, eval problems (final / curve), regimes -> labels, sweep seeds, prompts per step
-    "full": dict(  # sized for ~75 min on 2 cores shared with other work; reachable last (fewest methods/seeds)
-        steps=12,
+    "full": dict(  # sized for about an hour on 2 cores
+        steps=24,
         seeds=[0, 1, 2, 3, 4],
         final_prompts=96,
         curve_prompts=32,
-        plan={"unreachable": list(LABELS), "reachable": ["grpo", "mintrl-const", "sort"]},
-        seeds_per_regime={"reachable": 2},
+        plan={"unreachable": list(LABELS), "reachable": list(LABELS)},
+        seeds_per_regime={},
         sweep_seeds=3,
         prompts_per_step=8,
     ),
@@ -145,7 +148,12 @@ def run_job(job: dict) -> dict:
         regime=job["regime"],
         **overrides,
     )
-    judge = rule_judge(job["judge_steps"], error_rate=job.get("judge_error_rate", 0.0), seed=job["seed"])
+    judge = rule_judge(
+        job["judge_steps"],
+        error_rate=job.get("judge_error_rate", 0.0),
+        seed=job["seed"],
+        from_start=job.get("judge_from_start", False),
+    )
     trainer = build_trainer(job["method"], model, tokenizer, train, args, judge=judge, callbacks=[CurveCallback()])
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
@@ -212,7 +220,6 @@ def plan_jobs(settings: dict) -> list[dict]:
         for point, spec in SWEEP.items():
             if spec is None:
                 continue
-            overrides, judge_steps = spec
             jobs.append(
                 dict(
                     common,
@@ -223,9 +230,8 @@ def plan_jobs(settings: dict) -> list[dict]:
                     label=f"sweep:{point}",
                     point=point,
                     method="mintrl-const",
-                    overrides=overrides,
-                    judge_steps=judge_steps,
                     seed=seed,
+                    **spec,
                 )
             )
     return jobs
@@ -352,9 +358,11 @@ def sweep_table(results: dict) -> list[dict]:
         if not runs or not sweep_seeds:
             continue
         p1 = final_by_seed(runs)
-        settings = "intervention_steps=0" if point == "off" else json.dumps(spec[0] if spec else {}) or "default"
-        if spec is not None and spec[1] > 1:
-            settings += f", judge writes {spec[1]} steps"
+        settings = "intervention_steps=0" if point == "off" else json.dumps(spec["overrides"] if spec else {})
+        if spec is not None and spec["judge_steps"] > 1:
+            settings += f", judge writes {spec['judge_steps']} steps"
+        if spec is not None and spec.get("judge_from_start"):
+            settings += ", from the first step of every intervened rollout"
         points.append(
             {
                 "point": point,

@@ -66,6 +66,17 @@ def test_rule_judge_knows_the_new_operator_and_writes_longer_corrections_on_requ
         rule_judge(0)
 
 
+def test_rule_judge_from_start_revises_the_first_chunk_of_every_rollout_and_only_that():
+    """The sweep's off-policy extreme: the first chunk is cut at step 0 even when right, so the judge writes the
+    whole solution; later chunks get the exact review."""
+    problem = Problem(4, (("-", 3), ("#", 2)))
+    judge = rule_judge(8, from_start=True)
+    assert judge.review_fn(problem.question, "", ["4-3=1\n\n"], None) == 0
+    assert judge.review_fn(problem.question, "4-3=1\n\n", ["1#2=5\n\n"], None) is None
+    assert judge.review_fn(problem.question, "4-3=1\n\n", ["1+2=3\n\n"], None) == 0
+    assert rule_judge(8).review_fn(problem.question, "", ["4-3=1\n\n"], None) is None
+
+
 def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     """Runs `benchmarks/learning.py --smoke` (1 step, 2 prompts, 2 seeds, GRPO and MInTRL) as a user would, then
     changes one run's number in the JSON and re-renders: the table follows the JSON."""

@@ -190,6 +190,13 @@ def review_steps(question: str, prefix: str, steps: list[str], reference: str | 
     return None
 
 
+def review_from_start(question: str, prefix: str, steps: list[str], reference: str | None = None) -> int | None:
+    """`review_steps`, except that the first chunk of a rollout (nothing accepted yet) is always revised at step 0."""
+    if not prefix.strip() and any(step.strip() for step in steps):
+        return 0
+    return review_steps(question, prefix, steps, reference)
+
+
 def correct_step(question: str, prefix: str, reference: str | None = None, steps: int = 1) -> str:
     """Rule correction: the rest of the current step, or the next reference step, with its separator; `steps` > 1
     writes that many reference steps (a more verbose judge: the knob for judge-token share in the benchmarks)."""
@@ -206,9 +213,10 @@ def correct_step(question: str, prefix: str, reference: str | None = None, steps
     return (STEP_SEPARATOR if partial else "") + target
 
 
-def rule_judge(steps_per_correction: int = 1, error_rate: float = 0.0, seed: int = 0):
+def rule_judge(steps_per_correction: int = 1, error_rate: float = 0.0, seed: int = 0, from_start: bool = False):
     """A `FunctionJudge` that checks every step exactly and writes the correct step, or the next
-    `steps_per_correction` steps (a strong, cheap judge). With `error_rate` p > 0 it errs like a real judge: a chunk
+    `steps_per_correction` steps (a strong, cheap judge). `from_start` revises every rollout at its first step (with
+    `steps_per_correction` >= the chain length the judge writes the whole solution: the sweep's off-policy extreme). With `error_rate` p > 0 it errs like a real judge: a chunk
     the rule finds right is flagged at a random step with probability p, and a correction carries a wrong number with
     probability p (independent draws from `seed`, so `judge_votes` reviews of one chunk can disagree)."""
     from trl_mintrl.judges.function import FunctionJudge
@@ -220,12 +228,13 @@ def rule_judge(steps_per_correction: int = 1, error_rate: float = 0.0, seed: int
     correct = (
         correct_step if steps_per_correction == 1 else functools.partial(correct_step, steps=steps_per_correction)
     )
+    review = review_from_start if from_start else review_steps
     if error_rate == 0.0:
-        return FunctionJudge(review_steps, correct)
+        return FunctionJudge(review, correct)
     rng = random.Random(seed)
 
     def noisy_review(question, prefix, steps, reference=None):
-        index = review_steps(question, prefix, steps, reference)
+        index = review(question, prefix, steps, reference)
         if index is None and rng.random() < error_rate:
             candidates = [i for i, step in enumerate(steps) if step.strip()]
             return rng.choice(candidates) if candidates else None
