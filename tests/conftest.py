@@ -90,11 +90,9 @@ def cpu_args(tmp_path):
     )
 
 
-@pytest.fixture
-def toy_dataset():
-    """Conversational prompts with a `solution` column, as the paper datasets have."""
-    from datasets import Dataset
-
+def toy_rows() -> list[dict]:
+    """Eight conversational prompts `Compute a+b =` (b = 3a mod 7) with a `solution` column, as the paper datasets
+    have; also read by the multi-process scripts."""
     rows = []
     for a in range(8):
         b = (a * 3) % 7
@@ -104,7 +102,14 @@ def toy_dataset():
                 "solution": f"{a}+{b}={a + b}\n\nAnswer: \\boxed{{{a + b}}}",
             }
         )
-    return Dataset.from_list(rows)
+    return rows
+
+
+@pytest.fixture
+def toy_dataset():
+    from datasets import Dataset
+
+    return Dataset.from_list(toy_rows())
 
 
 def digit_count_reward(completions, **kwargs):

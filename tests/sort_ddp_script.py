@@ -24,25 +24,13 @@ for key, value in {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PA
     os.environ.setdefault(key, value)
 
 import torch  # noqa: E402
+from conftest import toy_rows  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from trl_mintrl.sort import SORTConfig, SORTTrainer  # noqa: E402
 
 HARD = {f"Compute {a}+{(a * 3) % 7} =" for a in range(4)}
-
-
-def toy_dataset() -> Dataset:
-    rows = []
-    for a in range(8):
-        b = (a * 3) % 7
-        rows.append(
-            {
-                "prompt": [{"role": "user", "content": f"Compute {a}+{b} ="}],
-                "solution": f"{a}+{b}={a + b}\n\nAnswer: \\boxed{{{a + b}}}",
-            }
-        )
-    return Dataset.from_list(rows)
 
 
 def flat_reward(prompts, completions, **kwargs):
@@ -62,7 +50,7 @@ class Recorder(TrainerCallback):
 
 
 def run(model_path: str, out_dir: str, max_steps: int = 4, repair_update: str = "separate") -> dict:
-    data = toy_dataset()
+    data = Dataset.from_list(toy_rows())
     args = SORTConfig(
         output_dir=os.path.join(out_dir, "trainer"),
         use_cpu=True,
