@@ -18,14 +18,26 @@ if sys.version_info < (3, 11):  # noqa: UP036 -- pip enforces requires-python; t
 _LAZY = {
     "MInTRLConfig": "trl_mintrl.mintrl",
     "MInTRLTrainer": "trl_mintrl.mintrl",
+    "MInTRLSORTConfig": "trl_mintrl.combined",
+    "MInTRLSORTTrainer": "trl_mintrl.combined",
     "SORTConfig": "trl_mintrl.sort",
     "SORTTrainer": "trl_mintrl.sort",
     "build_tiny_model": "trl_mintrl.tiny",
 }
 
-__all__ = ["MInTRLConfig", "MInTRLTrainer", "SORTConfig", "SORTTrainer", "__version__", "build_tiny_model"]
+__all__ = [
+    "MInTRLConfig",
+    "MInTRLSORTConfig",
+    "MInTRLSORTTrainer",
+    "MInTRLTrainer",
+    "SORTConfig",
+    "SORTTrainer",
+    "__version__",
+    "build_tiny_model",
+]
 
 if TYPE_CHECKING:
+    from .combined import MInTRLSORTConfig, MInTRLSORTTrainer
     from .mintrl import MInTRLConfig, MInTRLTrainer
     from .sort import SORTConfig, SORTTrainer
     from .tiny import build_tiny_model

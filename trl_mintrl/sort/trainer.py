@@ -1,17 +1,22 @@
 """`SORTTrainer`: GRPO plus the plan-salience-weighted repair of all-wrong prompts (SPEC section 3).
 
-How it plugs into `GRPOTrainer` (all by wrapping `super()`):
-- `_generate_and_score_completions`: after TRL has scored the batch, prompts none of whose rollouts is correct (by
+The repair is `ReferenceRepair`, a mixin shared with `MInTRLSORTTrainer` (`trl_mintrl.combined`). It adds no TRL
+hook of its own: a trainer calls `_check_repair_inputs` before `super().__init__()` (fail before the model loads),
+`_init_repair` after it, `_defer_all_wrong_groups` after its `_generate_and_score_completions` and
+`_with_joint_repair` on its `_compute_loss`, and saves `sort_buffer` with its checkpoints. So the main update stays
+the trainer's own (GRPO here, MInTRL's regression in the combined trainer) and the repair is the same code.
+
+- deferring: after TRL has scored the batch, prompts none of whose rollouts is correct (by
   `correctness_reward_funcs` and `correct_threshold`) go to the buffer with their reference. Rewards are already
   gathered; the deferred (prompt, reference) pairs are gathered too, so every process appends the same items in the
   same order and holds the same buffer.
 - the repair: when the buffer holds `repair_batch_size` items, they are popped, the policy writes a plan for each
   (with `plan_chat_template_kwargs`), the reference is scored under the base and the teacher prompt, and
-  `repair_loss_weight * repair_loss` is either its own optimizer step right after the GRPO step
-  (`repair_update="separate"`, run by a callback of the trainer at `on_optimizer_step`) or added to the first
-  micro-batch's GRPO loss in `_compute_loss` (`"joint"`).
-- `_extra_state` / `_load_extra_state`: the buffer is the extra state `GRPOTrainerBase` writes atomically to
-  `sort_buffer.json` in every checkpoint and requires on resume.
+  `repair_loss_weight * repair_loss` is either its own optimizer step right after the main step
+  (`repair_update="separate"`, run by a callback at `on_optimizer_step`) or added to the first micro-batch's loss
+  (`"joint"`).
+- `SORTTrainer._extra_state` / `_load_extra_state`: the buffer is the extra state `GRPOTrainerBase` writes
+  atomically to `sort_buffer.json` in every checkpoint and requires on resume.
 """
 
 from __future__ import annotations
@@ -48,57 +53,38 @@ class _Reference:
     truncated: bool
 
 
-class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
-    """Selective Off-policy Reference Tuning: GRPO whose all-wrong prompts are repaired later from their references.
+class ReferenceRepair:
+    """SORT's repair machinery for a `GRPOTrainerBase` subclass whose config has `SORTConfig`'s repair fields (see the
+    module docstring for how a trainer wires it).
 
-    Used exactly like [`~trl.GRPOTrainer`] (same arguments) with a [`SORTConfig`]. The train dataset must have the
-    `reference_column` (default `"solution"`). The repair items of a step are dealt round-robin across processes;
-    each process scores its share and the loss is normalised by the global token count, so the gradient averaged over
-    processes is that of the repair over all items, as in a single process.
+    The repair items of a step are dealt round-robin across processes; each process scores its share and the loss is
+    normalised by the global token count, so the gradient averaged over processes is that of the repair over all
+    items, as in a single process.
     """
 
-    extra_state_file = BUFFER_FILE
-    _tag_names = ["trl", "sort"]
-    _name = "SORT"
-    _paper = {
-        "title": "Selective Off-Policy Reference Tuning with Plan Guidance",
-        "id": "2605.11505",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @inproceedings{sort2026,
-                title        = {{Selective Off-Policy Reference Tuning with Plan Guidance}},
-                booktitle    = {Advances in Neural Information Processing Systems},
-                year         = 2026,
-                eprint       = {arXiv:2605.11505},
-            }"""),
-    }
+    sort_buffer: RepairBuffer
 
-    def __init__(self, model, reward_funcs=None, args: SORTConfig | None = None, train_dataset=None, *rest, **kwargs):
-        if args is None:
-            model_id = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = SORTConfig(f"{model_id.split('/')[-1]}-SORT")
-        if not isinstance(args, SORTConfig):
-            raise TypeError(f"SORTTrainer needs `args` to be a SORTConfig, got {type(args).__name__}.")
+    def _check_repair_inputs(self, args, reward_funcs, train_dataset) -> None:
+        """Checks that need no model, run before `super().__init__()`: the reference column and the correctness
+        functions' names."""
         check_reference_column(train_dataset, args.reference_column, "SORT's repair")  # iterable: checked per row
-        check_vllm_mode_supported(args)
         self._correctness_funcs = resolve_reward_funcs(args.correctness_reward_funcs, reward_func_names(reward_funcs))
-        super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
+
+    def _init_repair(self) -> None:
+        """The empty buffer, and with `repair_update="separate"` the callback that runs the repair step."""
         self.sort_buffer = RepairBuffer()
         self._batches_failing_unseen = 0  # see `_warn_if_failures_slip_through`
         self._warned_failures_slip_through = False
-        if args.repair_update == "separate":
+        if self.args.repair_update == "separate":
             self.add_callback(_SeparateRepairStep(self))
 
     # ---- deferring all-wrong prompts -------------------------------------------------------------------------------
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        if self.model.training:
-            self._defer_all_wrong_groups(inputs)
-        return output
-
     def _defer_all_wrong_groups(self, inputs: list[dict]) -> None:
-        """Push every all-wrong prompt of the gathered batch into the buffer (same items, same order, every rank)."""
+        """Push every all-wrong prompt of the gathered batch into the buffer (same items, same order, every rank).
+        Evaluation batches are not deferred."""
+        if not self.model.training:
+            return
         scores = correctness_scores(self._batch_rewards_per_func, self.reward_weights, self._correctness_funcs)
         all_wrong, all_right = classify_groups(scores, self._group_size(), self.args.correct_threshold)
         rows = self._process_slice(len(inputs))
@@ -161,15 +147,14 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
 
     # ---- the repair ------------------------------------------------------------------------------------------------
 
-    def _compute_loss(self, model, inputs):
-        """GRPO loss; with `repair_update="joint"`, plus the repair loss on the first micro-batch of an optimizer step
-        when the buffer is full.
+    def _with_joint_repair(self, model, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` (the trainer's main loss of a micro-batch); with `repair_update="joint"`, plus the repair loss on the
+        first micro-batch of an optimizer step when the buffer is full.
 
         The repair loss enters each repairing optimizer step exactly once, so it is not divided by the number of
-        accumulation steps: its weight relative to the (already GA-scaled) GRPO loss does not depend on how the
+        accumulation steps: its weight relative to the (already GA-scaled) main loss does not depend on how the
         step's batch is split into micro-batches.
         """
-        loss = super()._compute_loss(model, inputs)
         first_micro_batch = self._step % self.current_gradient_accumulation_steps == 0
         if self.args.repair_update == "joint" and self.model.training and first_micro_batch:
             repair = self._repair_from_buffer(model)
@@ -190,11 +175,12 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
         return repair
 
     def _separate_repair_step(self) -> None:
-        """The repair as an optimizer step of its own, right after the GRPO step (`repair_update="separate"`).
+        """The repair as an optimizer step of its own, right after the main (GRPO or MInTRL) step
+        (`repair_update="separate"`).
 
         Runs at `on_optimizer_step`: after `optimizer.step()`, before the scheduler step and `global_step += 1`, so it
-        uses the GRPO step's learning rate and is not a step of the schedule. It shares the optimizer (and its state,
-        e.g. Adam's moments) with the GRPO update. Gradients are clipped on their own to `max_grad_norm`. Under
+        uses the main step's learning rate and is not a step of the schedule. It shares the optimizer (and its state,
+        e.g. Adam's moments) with the main update. Gradients are clipped on their own to `max_grad_norm`. Under
         DeepSpeed the engine steps and clips (its `gradient_clipping`) inside `accelerator.backward`, and
         `optimizer.step()` is a no-op, exactly as in the trainer's own step.
         """
@@ -203,7 +189,7 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
             repair = self._repair_from_buffer(model)
         if repair is None:
             return
-        model.zero_grad()  # the GRPO gradients, already used by the step just taken
+        model.zero_grad()  # the main step's gradients, already used by the step just taken
         deepspeed = self.accelerator.distributed_type == DistributedType.DEEPSPEED
         self.accelerator.backward(
             self.args.repair_loss_weight * repair, **({"scale_wrt_gas": False} if deepspeed else {})
@@ -357,7 +343,51 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
             logps = selective_log_softmax(logits[:, :-1].float(), input_ids[:, width:])
         return logps * mask, mask
 
-    # ---- checkpoints -----------------------------------------------------------------------------------------------
+
+class SORTTrainer(ReferenceRepair, ModelCardMixin, GRPOTrainerBase):
+    """Selective Off-policy Reference Tuning: GRPO whose all-wrong prompts are repaired later from their references.
+
+    Used exactly like [`~trl.GRPOTrainer`] (same arguments) with a [`SORTConfig`]. The train dataset must have the
+    `reference_column` (default `"solution"`). The repair items of a step are dealt round-robin across processes;
+    each process scores its share and the loss is normalised by the global token count, so the gradient averaged over
+    processes is that of the repair over all items, as in a single process.
+    """
+
+    extra_state_file = BUFFER_FILE
+    _tag_names = ["trl", "sort"]
+    _name = "SORT"
+    _paper = {
+        "title": "Selective Off-Policy Reference Tuning with Plan Guidance",
+        "id": "2605.11505",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @inproceedings{sort2026,
+                title        = {{Selective Off-Policy Reference Tuning with Plan Guidance}},
+                booktitle    = {Advances in Neural Information Processing Systems},
+                year         = 2026,
+                eprint       = {arXiv:2605.11505},
+            }"""),
+    }
+
+    def __init__(self, model, reward_funcs=None, args: SORTConfig | None = None, train_dataset=None, *rest, **kwargs):
+        if args is None:
+            model_id = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = SORTConfig(f"{model_id.split('/')[-1]}-SORT")
+        if not isinstance(args, SORTConfig):
+            raise TypeError(f"SORTTrainer needs `args` to be a SORTConfig, got {type(args).__name__}.")
+        self._check_repair_inputs(args, reward_funcs, train_dataset)
+        check_vllm_mode_supported(args)
+        super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
+        self._init_repair()
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self._defer_all_wrong_groups(inputs)
+        return output
+
+    def _compute_loss(self, model, inputs):
+        """GRPO loss; with `repair_update="joint"`, plus the repair loss (`ReferenceRepair._with_joint_repair`)."""
+        return self._with_joint_repair(model, super()._compute_loss(model, inputs))
 
     def _extra_state(self) -> dict:
         return self.sort_buffer.state_dict()
@@ -367,9 +397,9 @@ class SORTTrainer(ModelCardMixin, GRPOTrainerBase):
 
 
 class _SeparateRepairStep(TrainerCallback):
-    """Runs the trainer's repair step right after each GRPO optimizer step (`repair_update="separate"`)."""
+    """Runs the trainer's repair step right after each main optimizer step (`repair_update="separate"`)."""
 
-    def __init__(self, trainer: SORTTrainer):
+    def __init__(self, trainer: ReferenceRepair):
         self.trainer = trainer
 
     def on_optimizer_step(self, args, state, control, **kwargs):

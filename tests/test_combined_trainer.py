@@ -1,0 +1,265 @@
+"""MInTRLSORTTrainer on the tiny model: prompts that fail every rollout, interventions included, are deferred and
+repaired (separate and joint updates), prompts an intervention rescued are not; both methods' metrics are logged;
+checkpoints restore MInTRL's state and the repair buffer; the config is the union of both parents with both checks."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import params_changed, snapshot
+from mintrl_helpers import CORRECTION, revise_first_step_judge
+from transformers import TrainerCallback
+from trl import GRPOConfig
+
+from trl_mintrl import MInTRLConfig, MInTRLSORTConfig, MInTRLSORTTrainer, SORTConfig
+from trl_mintrl.combined.trainer import STATE_FILE
+from trl_mintrl.mintrl.trainer import MInTRLTrainer
+
+HARD = {f"Compute {a}+{(a * 3) % 7} =" for a in range(4)}  # toy prompts that fail even with the judge's help
+PACKAGE = Path(__file__).resolve().parent.parent / "trl_mintrl"
+
+
+def question(prompt) -> str:
+    return prompt[-1]["content"]
+
+
+class RescueReward:
+    """1 for a rollout that carries the judge's correction, 0 otherwise, and always 0 on the HARD prompts: the
+    tiny model's controls never write the correction, so an easy prompt scores only through an intervention.
+    Records every reward per question."""
+
+    __name__ = "rescue_reward"
+
+    def __init__(self):
+        self.seen: dict[str, list[float]] = {}
+
+    def __call__(self, prompts, completions, **kwargs):
+        rewards = []
+        for prompt, completion in zip(prompts, completions, strict=True):
+            text = completion[0]["content"] if isinstance(completion, list) else completion
+            reward = 0.0 if question(prompt) in HARD else float(CORRECTION.strip() in text)
+            self.seen.setdefault(question(prompt), []).append(reward)
+            rewards.append(reward)
+        return rewards
+
+
+def combined_args(cpu_args, **overrides) -> MInTRLSORTConfig:
+    """2 controls + 2 intervened rollouts per prompt, 4 prompts per step, interventions for the whole run."""
+    args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
+    args.update(num_control_generations=2, num_intervened_generations=2, chunk_size=6, max_reviews=2,
+                max_correction_tokens=8, max_completion_length=24, intervention_steps=100,
+                per_device_train_batch_size=16, max_steps=3, repair_batch_size=2, max_plan_tokens=8)  # fmt: skip
+    args.update(overrides)
+    return MInTRLSORTConfig(**args)
+
+
+def make_trainer(model_path, args, dataset, reward=None, callbacks=None) -> MInTRLSORTTrainer:
+    return MInTRLSORTTrainer(
+        model_path,
+        reward_funcs=reward or RescueReward(),
+        args=args,
+        train_dataset=dataset,
+        judge=revise_first_step_judge(),
+        callbacks=callbacks,
+    )
+
+
+def record_deferrals(trainer) -> list[str]:
+    """Every question the trainer adds to its buffer, in order."""
+    added, add = [], trainer.sort_buffer.add
+
+    def recording_add(prompt, reference):
+        added.append(question(prompt))
+        return add(prompt, reference)
+
+    trainer.sort_buffer.add = recording_add
+    return added
+
+
+class StepSpy(TrainerCallback):
+    """Passed to the constructor, so it runs before the trainer's repair callback at `on_optimizer_step`: the
+    weights after the main (MInTRL) step, and after the whole step (repair included), with the repairs so far."""
+
+    def __init__(self):
+        self.trainer, self.after_main, self.after_step, self.repairs = None, [], [], []
+
+    def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.after_main.append(snapshot(model))
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.after_step.append(snapshot(model))
+        self.repairs.append(self.trainer.sort_buffer.counters["repairs"])
+
+
+# ---- training --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("repair_update", ["separate", "joint"])
+def test_groups_that_fail_with_interventions_are_repaired_rescued_ones_are_not(
+    tiny_model_path, cpu_args, toy_dataset, repair_update
+):
+    reward, spy = RescueReward(), StepSpy()
+    args = combined_args(cpu_args, repair_update=repair_update)
+    trainer = make_trainer(tiny_model_path, args, toy_dataset, reward, callbacks=[spy])
+    spy.trainer = trainer
+    deferred = record_deferrals(trainer)
+    before = snapshot(trainer.model)
+    trainer.train()
+
+    rescued = {q for q, rewards in reward.seen.items() if max(rewards) > 0}
+    failed = {q for q, rewards in reward.seen.items() if max(rewards) == 0}
+    assert rescued and rescued.isdisjoint(HARD)  # interventions rescued easy prompts (their controls all score 0)
+    assert failed == HARD & set(reward.seen)  # every hard prompt trained on failed every rollout
+    assert set(deferred) == failed  # deferred: exactly the prompts whose controls and interventions all failed
+    assert trainer.sort_buffer.counters["repairs"] >= 1
+    assert params_changed(before, trainer.model) > 0
+
+    logged = {key for log in trainer.state.log_history for key in log}
+    for name in ["reward_control", "reward_intervened", "reward_gap", "intervention_rate", "judge_token_frac",
+                 "regression_residual"]:  # fmt: skip
+        assert f"mintrl/{name}" in logged, name
+    for name in ["all_wrong_frac", "all_right_frac", "buffer_size", "repairs", "repair_loss", "mean_weight",
+                 "salience_mean"]:  # fmt: skip
+        assert f"sort/{name}" in logged, name
+    assert all(log["mintrl/reward_gap"] > 0 for log in trainer.state.log_history if "mintrl/reward_gap" in log)
+    if repair_update == "separate":  # the repair step itself moves the weights, after the MInTRL step
+        assert "sort/repair_grad_norm" in logged
+        repaired = [i for i, n in enumerate(spy.repairs) if n > (spy.repairs[i - 1] if i else 0)]
+        assert repaired
+        for i in repaired:
+            assert any(not spy.after_main[i][n].equal(spy.after_step[i][n]) for n in spy.after_main[i])
+
+
+def test_joint_repair_adds_the_weighted_repair_loss_to_the_regression_loss(tiny_model_path, cpu_args, toy_dataset):
+    args = combined_args(cpu_args, repair_update="joint", repair_loss_weight=0.5)
+    trainer = make_trainer(tiny_model_path, args, toy_dataset)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by `train()`; the pieces are called directly here
+    hard = [row for row in toy_dataset if question(row["prompt"]) in HARD]
+    inputs = trainer._generate_and_score_completions([row for row in hard[:2] for _ in range(4)])
+    assert len(trainer.sort_buffer) == 2  # both groups failed every rollout: the buffer is full
+
+    regression = MInTRLTrainer._compute_loss(trainer, trainer.model, inputs).item()
+    total = trainer._compute_loss(trainer.model, inputs).item()
+    repair_loss = trainer._metrics["train"]["sort/repair_loss"][-1]
+    assert repair_loss > 0 and trainer.sort_buffer.counters["repairs"] == 1 and len(trainer.sort_buffer) == 0
+    assert total - regression == pytest.approx(0.5 * repair_loss, rel=1e-4)
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------------------------
+
+
+class BufferAtStart(TrainerCallback):
+    def __init__(self):
+        self.trainer, self.buffer, self.reward_gap_ema = None, None, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.buffer = self.trainer.sort_buffer.state_dict()
+        self.reward_gap_ema = self.trainer.reward_gap_ema
+
+
+def test_resume_restores_mintrl_state_and_the_repair_buffer(tiny_model_path, cpu_args, toy_dataset):
+    settings = dict(save_strategy="steps", save_steps=1, intervention_stop_gap=-1.0)  # the gap's EMA is state
+    first = make_trainer(
+        tiny_model_path, combined_args(cpu_args, max_steps=1, repair_batch_size=100, **settings), toy_dataset
+    )
+    first.train()
+    saved = json.loads(Path(first.args.output_dir, "checkpoint-1", STATE_FILE).read_text())
+    assert saved == first._extra_state()
+    assert saved["sort_buffer"]["items"] and saved["mintrl"]["reward_gap_ema"] is not None
+
+    # Resume with a repair batch exactly the size of the saved buffer: the first step repairs the restored items.
+    spy = BufferAtStart()
+    args = combined_args(cpu_args, max_steps=2, repair_batch_size=len(saved["sort_buffer"]["items"]), **settings)
+    second = make_trainer(tiny_model_path, args, toy_dataset, callbacks=[spy])
+    spy.trainer = second
+    second.train(resume_from_checkpoint=True)
+    assert spy.buffer == saved["sort_buffer"]
+    assert spy.reward_gap_ema == saved["mintrl"]["reward_gap_ema"]
+    assert second.sort_buffer.counters["repairs"] == saved["sort_buffer"]["counters"]["repairs"] + 1
+
+
+def test_resume_refuses_a_checkpoint_without_the_combined_state(tiny_model_path, cpu_args, toy_dataset):
+    args = combined_args(cpu_args, max_steps=1, save_strategy="steps", save_steps=1)
+    make_trainer(tiny_model_path, args, toy_dataset).train()
+    state = Path(args.output_dir, "checkpoint-1", STATE_FILE)
+    state.write_text(json.dumps({"mintrl": json.loads(state.read_text())["mintrl"]}))
+    resumed = make_trainer(tiny_model_path, combined_args(cpu_args, max_steps=2), toy_dataset)
+    with pytest.raises(ValueError, match=r"lacks the keys \['sort_buffer'\]"):
+        resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-1"))
+
+
+# ---- config and construction -----------------------------------------------------------------------------------------
+
+
+def test_config_is_the_union_of_both_parents_with_their_defaults(cpu_args):
+    names = {f.name for f in dataclasses.fields(MInTRLSORTConfig)}
+    assert names == {f.name for f in dataclasses.fields(MInTRLConfig)} | {
+        f.name for f in dataclasses.fields(SORTConfig)
+    }
+    args = combined_args(cpu_args)
+    assert args.num_generations == 4  # derived, as in MInTRL
+    assert (args.beta, args.vllm_importance_sampling_correction, args.reference_column) == (0.0, False, "solution")
+    grpo = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    assert (args.epsilon, args.epsilon_high) == (grpo["epsilon"], grpo["epsilon_high"])  # unused: no clipping
+    defaults = MInTRLSORTConfig(output_dir=cpu_args["output_dir"], use_cpu=True, per_device_train_batch_size=16)
+    for config in (MInTRLConfig, SORTConfig):  # every field of a parent's own keeps that parent's default
+        for f in dataclasses.fields(config):
+            if f.name not in grpo:
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                assert getattr(defaults, f.name) == default, f.name
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("repair_beta", 1.5, "`repair_beta`"),  # SORTConfig's checks
+        ("remove_unused_columns", True, "remove_unused_columns=False"),
+        ("anchor", "ratio", "anchor='ratio'"),  # MInTRLConfig's checks
+        ("beta", 0.1, "no KL term"),
+        ("num_generations", 5, "num_generations=5 conflicts"),
+    ],
+)
+def test_config_runs_both_parents_checks(cpu_args, field, value, match):
+    with pytest.raises(ValueError, match=match):
+        combined_args(cpu_args, **{field: value})
+
+
+def test_trainer_refuses_other_configs_and_names_both_methods(tiny_model_path, cpu_args, toy_dataset):
+    mintrl = MInTRLConfig(**{k: v for k, v in cpu_args.items() if k != "num_generations"}, num_control_generations=2,
+                          num_intervened_generations=2)  # fmt: skip
+    with pytest.raises(TypeError, match="MInTRLSORTConfig"):
+        MInTRLSORTTrainer("no/such-model", reward_funcs=RescueReward(), args=mintrl, train_dataset=toy_dataset)
+    with pytest.raises(ValueError, match="`correctness_reward_funcs` names 'accuracy'"):  # before the model loads
+        make_trainer("no/such-model", combined_args(cpu_args, correctness_reward_funcs=["accuracy"]), toy_dataset)
+    trainer = make_trainer(tiny_model_path, combined_args(cpu_args), toy_dataset)
+    trainer.create_model_card(model_name="tiny-mintrl-sort")
+    card = Path(trainer.args.output_dir, "README.md").read_text()
+    assert "MInTRL + SORT" in card and "chen2026mintrl" in card and "sort2026" in card
+    assert {"trl", "mintrl", "sort"} <= set(trainer.model.model_tags)
+
+
+def imported_packages(package: str) -> set[str]:
+    """The `trl_mintrl` sub-packages that the modules of `package` import (relative or absolute)."""
+    found = set()
+    for path in (PACKAGE / package).glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level == 2:
+                    module = f"trl_mintrl.{module}"
+                found.add(module.removeprefix("trl_mintrl.").split(".")[0])
+            elif isinstance(node, ast.Import):
+                found |= {alias.name.removeprefix("trl_mintrl.").split(".")[0] for alias in node.names}
+    return found
+
+
+def test_mintrl_and_sort_packages_do_not_import_each_other():
+    assert "sort" not in imported_packages("mintrl") and "combined" not in imported_packages("mintrl")
+    assert "mintrl" not in imported_packages("sort") and "combined" not in imported_packages("sort")
+    assert {"mintrl", "sort"} <= imported_packages("combined")
