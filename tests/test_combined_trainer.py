@@ -263,3 +263,25 @@ def test_mintrl_and_sort_packages_do_not_import_each_other():
     assert "sort" not in imported_packages("mintrl") and "combined" not in imported_packages("mintrl")
     assert "mintrl" not in imported_packages("sort") and "combined" not in imported_packages("sort")
     assert {"mintrl", "sort"} <= imported_packages("combined")
+
+
+def test_toy_benchmark_builds_and_steps_the_combined_method(tmp_path):
+    """`mintrl-sort` of benchmarks/toy/training.py: MInTRL's toy settings (const anchor, rule judge) plus SORT's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.toy import WARM_START_DIR
+    from benchmarks.toy.training import REGIMES, SORT_REPAIR, build_trainer, rl_config
+
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(WARM_START_DIR),
+        AutoTokenizer.from_pretrained(WARM_START_DIR),
+    )
+    args = rl_config("mintrl-sort", tmp_path, steps=1, regime="unreachable", per_device_train_batch_size=16)
+    assert isinstance(args, MInTRLSORTConfig) and args.anchor == "const"
+    assert (args.repair_batch_size, args.max_plan_tokens) == (SORT_REPAIR["repair_batch_size"], 64)
+    trainer = build_trainer("mintrl-sort", model, tokenizer, REGIMES["unreachable"].dataset(8, seed=5), args)
+    assert isinstance(trainer, MInTRLSORTTrainer)
+    trainer.train()
+    logs = next(entry for entry in trainer.state.log_history if "reward" in entry)
+    assert logs["mintrl/intervention_rate"] > 0 and logs["mintrl/judge_failures"] == 0
+    assert "sort/all_wrong_frac" in logs and "sort/buffer_size" in logs

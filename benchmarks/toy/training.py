@@ -1,5 +1,5 @@
 """RL settings for the toy task shared by the demo, the benchmarks and the tests: one place to build a GRPO,
-MInTRL or SORT trainer on the warm start with the same data, budgets and optimiser.
+MInTRL, SORT or MInTRL + SORT trainer on the warm start with the same data, budgets and optimiser.
 
 The optimiser settings are the ones that keep plain GRPO stable on this task (constant learning rate after a short
 warm-up, grad-norm clipping at 1.0, no KL, asymmetric clipping 0.2/0.28 as in SORT's main update), so a method's
@@ -13,7 +13,9 @@ from pathlib import Path
 
 from .task import make_dataset, make_problems, toy_reward
 
-METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort")
+METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort", "mintrl-sort")
+# SORT's repair settings, shared by "sort" and "mintrl-sort" (MInTRL with SORT's repair, const anchor)
+SORT_REPAIR = dict(reference_column="solution", repair_batch_size=8, max_plan_tokens=64)
 RL_MIN_OPS, RL_MAX_OPS = 8, 11
 
 
@@ -78,8 +80,7 @@ def rl_config(
     if method == "sort":
         from trl_mintrl.sort import SORTConfig
 
-        sort = dict(reference_column="solution", repair_batch_size=8, max_plan_tokens=64)
-        return SORTConfig(**{**common, **sort, **overrides})
+        return SORTConfig(**{**common, **SORT_REPAIR, **overrides})
     from trl_mintrl.mintrl import MInTRLConfig
 
     del common["num_generations"]
@@ -90,9 +91,13 @@ def rl_config(
         max_reviews=REGIMES[regime].max_reviews,
         max_correction_tokens=16,
         intervention_steps=max(1, int(0.4 * steps)),  # paper: 200 of 500
-        anchor=method.removeprefix("mintrl-"),
+        anchor="proxy" if method == "mintrl-proxy" else "const",
         reference_column="solution",
     )
+    if method == "mintrl-sort":
+        from trl_mintrl.combined import MInTRLSORTConfig
+
+        return MInTRLSORTConfig(**{**common, **mintrl, **SORT_REPAIR, **overrides})
     return MInTRLConfig(**{**common, **mintrl, **overrides})
 
 
@@ -115,8 +120,10 @@ def build_trainer(method: str, model, tokenizer, train_dataset, args, judge="rul
         from trl_mintrl.sort import SORTTrainer
 
         return SORTTrainer(**kwargs)
+    from trl_mintrl.combined import MInTRLSORTTrainer
     from trl_mintrl.mintrl import MInTRLTrainer
 
     from .task import rule_judge
 
-    return MInTRLTrainer(**kwargs, judge=rule_judge() if judge == "rule" else judge)
+    trainer_cls = MInTRLSORTTrainer if method == "mintrl-sort" else MInTRLTrainer
+    return trainer_cls(**kwargs, judge=rule_judge() if judge == "rule" else judge)
