@@ -17,11 +17,11 @@ from conftest import digit_count_reward
 from datasets import Dataset
 from mintrl_helpers import mintrl_args, revise_first_step_judge
 
+from trl_mintrl.cli.train import main
 from trl_mintrl.input_checks import InputError, RewardFunctionError
 from trl_mintrl.judges import FunctionJudge
 from trl_mintrl.mintrl import MInTRLTrainer
 from trl_mintrl.sort import SORTConfig, SORTTrainer
-from trl_mintrl.cli.train import main
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = [json.loads(line) for line in (REPO / "recipes/cpu/data/arithmetic.jsonl").read_text().splitlines()[:8]]
@@ -104,6 +104,19 @@ def test_trainers_refuse_bad_data_before_training(trainer, dataset, message, tin
             MInTRLTrainer(
                 tiny_model_path, digit_count_reward, mintrl_args(cpu_args), train_dataset=dataset, judge=judge
             )
+
+
+def test_trainers_refuse_code_sandbox_isolation_they_cannot_give_before_training(
+    tiny_model_path, cpu_args, monkeypatch
+):
+    """`code_reward` builds its sandbox at its first call; the trainer builds it at construction instead."""
+    from trl_mintrl.rewards import code, code_reward, sandbox
+
+    monkeypatch.setattr(sandbox, "_namespace_prefix", lambda: None)  # no user namespaces here
+    monkeypatch.setattr(code, "_default_sandbox", None)
+    monkeypatch.setenv(sandbox.ISOLATION_ENV, "namespaces")
+    with pytest.raises(InputError, match=r"sandbox cannot start here with \$TRL_MINTRL_SANDBOX_ISOLATION=namespaces"):
+        SORTTrainer(tiny_model_path, code_reward, SORTConfig(**cpu_args), train_dataset=arithmetic())
 
 
 def test_some_empty_references_only_warn(tiny_model_path, cpu_args, caplog):

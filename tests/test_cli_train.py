@@ -1,6 +1,7 @@
 """`trl-mintrl train`: TrlParser recipes, command-line overrides, errors raised before the model loads, model cards."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -305,3 +306,50 @@ def test_dotted_reward_path_resolves_from_the_current_folder(tmp_path, monkeypat
     (reward,) = recipe.reward_funcs
     assert reward.__module__ == "my_cwd_rewards" and reward(completions=["a", "b"]) == [0.5, 0.5]
     monkeypatch.delitem(__import__("sys").modules, "my_cwd_rewards")
+
+
+@pytest.fixture
+def machine_without_namespaces(monkeypatch):
+    """`unshare --net --pid` refused (a container without user namespaces), and `code_reward`'s sandbox not built yet
+    in this process, as at the start of `trl-mintrl train`."""
+    from trl_mintrl.rewards import code, sandbox
+
+    monkeypatch.setattr(sandbox, "_namespace_prefix", lambda: None)
+    monkeypatch.setattr(sandbox, "interpreter_hidden_paths", lambda: [])  # as root, nobody must read Python
+    monkeypatch.setattr(sandbox, "_fallback_warned", False)
+    monkeypatch.setattr(code, "_default_sandbox", None)
+    return code
+
+
+@pytest.mark.parametrize("method", ["mintrl", "sort"])
+@pytest.mark.parametrize(
+    "isolation, message",
+    [
+        ("namespaces", r"\$TRL_MINTRL_SANDBOX_ISOLATION=namespaces: .*not permitted here.*CAP_SYS_ADMIN.*=auto\)"),
+        ("vm", r"\$TRL_MINTRL_SANDBOX_ISOLATION=vm: .*must be 'auto', 'namespaces' or 'process'"),
+    ],
+    ids=["strict", "unknown"],
+)
+def test_sandbox_isolation_it_cannot_give_fails_before_the_model_loads(
+    method, isolation, message, machine_without_namespaces, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("TRL_MINTRL_SANDBOX_ISOLATION", isolation)
+    monkeypatch.setattr("trl_mintrl.cli.train.run", lambda recipe: pytest.fail("reached run(): the model would load"))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main([method, "--config", CPU_RECIPES[method], "--reward_funcs", "code", "--output_dir", str(out)])
+    error = str(exit_info.value.code)
+    assert error.startswith("trl-mintrl train: error: reward_funcs has code_reward, whose sandbox cannot start here")
+    assert re.search(message, error) and "\n" not in error, error
+    assert not out.exists()
+
+
+def test_code_reward_sandbox_is_built_before_the_model_loads(machine_without_namespaces, monkeypatch, caplog):
+    """Default isolation: the fallback (no network isolation) is taken and warned about at start, not mid-step."""
+    monkeypatch.delenv("TRL_MINTRL_SANDBOX_ISOLATION", raising=False)
+    check_environment(parse_recipe(["sort", "--config", CPU_RECIPES["sort"], "--reward_funcs", "code", "toy"]))
+    assert machine_without_namespaces._default_sandbox.isolation == "process"
+    assert "WITHOUT network isolation" in caplog.text
+    machine_without_namespaces._default_sandbox = None
+    check_environment(parse_recipe(["sort", "--config", CPU_RECIPES["sort"]]))  # no code reward: no sandbox
+    assert machine_without_namespaces._default_sandbox is None

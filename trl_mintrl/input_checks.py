@@ -7,12 +7,15 @@ One place for what both trainers and `trl-mintrl train` check in the user's data
 - `RewardFunctionGuard`: a reward function that raises on some completions costs those completions their reward
   (None, as TRL's own "cannot score this one"), counted in `rewards/<name>/failures`; one that never scores anything,
   or returns the wrong number or kind of values, stops the run at its first batch with a message naming it.
+- `check_code_sandbox`: `code_reward`'s sandbox is built up front, so isolation this machine cannot give (strict
+  `TRL_MINTRL_SANDBOX_ISOLATION=namespaces` without namespaces) fails before the model loads, not at the first reward.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -214,6 +217,21 @@ class RewardFunctionGuard:
         return values
 
 
+def check_code_sandbox(reward_funcs) -> None:
+    """Build the sandbox of the default `code_reward` now when it is one of `reward_funcs` (it would be built at its
+    first call): `InputError` naming the setting when this machine cannot provide the isolation asked for."""
+    from .rewards.code import code_reward, default_sandbox
+    from .rewards.sandbox import ISOLATION_ENV
+
+    if not any(func is code_reward for func in reward_funcs):
+        return
+    try:
+        default_sandbox()
+    except (RuntimeError, ValueError) as err:
+        setting = f" with ${ISOLATION_ENV}={os.environ[ISOLATION_ENV]}" if os.environ.get(ISOLATION_ENV) else ""
+        raise InputError(f"reward_funcs has code_reward, whose sandbox cannot start here{setting}: {err}") from None
+
+
 def context_length(model_config, args) -> int | None:
     """How many tokens the policy can take: the model's positions, or vLLM's max_model_length when it is smaller."""
     limits = [getattr(model_config, "max_position_embeddings", None)]
@@ -235,7 +253,8 @@ def max_prompt_tokens(model_config, args) -> tuple[int | None, str]:
 
 def check_trainer_inputs(trainer) -> None:
     """What `GRPOTrainerBase.__init__` checks once TRL has loaded the model and tokenizer: the train dataset (as
-    `check_train_dataset`, tokenised by the trainer itself) and a guard on every plain reward function."""
+    `check_train_dataset`, tokenised by the trainer itself), the code sandbox, and a guard on every plain reward
+    function."""
     args = trainer.args
     limit, context = max_prompt_tokens(trainer.model.config, args)
     check_train_dataset(
@@ -248,6 +267,7 @@ def check_trainer_inputs(trainer) -> None:
         max_prompt_tokens=limit,
         context=context,
     )
+    check_code_sandbox(trainer.reward_funcs)
     for i, func in enumerate(trainer.reward_funcs):
         if isinstance(func, torch.nn.Module | RewardFunctionGuard) or is_async_callable(func):
             continue  # reward models and async functions: TRL's own handling

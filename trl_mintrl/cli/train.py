@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
-from ..input_checks import InputError, RewardFunctionError
+from ..input_checks import InputError, RewardFunctionError, check_code_sandbox
 from ..resume import resolve_resume_from_checkpoint
 from ..text import check_template
 
@@ -346,8 +346,8 @@ def parse_recipe(argv: list[str]) -> Recipe:
 
 def check_environment(recipe: Recipe) -> None:
     """What this machine must provide: the model (or permission to build the tiny one), a judge model, the data,
-    the logging integrations, Hub access when pushing, and the checkpoint to resume from (`true` becomes the last
-    complete one in output_dir). Still before anything is loaded."""
+    the logging integrations, the code sandbox's isolation, Hub access when pushing, and the checkpoint to resume
+    from (`true` becomes the last complete one in output_dir). Still before anything is loaded."""
     script_args, training_args = recipe.script_args, recipe.training_args
     module, _, trainer_name = METHODS[recipe.method]
     extra_state_file = getattr(getattr(importlib.import_module(module), trainer_name), "extra_state_file", None)
@@ -382,6 +382,7 @@ def check_environment(recipe: Recipe) -> None:
             f"report_to={training_args.report_to}: {missing} not installed here. Install it (e.g. `pip install "
             f"{missing[0]}`) or pass --report_to none."
         )
+    check_code_sandbox(recipe.reward_funcs)
     if training_args.push_to_hub:
         from huggingface_hub import get_token
 

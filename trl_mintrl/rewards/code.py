@@ -210,7 +210,9 @@ _default_sandbox: Sandbox | None = None
 _default_lock = threading.Lock()
 
 
-def _sandbox() -> Sandbox:
+def default_sandbox() -> Sandbox:
+    """The sandbox of `code_reward`, built at the first call (settings from the environment, e.g.
+    `TRL_MINTRL_SANDBOX_ISOLATION`); `trl-mintrl train` builds it before loading the model to fail early."""
     global _default_sandbox
     with _default_lock:
         if _default_sandbox is None:
@@ -236,7 +238,7 @@ def _reward(
 def code_reward(completions: list, tests: list, binary: bool = False, **kwargs) -> list[float | None]:
     """Fraction of the row's tests that the completion's last fenced Python block passes (1/0 with
     `binary=True`); 0 without a code block, None for a row without tests. TRL reward-function convention."""
-    return _reward(completions, tests, binary, _sandbox(), kwargs.get("log_metric"))
+    return _reward(completions, tests, binary, default_sandbox(), kwargs.get("log_metric"))
 
 
 def make_code_reward(binary: bool = False, executor: Executor | None = None, **sandbox_kwargs):

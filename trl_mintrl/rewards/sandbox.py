@@ -162,7 +162,7 @@ class Sandbox:
                 "isolation='namespaces' but `unshare --net --pid` is not permitted here (needs root, or unprivileged "
                 "user namespaces), so programs would run with network access. Allow it (e.g. give the container "
                 "CAP_SYS_ADMIN, or set sysctl kernel.unprivileged_userns_clone=1), or accept the fallback with "
-                "isolation='auto'."
+                f"isolation='auto' (${ISOLATION_ENV}=auto)."
             )
         if prefix is None and isolation == "auto":
             _warn_fallback_once()
