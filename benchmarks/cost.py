@@ -41,9 +41,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.readme import markers, update_readme  # noqa: E402
 from benchmarks.stats import mean_interval  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
+README_START, README_END = markers("benchmarks/cost.py", "cost-results")
 
 # name -> (method, config overrides)
 VARIANTS = {
@@ -311,6 +313,30 @@ def table(time_result: dict, memory: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def readme_block(saved: dict) -> str:
+    """The README's cost headline: time per step paired with GRPO's, and the noise-free token counts."""
+    steps, prov = saved["time"]["steps"], saved["provenance"]
+    grpo = steps["grpo"]
+    lines = [
+        f"Per optimizer step, {saved['settings']['rounds']} interleaved rounds, relative to GRPO (time: paired by "
+        f"round, 95% t-interval). From `benchmarks/results/cost.json` (commit `{prov['commit'][:12]}`); full table "
+        "with memory in `benchmarks/results/cost.md`.",
+        "",
+        "| variant | x GRPO time [95% CI] | x GRPO policy tokens generated | x GRPO forward tokens | judge-token share |",
+        "|---|---|---|---|---|",
+    ]
+    for name, records in steps.items():
+        ratio = mean_interval([r["seconds"] / g["seconds"] for r, g in zip(records, grpo, strict=True)])
+        cells = [f"{_mean(records, key) / _mean(grpo, key):.2f}" for key in ("generated_tokens", "forward_tokens")]
+        judge = "-"
+        if "judge_tokens" in records[0]:
+            share = sum(r["judge_tokens"] for r in records) / max(sum(r["completion_tokens"] for r in records), 1)
+            judge = f"{100 * share:.1f}%"
+        time_cell = "1 (reference)" if name == "grpo" else _ratio_interval(ratio)
+        lines.append(f"| {name} | {time_cell} | {' | '.join(cells)} | {judge} |")
+    return "\n".join(lines)
+
+
 def _ratio_interval(interval) -> str:
     if interval.low is None:
         return f"{interval.mean:.2f}"
@@ -325,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--replot", type=Path, default=None, help="re-render cost.md from a cost.json")
+    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.replot:
@@ -332,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
         text = render(saved)
         (args.replot.parent / "cost.md").write_text(text + "\n")
         print(text)
+        if args.readme:
+            update_readme(args.readme, README_START, README_END, readme_block(saved))
         return
     if "grpo" not in args.variants:
         args.variants.insert(0, "grpo")

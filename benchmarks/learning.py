@@ -33,6 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.readme import markers, update_readme  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -338,6 +339,50 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+README_START, README_END = markers("benchmarks/learning.py", "learning-results")
+
+
+def readme_block(results: dict) -> str:
+    """The README's headline: per regime, each method's pass@1 and its paired difference to GRPO."""
+    settings, prov = results["settings"], results["provenance"]
+    lines = [
+        f"{settings['steps']} optimizer steps, held-out pass@1 in % (mean ± std over seeds); difference to GRPO "
+        f"paired by seed with a 95% t-interval. From `benchmarks/results/learning.json` (commit "
+        f"`{prov['commit'][:12]}`); full tables in `benchmarks/results/learning.md`.",
+        "",
+        "| method | "
+        + " | ".join(
+            f"{regime} ({len(runs_of(results, regime, 'grpo'))} seeds): pass@1 | - GRPO [95% CI]"
+            for regime in settings["plan"]
+        )
+        + " |",
+        "|---|" + "---|---|" * len(settings["plan"]),
+    ]
+    labels = list(dict.fromkeys(label for labels in settings["plan"].values() for label in labels))
+    for label in labels:
+        cells = []
+        for regime in settings["plan"]:
+            runs = runs_of(results, regime, label)
+            diff = (
+                None
+                if label == "grpo"
+                else paired_difference(final_by_seed(runs), final_by_seed(runs_of(results, regime, "grpo")))
+            )
+            verdict = {"**yes, better**": " (better)", "**yes, worse**": " (worse)"}.get(_verdict(diff), "")
+            cells += [
+                format_mean_std([r["final"]["pass@1"] for r in runs]) if runs else "-",
+                (format_interval(diff) + verdict) if label != "grpo" else "-",
+            ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    points = sweep_table(results)
+    if points:
+        sweep = ", ".join(
+            f"{p['point']} {format_mean_std(p['share'])}% judge tokens: {format_interval(p['gain'])}" for p in points
+        )
+        lines += ["", f"Intensity sweep (MInTRL-const, unreachable; pass@1 gain over no intervention): {sweep}."]
+    return "\n".join(lines)
+
+
 def _verdict(diff) -> str:
     if diff is None or diff.low is None:
         return "-"
@@ -493,9 +538,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--replot", type=Path, default=None, help="re-render learning.md and plots from a JSON")
+    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
     args = parser.parse_args(argv)
     if args.replot:
-        print(render(json.loads(args.replot.read_text()), args.replot.parent))
+        results = json.loads(args.replot.read_text())
+        print(render(results, args.replot.parent))
+        if args.readme:
+            update_readme(args.readme, README_START, README_END, readme_block(results))
         return
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     out = args.out or (RESULTS if mode == "full" else RESULTS / mode)

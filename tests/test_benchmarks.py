@@ -101,8 +101,19 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
         run["final"]["pass@1"] = bump
     (tmp_path / "learning.json").write_text(json.dumps(results))
     (tmp_path / "learning.md").unlink()
+    from benchmarks.learning import README_END, README_START
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n{README_START}\nold table\n{README_END}\nafter\n")
     subprocess.run(
-        [sys.executable, "benchmarks/learning.py", "--replot", str(tmp_path / "learning.json")],
+        [
+            sys.executable,
+            "benchmarks/learning.py",
+            "--replot",
+            str(tmp_path / "learning.json"),
+            "--readme",
+            str(readme),
+        ],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -115,6 +126,9 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     assert cells[3] == "40.0 ± 14.1"  # pass@1 mean ± std of 50 and 30
     assert cells[5] == "+40.0 [-87.1, +167.1]"  # paired difference, t(1) = 12.706
     assert cells[6] == "no"  # 2 seeds do not resolve it
+    readme_text = readme.read_text()
+    assert "old table" not in readme_text and readme_text.endswith(f"{README_END}\nafter\n")
+    assert "| mintrl-const | 40.0 ± 14.1 | +40.0 [-87.1, +167.1] |" in readme_text
 
 
 def test_cost_token_counter_counts_prefill_generated_and_forward_tokens():
@@ -143,3 +157,26 @@ def test_cost_token_counter_counts_prefill_generated_and_forward_tokens():
     assert counter.forward_tokens == batch["input_ids"].numel() + 5 * 2
     model(**batch)
     assert counter.forward_tokens == 2 * batch["input_ids"].numel() + 5 * 2
+
+
+def test_cost_readme_block_is_computed_from_the_saved_rounds():
+    """The README's cost table comes from cost.json: paired time ratio per round and token-count ratios."""
+    from benchmarks.cost import readme_block
+
+    def step(seconds, generated, forward, judge=None):
+        record = {"seconds": seconds, "generated_tokens": generated, "forward_tokens": forward}
+        return record if judge is None else {**record, "judge_tokens": judge, "completion_tokens": 100}
+
+    saved = {
+        "provenance": {"commit": "a" * 40},
+        "settings": {"rounds": 2},
+        "time": {
+            "steps": {
+                "grpo": [step(2.0, 100, 400), step(4.0, 100, 400)],
+                "mintrl_interventions": [step(3.0, 110, 600, judge=5), step(4.0, 110, 600, judge=3)],
+            }
+        },
+    }
+    row = next(line for line in readme_block(saved).splitlines() if line.startswith("| mintrl_interventions"))
+    # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25
+    assert row == "| mintrl_interventions | 1.25 [-1.93, 4.43] | 1.10 | 1.50 | 4.0% |"
