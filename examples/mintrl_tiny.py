@@ -44,17 +44,39 @@ def main():
     ]
     args = MInTRLConfig(
         output_dir="outputs/mintrl-tiny",
-        use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[],
-        num_control_generations=4, num_intervened_generations=4,
-        per_device_train_batch_size=16, max_completion_length=32, chunk_size=8, max_reviews=2,
-        max_correction_tokens=16, intervention_steps=4, max_steps=6, learning_rate=5e-4, logging_steps=1,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        num_control_generations=4,
+        num_intervened_generations=4,
+        per_device_train_batch_size=16,
+        max_completion_length=32,
+        chunk_size=8,
+        max_reviews=2,
+        max_correction_tokens=16,
+        intervention_steps=4,
+        max_steps=6,
+        learning_rate=5e-4,
+        logging_steps=1,
         save_strategy="no",
     )
-    trainer = MInTRLTrainer(str(model_dir), reward_funcs=digit_share, args=args,
-                            train_dataset=Dataset.from_list(rows), judge=FunctionJudge(review, correct))
+    trainer = MInTRLTrainer(
+        str(model_dir),
+        reward_funcs=digit_share,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        judge=FunctionJudge(review, correct),
+    )
     trainer.train()
-    keys = ["reward", "mintrl/reward_control", "mintrl/reward_intervened", "mintrl/intervention_rate",
-            "mintrl/judge_token_frac", "mintrl/regression_residual"]
+    keys = [
+        "reward",
+        "mintrl/reward_control",
+        "mintrl/reward_intervened",
+        "mintrl/intervention_rate",
+        "mintrl/judge_token_frac",
+        "mintrl/regression_residual",
+    ]
     print("step | " + " | ".join(keys))
     for entry in trainer.state.log_history:
         if "reward" in entry:

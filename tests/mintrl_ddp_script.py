@@ -37,19 +37,39 @@ def main(model_path: str, out_dir: str):
     torch.manual_seed(0)
     rows = [{"prompt": [{"role": "user", "content": f"Compute {a}+1 ="}], "solution": f"{a + 1}"} for a in range(8)]
     args = MInTRLConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[],
-        num_control_generations=2, num_intervened_generations=2, per_device_train_batch_size=2,
-        max_completion_length=12, chunk_size=4, max_reviews=1, max_correction_tokens=4, max_steps=2,
-        logging_steps=1, save_strategy="no", learning_rate=1e-3, disable_tqdm=True,
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        num_control_generations=2,
+        num_intervened_generations=2,
+        per_device_train_batch_size=2,
+        max_completion_length=12,
+        chunk_size=4,
+        max_reviews=1,
+        max_correction_tokens=4,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+        disable_tqdm=True,
     )
     judge = FunctionJudge(lambda q, p, steps, r: 0, lambda q, p, r: "1+1=2")
-    trainer = RecordingTrainer(model_path, reward_funcs=role_reward, args=args,
-                               train_dataset=Dataset.from_list(rows), judge=judge)
+    trainer = RecordingTrainer(
+        model_path, reward_funcs=role_reward, args=args, train_dataset=Dataset.from_list(rows), judge=judge
+    )
     trainer.train()
     rank = trainer.accelerator.process_index
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"world": trainer.accelerator.num_processes, "records": trainer.records,
-                   "steps": trainer.state.global_step}, f)
+        json.dump(
+            {
+                "world": trainer.accelerator.num_processes,
+                "records": trainer.records,
+                "steps": trainer.state.global_step,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

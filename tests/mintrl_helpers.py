@@ -32,8 +32,15 @@ def revise_first_step_judge(calls: dict | None = None) -> FunctionJudge:
 def mintrl_args(cpu_args: dict, **overrides) -> MInTRLConfig:
     """2 control + 2 intervened rollouts per prompt, small chunks, interventions on for the whole run."""
     args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
-    args.update(num_control_generations=2, num_intervened_generations=2, chunk_size=6, max_reviews=2,
-                max_correction_tokens=8, max_completion_length=24, intervention_steps=100)
+    args.update(
+        num_control_generations=2,
+        num_intervened_generations=2,
+        chunk_size=6,
+        max_reviews=2,
+        max_correction_tokens=8,
+        max_completion_length=24,
+        intervention_steps=100,
+    )
     args.update(overrides)
     return MInTRLConfig(**args)
 

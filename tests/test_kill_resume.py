@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from trl_mintrl.resume import checkpoint_problem, last_complete_checkpoint, resolve_resume_from_checkpoint
 from trl_mintrl.cli.train import main
+from trl_mintrl.resume import checkpoint_problem, last_complete_checkpoint, resolve_resume_from_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,7 +40,9 @@ class ScriptedPolicy(GenerationEngine):
 
 
 def make_trajectory(key: int, intervened: bool, budget: int = 4, reference: str | None = "ref") -> Trajectory:
-    return Trajectory(prompt_ids=[key], question=f"q{key}", reference=reference, review_budget=budget if intervened else 0)
+    return Trajectory(
+        prompt_ids=[key], question=f"q{key}", reference=reference, review_budget=budget if intervened else 0
+    )
 
 
 def run(tok, scripts, trajectories, judge, **settings):
@@ -118,7 +120,13 @@ def test_revise_last_step_keeps_earlier_steps_on_token_boundary(tiny_tokenizer):
     tok = tiny_tokenizer
     judge = FunctionJudge(lambda q, p, steps, r: 2 if len(steps) == 3 else None, lambda q, p, r: "c=3\n\n")
     t = make_trajectory(9, intervened=True)
-    run(tok, {9: ["a=1\n\nb=2\n\nc=4", f"Answer{tok.eos_token}"]}, [t], judge, chunk_size=len(ids(tok, "a=1\n\nb=2\n\nc=4")))
+    run(
+        tok,
+        {9: ["a=1\n\nb=2\n\nc=4", f"Answer{tok.eos_token}"]},
+        [t],
+        judge,
+        chunk_size=len(ids(tok, "a=1\n\nb=2\n\nc=4")),
+    )
     kept, corr, tail = ids(tok, "a=1\n\nb=2\n\n"), ids(tok, "c=3\n\n"), ids(tok, "Answer") + [tok.eos_token_id]
     assert t.completion_ids == kept + corr + tail
     assert t.env_mask == [1] * len(kept) + [0] * len(corr) + [1] * len(tail)
@@ -142,8 +150,15 @@ def test_length_cap_is_exact_and_bounds_corrections(tiny_tokenizer):
     tok = tiny_tokenizer
     judge = FunctionJudge(lambda q, p, steps, r: 0, lambda q, p, r: "9 " * 50)  # always revise step 0
     t = make_trajectory(1, intervened=True, budget=1)
-    policy, _ = run(tok, {1: ["1 1 1 1", "2 2 2 2 2 2 2 2 2 2 2 2"]}, [t], judge, chunk_size=4,
-                    max_completion_length=10, max_correction_tokens=6)
+    policy, _ = run(
+        tok,
+        {1: ["1 1 1 1", "2 2 2 2 2 2 2 2 2 2 2 2"]},
+        [t],
+        judge,
+        chunk_size=4,
+        max_completion_length=10,
+        max_correction_tokens=6,
+    )
     assert len(t.completion_ids) == 10
     assert t.env_mask[:6] == [0] * 6 and t.env_mask[6:] == [1] * 4  # correction capped at 6, rest is policy
     assert policy.calls[1][0][1] == 4  # review budget spent: the rest (10 - 6 tokens) in one call
@@ -154,8 +169,9 @@ def test_review_cap_then_rest_in_one_call(tiny_tokenizer):
     reviews = []
     judge = FunctionJudge(lambda q, p, steps, r: reviews.append(steps) or None, lambda q, p, r: "")
     t = make_trajectory(2, intervened=True, budget=2)
-    policy, counts = run(tok, {2: ["a a", "b b", f"c c c c c{tok.eos_token}"]}, [t], judge, chunk_size=2,
-                         max_completion_length=40)
+    policy, counts = run(
+        tok, {2: ["a a", "b b", f"c c c c c{tok.eos_token}"]}, [t], judge, chunk_size=2, max_completion_length=40
+    )
     assert len(reviews) == 2 and t.reviews == 2
     assert [call[0][1] for call in policy.calls] == [2, 2, 36]  # two reviewed chunks, then the remaining budget
     assert counts.rounds == 3 and t.finished

@@ -49,8 +49,17 @@ def test_function_judge_end_to_end_advantages_masks_metrics(tiny_model_path, cpu
                 assert record["tool_mask"][row, :n].tolist() == [0] * n
 
     logs = {k for entry in trainer.state.log_history for k in entry}
-    for name in ["intervention_rate", "judge_token_frac", "reviews_per_rollout", "reward_control",
-                 "reward_intervened", "reward_gap", "judge_token_nll", "judge_failures", "regression_residual"]:
+    for name in [
+        "intervention_rate",
+        "judge_token_frac",
+        "reviews_per_rollout",
+        "reward_control",
+        "reward_intervened",
+        "reward_gap",
+        "judge_token_nll",
+        "judge_failures",
+        "regression_residual",
+    ]:
         assert f"mintrl/{name}" in logs, name
     first = trainer.state.log_history[0]
     assert first["mintrl/intervention_rate"] == 1.0
@@ -78,10 +87,22 @@ def test_intervention_schedule_switches_off(tiny_model_path, cpu_args, toy_datas
 
 def test_resume_continues_as_if_never_stopped(tiny_model_path, cpu_args, toy_dataset, tmp_path):
     def make(output_dir, max_steps):
-        args = mintrl_args(cpu_args, output_dir=str(output_dir), max_steps=max_steps, save_strategy="steps",
-                           save_steps=1, intervention_steps=2, lr_scheduler_type="constant")
-        return MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset,
-                             judge=revise_first_step_judge({"review": 0, "correct": 0}))
+        args = mintrl_args(
+            cpu_args,
+            output_dir=str(output_dir),
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=1,
+            intervention_steps=2,
+            lr_scheduler_type="constant",
+        )
+        return MInTRLTrainer(
+            model=tiny_model_path,
+            reward_funcs=role_reward,
+            args=args,
+            train_dataset=toy_dataset,
+            judge=revise_first_step_judge({"review": 0, "correct": 0}),
+        )
 
     straight = make(tmp_path / "straight", 3)
     straight.train()
@@ -155,13 +176,18 @@ def test_config_errors_name_the_field(cpu_args, overrides, message):
 
 def test_self_judge_requires_reference_column(tiny_model_path, cpu_args, toy_dataset):
     with pytest.raises(ValueError, match="reference_column"):
-        MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=mintrl_args(cpu_args),
-                      train_dataset=toy_dataset.remove_columns("solution"))
+        MInTRLTrainer(
+            model=tiny_model_path,
+            reward_funcs=role_reward,
+            args=mintrl_args(cpu_args),
+            train_dataset=toy_dataset.remove_columns("solution"),
+        )
 
 
 def test_num_generations_is_derived(cpu_args):
-    args = mintrl_args(cpu_args, num_control_generations=3, num_intervened_generations=1,
-                       per_device_train_batch_size=8)
+    args = mintrl_args(
+        cpu_args, num_control_generations=3, num_intervened_generations=1, per_device_train_batch_size=8
+    )
     assert args.num_generations == 4
     assert os.path.basename(args.output_dir) == "out"
 
@@ -184,8 +210,15 @@ def test_endpoint_judge_end_to_end_against_local_server(tiny_model_path, cpu_arg
         trainer = RecordingTrainer(
             model=tiny_model_path,
             reward_funcs=role_reward,
-            args=mintrl_args(cpu_args, judge="endpoint", judge_base_url=server.url, judge_model="judge",
-                             judge_api_key_env="JUDGE_KEY", max_steps=1, max_reviews=1),
+            args=mintrl_args(
+                cpu_args,
+                judge="endpoint",
+                judge_base_url=server.url,
+                judge_model="judge",
+                judge_api_key_env="JUDGE_KEY",
+                max_steps=1,
+                max_reviews=1,
+            ),
             train_dataset=toy_dataset,
         )
         trainer.train()
@@ -204,18 +237,33 @@ def test_adaptive_switch_off_when_corrections_stop_helping(tiny_model_path, cpu_
     def intervened_worse(completions, mintrl_intervened, **kwargs):
         return [0.0 if inter else 1.0 for inter in mintrl_intervened]
 
-    args = mintrl_args(cpu_args, max_steps=3, intervention_stop_gap=-0.5, intervention_gap_ema=0.0,
-                       save_strategy="steps", save_steps=1)
-    trainer = MInTRLTrainer(model=tiny_model_path, reward_funcs=intervened_worse, args=args,
-                            train_dataset=toy_dataset, judge=revise_first_step_judge({"review": 0, "correct": 0}))
+    args = mintrl_args(
+        cpu_args,
+        max_steps=3,
+        intervention_stop_gap=-0.5,
+        intervention_gap_ema=0.0,
+        save_strategy="steps",
+        save_steps=1,
+    )
+    trainer = MInTRLTrainer(
+        model=tiny_model_path,
+        reward_funcs=intervened_worse,
+        args=args,
+        train_dataset=toy_dataset,
+        judge=revise_first_step_judge({"review": 0, "correct": 0}),
+    )
     trainer.train()
     active = [e["mintrl/interventions_active"] for e in trainer.state.log_history if "loss" in e]
     assert active == [1.0, 0.0, 0.0]  # gap -1 < -0.5 after the first step: interventions stop for good
     state = json.loads((tmp_path / "out" / "checkpoint-3" / "mintrl_state.json").read_text())
     assert state["interventions_stopped_at"] == 0 and state["reward_gap_ema"] == -1.0
-    resumed = MInTRLTrainer(model=tiny_model_path, reward_funcs=intervened_worse,
-                            args=mintrl_args(cpu_args, max_steps=4, intervention_stop_gap=-0.5),
-                            train_dataset=toy_dataset, judge=revise_first_step_judge({"review": 0, "correct": 0}))
+    resumed = MInTRLTrainer(
+        model=tiny_model_path,
+        reward_funcs=intervened_worse,
+        args=mintrl_args(cpu_args, max_steps=4, intervention_stop_gap=-0.5),
+        train_dataset=toy_dataset,
+        judge=revise_first_step_judge({"review": 0, "correct": 0}),
+    )
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-3"))
     assert resumed.interventions_stopped_at == 0  # restored: the resumed run does not intervene again
     new_logs = [e for e in resumed.state.log_history if "loss" in e and e["step"] == 4]
@@ -310,14 +358,23 @@ def test_compute_loss_matches_float64_reference(tiny_model_path, cpu_args, toy_d
 
 def one_step(tiny_model_path, cpu_args, toy_dataset, **overrides):
     """The weight change of one plain-SGD MInTRL step, and the rollouts it trained on."""
-    args = mintrl_args(cpu_args, max_steps=1, optim="sgd", learning_rate=1e-4, max_grad_norm=0.0,
-                       regression_beta=0.5, **overrides)
-    trainer = RecordingTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset,
-                               judge=revise_first_step_judge())
+    args = mintrl_args(
+        cpu_args, max_steps=1, optim="sgd", learning_rate=1e-4, max_grad_norm=0.0, regression_beta=0.5, **overrides
+    )
+    trainer = RecordingTrainer(
+        model=tiny_model_path,
+        reward_funcs=role_reward,
+        args=args,
+        train_dataset=toy_dataset,
+        judge=revise_first_step_judge(),
+    )
     before = snapshot(trainer.model)
     trainer.train()
     delta = {n: p.detach() - before[n] for n, p in trainer.model.named_parameters() if n in before}
-    rollouts = torch.cat([r["completion_ids"] for r in trainer.records]), torch.cat([r["rewards"] for r in trainer.records])
+    rollouts = (
+        torch.cat([r["completion_ids"] for r in trainer.records]),
+        torch.cat([r["rewards"] for r in trainer.records]),
+    )
     return delta, rollouts
 
 
@@ -335,8 +392,9 @@ def test_gradient_accumulation_two_micro_batches_equal_one_batch(tiny_model_path
         assert error < 1e-4, (name, error.item())
 
 
-def test_unscorable_rollouts_get_no_signal_and_leave_the_baseline_to_the_others(tiny_model_path, cpu_args,
-                                                                                  toy_dataset):
+def test_unscorable_rollouts_get_no_signal_and_leave_the_baseline_to_the_others(
+    tiny_model_path, cpu_args, toy_dataset
+):
     """A reward function returning None: that rollout's advantage is 0 and the baseline is the mean of the scorable
     controls; a group with no scorable control gets no signal at all."""
 
@@ -347,15 +405,21 @@ def test_unscorable_rollouts_get_no_signal_and_leave_the_baseline_to_the_others(
                 rewards[row] = None
         return rewards
 
-    trainer = RecordingTrainer(model=tiny_model_path, reward_funcs=patchy_reward,
-                               args=mintrl_args(cpu_args, max_steps=1, per_device_train_batch_size=8),
-                               train_dataset=toy_dataset, judge=revise_first_step_judge())
+    trainer = RecordingTrainer(
+        model=tiny_model_path,
+        reward_funcs=patchy_reward,
+        args=mintrl_args(cpu_args, max_steps=1, per_device_train_batch_size=8),
+        train_dataset=toy_dataset,
+        judge=revise_first_step_judge(),
+    )
     trainer.train()
     record = trainer.records[0]
     rewards, advantages = record["rewards"].view(-1, 4), record["advantages"].view(-1, 4)
     assert torch.isnan(rewards[0, [0, 3]]).all() and torch.isnan(rewards[1, :2]).all()
     r = rewards[0]
-    torch.testing.assert_close(advantages[0], torch.stack([r.new_tensor(0.0), r[1] - r[1], r[2] - r[1], r.new_tensor(0.0)]))
+    torch.testing.assert_close(
+        advantages[0], torch.stack([r.new_tensor(0.0), r[1] - r[1], r[2] - r[1], r.new_tensor(0.0)])
+    )
     assert torch.equal(advantages[1], torch.zeros(4))
     assert trainer.state.log_history[0]["mintrl/reward_control"] == pytest.approx(r[1].item())
 
@@ -365,10 +429,16 @@ def test_unscorable_rollouts_get_no_signal_and_leave_the_baseline_to_the_others(
 
 def test_resume_refuses_a_missing_or_corrupt_state_file(tiny_model_path, cpu_args, toy_dataset, tmp_path):
     def make(max_steps):
-        args = mintrl_args(cpu_args, output_dir=str(tmp_path / "run"), max_steps=max_steps, save_strategy="steps",
-                           save_steps=1)
-        return MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset,
-                             judge=revise_first_step_judge())
+        args = mintrl_args(
+            cpu_args, output_dir=str(tmp_path / "run"), max_steps=max_steps, save_strategy="steps", save_steps=1
+        )
+        return MInTRLTrainer(
+            model=tiny_model_path,
+            reward_funcs=role_reward,
+            args=args,
+            train_dataset=toy_dataset,
+            judge=revise_first_step_judge(),
+        )
 
     make(1).train()
     checkpoint = tmp_path / "run" / "checkpoint-1"

@@ -25,8 +25,9 @@ def test_tiny_tokenizer_chat_template_and_padding(tiny_tokenizer):
     tok = tiny_tokenizer
     assert tok.padding_side == "left"
     assert tok.pad_token is not None and tok.pad_token_id != tok.eos_token_id
-    text = tok.apply_chat_template([{"role": "user", "content": "Compute 2+3 ="}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Compute 2+3 ="}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nCompute 2+3 =<|im_end|>\n<|im_start|>assistant\n"
     ids = tok("7-7=0\n\nAnswer: \\boxed{0}", add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == "7-7=0\n\nAnswer: \\boxed{0}"  # byte-level BPE round-trips exactly

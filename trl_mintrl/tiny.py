@@ -43,7 +43,9 @@ def _corpus(rng: random.Random, n_lines: int) -> list[str]:
             terms = [str(rng.randrange(10)) for _ in range(rng.randrange(2, 6))]
             ops = [rng.choice("+-*") for _ in terms[1:]]
             expr = terms[0] + "".join(o + t for o, t in zip(ops, terms[1:]))
-            lines.append(f"Compute {expr} = \n\n{expr[:3]}={rng.randrange(100)}\n\nAnswer: \\boxed{{{rng.randrange(100)}}}")
+            lines.append(
+                f"Compute {expr} = \n\n{expr[:3]}={rng.randrange(100)}\n\nAnswer: \\boxed{{{rng.randrange(100)}}}"
+            )
         elif kind == 1:
             lines.append(" ".join(rng.choice(_WORDS) for _ in range(rng.randrange(4, 14))) + ".")
         elif kind == 2:

@@ -167,9 +167,12 @@ def test_eval_cli_vllm_backend_matches_transformers(tiny_model_path, tmp_path, m
 
 def test_judge_model_engine_from_config(tiny_model_path, cpu_args, toy_dataset):
     """`judge_vllm_gpu_memory_utilization` puts judge='model' on its own colocated vLLM engine."""
-    args = mintrl_args(cpu_args, judge="model", judge_model_name_or_path=tiny_model_path,
-                       judge_vllm_gpu_memory_utilization=0.2)
-    trainer = MInTRLTrainer(model=tiny_model_path, reward_funcs=intervened_reward, args=args, train_dataset=toy_dataset)
+    args = mintrl_args(
+        cpu_args, judge="model", judge_model_name_or_path=tiny_model_path, judge_vllm_gpu_memory_utilization=0.2
+    )
+    trainer = MInTRLTrainer(
+        model=tiny_model_path, reward_funcs=intervened_reward, args=args, train_dataset=toy_dataset
+    )
     assert isinstance(trainer.judge.engine, VLLMEngine)
     assert trainer.judge.engine.llm is not trainer.vllm_generation.llm
     trainer.train()
