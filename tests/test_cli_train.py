@@ -99,7 +99,7 @@ def test_bad_recipe_values_are_named(tmp_path, body, base, message):
 
 
 def test_method_and_config_file_are_checked():
-    with pytest.raises(RecipeError, match="one of \\['grpo', 'mintrl', 'sort'\\]"):
+    with pytest.raises(RecipeError, match="one of \\['grpo', 'mintrl', 'sort', 'mintrl-sort'\\]"):
         parse_recipe(["ppo", "--config", CPU_RECIPES["grpo"]])
     with pytest.raises(RecipeError, match="no such file"):
         parse_recipe(["grpo", "--config", "recipes/cpu/missing.yaml"])
@@ -164,7 +164,7 @@ def test_main_exits_with_the_message_and_loads_nothing(tmp_path, capsys):
     assert "trl-mintrl train: error: push_to_hub=true needs hub_model_id" in str(exit_info.value.code)
     assert not out.exists()
     main(["--help"])
-    assert "trl-mintrl train {grpo,mintrl,sort}" in capsys.readouterr().out
+    assert "trl-mintrl train {grpo,mintrl,sort,mintrl-sort}" in capsys.readouterr().out
 
 
 def test_too_little_data_for_one_batch_fails_instead_of_training_zero_steps(tmp_path, tiny_model_path):

@@ -21,7 +21,9 @@ from trl_mintrl.combined.trainer import STATE_FILE
 from trl_mintrl.mintrl.trainer import MInTRLTrainer
 
 HARD = {f"Compute {a}+{(a * 3) % 7} =" for a in range(4)}  # toy prompts that fail even with the judge's help
-PACKAGE = Path(__file__).resolve().parent.parent / "trl_mintrl"
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "trl_mintrl"
+CPU_RECIPE = "recipes/cpu/mintrl-sort.yaml"
 
 
 def question(prompt) -> str:
@@ -285,3 +287,24 @@ def test_toy_benchmark_builds_and_steps_the_combined_method(tmp_path):
     logs = next(entry for entry in trainer.state.log_history if "reward" in entry)
     assert logs["mintrl/intervention_rate"] > 0 and logs["mintrl/judge_failures"] == 0
     assert "sort/all_wrong_frac" in logs and "sort/buffer_size" in logs
+
+
+def test_cpu_recipe_runs_through_the_cli_interventions_first_then_repairs(tmp_path, tiny_model_path, monkeypatch):
+    """`trl-mintrl train mintrl-sort` on the CPU recipe: while the rule judge intervenes it rescues every group (no
+    deferral); once interventions stop, the all-wrong groups are repaired. Checkpoint and card name both methods."""
+    from trl_mintrl.cli.train import check_environment, main, parse_recipe
+
+    monkeypatch.chdir(REPO)  # the recipe's judge_function and reward resolve from the repository root
+    check_environment(parse_recipe(["mintrl-sort", "--config", CPU_RECIPE]))  # nothing from the Hub
+    out = tmp_path / "out"
+    main(["mintrl-sort", "--config", CPU_RECIPE, "--model_name_or_path", tiny_model_path, "--output_dir", str(out),
+          "--max_steps", "3", "--intervention_steps", "1", "--repair_batch_size", "2", "--save_steps", "3"])  # fmt: skip
+    checkpoint = out / "checkpoint-3"
+    assert (checkpoint / STATE_FILE).is_file()
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    steps = [h for h in history if "loss" in h]
+    assert [h["mintrl/interventions_active"] for h in steps] == [1.0, 0.0, 0.0]
+    assert steps[0]["sort/all_wrong_frac"] == 0.0 and steps[0]["mintrl/reward_gap"] > 0  # the judge rescued them
+    assert steps[-1]["sort/all_wrong_frac"] > 0 and steps[-1]["sort/repairs"] >= 1
+    card = (out / "README.md").read_text()
+    assert "Method: **MInTRL + SORT**" in card and f"trl-mintrl train mintrl-sort --config {CPU_RECIPE}" in card

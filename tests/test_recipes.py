@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
 ACCELERATE = sorted((RECIPES / "accelerate").glob("*.yaml"))
 TRAINING = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name != "accelerate")
-LAUNCH = re.compile(r"(?:trl-mintrl|-m trl_mintrl\.cli) train (\w+) --config (\S+)")
+LAUNCH = re.compile(r"(?:trl-mintrl|-m trl_mintrl\.cli) train ([\w-]+) --config (\S+)")
 
 # accelerate config -> (distributed_type, num_processes, use_cpu)
 ACCELERATE_EXPECTED = {
@@ -81,7 +81,7 @@ def test_training_recipe_parses_and_documents_its_own_launch(path):
     assert recipe.script_args.dataset_loader and recipe.reward_funcs
 
 
-@pytest.mark.parametrize("method", ["grpo", "mintrl", "sort"])
+@pytest.mark.parametrize("method", ["grpo", "mintrl", "sort", "mintrl-sort"])
 def test_cpu_recipes_need_nothing_from_the_hub(method):
     recipe = parse_recipe([method, "--config", f"recipes/cpu/{method}.yaml"])
     check_environment(recipe)  # data shipped in the repo, tiny model built on the fly, no report_to

@@ -1,4 +1,4 @@
-"""`trl-mintrl train {grpo,mintrl,sort} --config RECIPE.yaml [--field value ...]`: run a TRL-style YAML recipe.
+"""`trl-mintrl train {grpo,mintrl,sort,mintrl-sort} --config RECIPE.yaml [--field value ...]`: run a TRL-style YAML recipe.
 
 Parsing goes through TRL's `TrlParser` with the method's config (`GRPOConfig`, `MInTRLConfig`, `SORTConfig`), TRL's
 `ModelConfig` (model, dtype, LoRA) and `TrainScriptArguments` (data, rewards); command-line flags override the
@@ -28,7 +28,10 @@ METHODS = {
     "grpo": ("trl", "GRPOConfig", "GRPOTrainer"),
     "mintrl": ("trl_mintrl.mintrl", "MInTRLConfig", "MInTRLTrainer"),
     "sort": ("trl_mintrl.sort", "SORTConfig", "SORTTrainer"),
+    "mintrl-sort": ("trl_mintrl.combined", "MInTRLSORTConfig", "MInTRLSORTTrainer"),
 }
+JUDGED = ("mintrl", "mintrl-sort")  # methods with a judge
+REPAIRED = ("sort", "mintrl-sort")  # methods that read the reference column for their repair
 
 # `reward_funcs` names -> "module:function"; any other entry must be a dotted import path
 REWARD_FUNCS = {
@@ -153,11 +156,12 @@ def _refuse_other_method_keys(method: str, keys: list[str], what: str) -> None:
             if key.removeprefix("--").partition("=")[0] in own:
                 owners.setdefault(other, []).append(key)
     if owners:
-        other = max(owners, key=lambda name: len(owners[name]))
+        other, *also = [name for name in owners if len(owners[name]) == max(map(len, owners.values()))]
         config_name = METHODS[other][1]
+        also = "".join(f" (or `train {name}`, which has them too)" for name in also)  # e.g. a mintrl-sort recipe
         raise RecipeError(
             f"{what} {owners[other]} are {config_name} fields, which `train {method}` does not have: this looks like "
-            f"a {other} recipe. Run `trl-mintrl train {other} --config ...` instead, or remove them."
+            f"a {other} recipe. Run `trl-mintrl train {other} --config ...`{also} instead, or remove them."
         )
 
 
@@ -329,7 +333,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
             f"{len(script_args.reward_funcs)}: give one weight per reward function."
         )
     if script_args.judge_function is not None:
-        if method != "mintrl":
+        if method not in JUDGED:
             raise RecipeError(f"judge_function is a MInTRL setting; `train {method}` has no judge. Remove it.")
         try:
             _import(script_args.judge_function)
@@ -361,7 +365,7 @@ def check_environment(recipe: Recipe) -> None:
         raise RecipeError(str(err)) from None
     if not script_args.build_tiny_model:
         _check_model_available(recipe.model_args.model_name_or_path, "model_name_or_path")
-    if recipe.method == "mintrl" and script_args.judge_function is None and training_args.judge == "model":
+    if recipe.method in JUDGED and script_args.judge_function is None and training_args.judge == "model":
         _check_model_available(training_args.judge_model_name_or_path, "judge_model_name_or_path")
     path = script_args.dataset_name
     if path is not None and _looks_local(path) and not os.path.exists(path):
@@ -432,7 +436,7 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
     check_train_dataset(
         train_dataset,
         reference_column=getattr(args, "reference_column", None),
-        reference_required=recipe.method == "sort" or (judge_self and getattr(args, "intervention_steps", 0) > 0),
+        reference_required=recipe.method in REPAIRED or (judge_self and getattr(args, "intervention_steps", 0) > 0),
         tokenize=lambda prompts: [
             prompt_token_ids(tokenizer, p, **(args.chat_template_kwargs or {})) for p in prompts
         ],
