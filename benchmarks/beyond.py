@@ -1,6 +1,6 @@
 """Beyond the papers, measured on the support-expansion ("unreachable") regime of the toy task.
 
-    python benchmarks/beyond.py --workers 2   # full run (3 seeds, learning.py's full steps; ~20 min on 2 free cores)
+    python benchmarks/beyond.py --workers 2   # full: 36 runs of learning.py's full steps (est. 15-20 min, 2 free cores)
     python benchmarks/beyond.py --quick       # 1 seed, 4 steps (< 3 min)
     python benchmarks/beyond.py --replot benchmarks/results/beyond.json   # tables and plot from the JSON
 
