@@ -11,8 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from mintrl_helpers import ONE_STEP_ROWS, multi_process_args  # noqa: E402
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer  # noqa: E402
+from trl_mintrl import MInTRLTrainer  # noqa: E402
 from trl_mintrl.judges import FunctionJudge  # noqa: E402
 
 
@@ -36,25 +37,14 @@ class RecordingTrainer(MInTRLTrainer):
 
 def main(model_path: str, out_dir: str):
     torch.manual_seed(0)
-    rows = [{"prompt": [{"role": "user", "content": f"Compute {a}+1 ="}], "solution": f"{a + 1}"} for a in range(8)]
-    args = MInTRLConfig(
-        output_dir=out_dir,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
+    args = multi_process_args(
+        out_dir,
         num_control_generations=1,
         num_intervened_generations=3,
         per_device_train_batch_size=6,
         max_completion_length=16,
-        chunk_size=4,
         max_reviews=1,
-        max_correction_tokens=4,
         max_steps=3,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-3,
-        disable_tqdm=True,
         judge_token_target=0.05,
     )
     judge = FunctionJudge(lambda q, p, steps, r: 0, lambda q, p, r: "1+1=2")
@@ -62,7 +52,7 @@ def main(model_path: str, out_dir: str):
         model_path,
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),
         args=args,
-        train_dataset=Dataset.from_list(rows),
+        train_dataset=Dataset.from_list(ONE_STEP_ROWS),
         judge=judge,
     )
     trainer.train()

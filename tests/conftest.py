@@ -14,7 +14,13 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import copy  # noqa: E402
 import importlib.util  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
 import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -27,6 +33,33 @@ requires_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None and not os.environ.get("CI"),
     reason='deepspeed is not installed: pip install -e ".[test,deepspeed]" (CI installs it and runs these tests)',
 )
+
+
+def assert_resume_refuses(make_trainer, checkpoint: Path, file_name: str, cases: dict, tmp_path: Path) -> None:
+    """For each case `name: (text, reason)`, a copy of `checkpoint` whose `file_name` holds `text` (is deleted when
+    None): resuming a new trainer from it must fail with an error naming that file and matching `reason`."""
+    for name, (text, reason) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(checkpoint, folder)
+        path = folder / file_name
+        if text is None:
+            path.unlink()
+        else:
+            path.write_text(text)
+        trainer = make_trainer()
+        with pytest.raises((ValueError, FileNotFoundError), match=rf"(?s){re.escape(str(path))}.*{reason}"):
+            trainer.train(resume_from_checkpoint=str(folder))
+
+
+def run_on_two_processes(script: str, *args: str, out: Path) -> list[dict]:
+    """`tests/<script> *args` under `torchrun --nproc_per_node=2` (CPU, gloo); each rank's `out/rank{R}.json`."""
+    tests = Path(__file__).parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tests.parent)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(tests / script), *args]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
 def free_port() -> int:

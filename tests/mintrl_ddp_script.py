@@ -10,13 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from mintrl_helpers import ONE_STEP_ROWS, multi_process_args, role_reward  # noqa: E402
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer  # noqa: E402
+from trl_mintrl import MInTRLTrainer  # noqa: E402
 from trl_mintrl.judges import FunctionJudge  # noqa: E402
-
-
-def role_reward(completions, mintrl_intervened, completion_ids, **kwargs):
-    return [1.0 if inter else (len(ids) % 4) / 4 for inter, ids in zip(mintrl_intervened, completion_ids)]
 
 
 class RecordingTrainer(MInTRLTrainer):
@@ -35,29 +32,10 @@ class RecordingTrainer(MInTRLTrainer):
 
 def main(model_path: str, out_dir: str):
     torch.manual_seed(0)
-    rows = [{"prompt": [{"role": "user", "content": f"Compute {a}+1 ="}], "solution": f"{a + 1}"} for a in range(8)]
-    args = MInTRLConfig(
-        output_dir=out_dir,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
-        num_control_generations=2,
-        num_intervened_generations=2,
-        per_device_train_batch_size=2,
-        max_completion_length=12,
-        chunk_size=4,
-        max_reviews=1,
-        max_correction_tokens=4,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-3,
-        disable_tqdm=True,
-    )
+    args = multi_process_args(out_dir, max_reviews=1)
     judge = FunctionJudge(lambda q, p, steps, r: 0, lambda q, p, r: "1+1=2")
     trainer = RecordingTrainer(
-        model_path, reward_funcs=role_reward, args=args, train_dataset=Dataset.from_list(rows), judge=judge
+        model_path, reward_funcs=role_reward, args=args, train_dataset=Dataset.from_list(ONE_STEP_ROWS), judge=judge
     )
     trainer.train()
     rank = trainer.accelerator.process_index

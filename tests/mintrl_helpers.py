@@ -45,6 +45,23 @@ def mintrl_args(cpu_args: dict, **overrides) -> MInTRLConfig:
     return MInTRLConfig(**args)
 
 
+# eight one-step prompts, the multi-process scripts' data
+ONE_STEP_ROWS = [
+    {"prompt": [{"role": "user", "content": f"Compute {a}+1 ="}], "solution": f"{a + 1}"} for a in range(8)
+]
+
+
+def multi_process_args(out_dir: str, **overrides) -> MInTRLConfig:
+    """The multi-process scripts' CPU run: per-device batch 2, groups of 2 control + 2 intervened rollouts of 12
+    tokens (so a group spans two processes), chunks of 4, 2 steps."""
+    args = dict(output_dir=out_dir, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[],
+                num_control_generations=2, num_intervened_generations=2, per_device_train_batch_size=2,
+                max_completion_length=12, chunk_size=4, max_reviews=2, max_correction_tokens=4, max_steps=2,
+                logging_steps=1, save_strategy="no", learning_rate=1e-3, disable_tqdm=True)  # fmt: skip
+    args.update(overrides)
+    return MInTRLConfig(**args)
+
+
 class RecordingTrainer(MInTRLTrainer):
     """Keeps each generation batch's output and rewards for the assertions."""
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import run_on_two_processes
 from mintrl_helpers import RecordingTrainer, mintrl_args, revise_first_step_judge, role_reward
 
 from trl_mintrl import MInTRLConfig, MInTRLTrainer
@@ -132,21 +129,7 @@ def test_controller_state_is_saved_and_restored_exactly(tiny_model_path, cpu_arg
 def test_two_processes_take_the_same_decision(tiny_model_path, tmp_path):
     """Groups span the processes: every process holds the same controller state and the reviewed rows across them
     are exactly the slots the pure functions pick for the shared share."""
-    script = Path(__file__).with_name("budget_ddp_script.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(script),
-        tiny_model_path,
-        str(tmp_path),
-    ]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = run_on_two_processes("budget_ddp_script.py", tiny_model_path, str(tmp_path), out=tmp_path)
     assert all(r["world"] == 2 and len(r["records"]) == 3 for r in ranks)
     carry, counts = 0.0, []
     for step in range(3):

@@ -1,31 +1,12 @@
 """MInTRL under 2-process CPU DDP (torchrun, gloo): roles, gathered rewards and sliced advantages."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import run_on_two_processes
 
 
 @pytest.mark.slow
 def test_two_process_ddp_baselines_cross_processes(tiny_model_path, tmp_path):
-    script = Path(__file__).with_name("mintrl_ddp_script.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(script),
-        tiny_model_path,
-        str(tmp_path),
-    ]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = run_on_two_processes("mintrl_ddp_script.py", tiny_model_path, str(tmp_path), out=tmp_path)
     assert all(r["world"] == 2 and r["steps"] == 2 for r in ranks)
     for step in range(len(ranks[0]["records"])):
         rewards = ranks[0]["records"][step]["rewards"]

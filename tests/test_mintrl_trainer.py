@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 
 import pytest
 import torch
-from conftest import params_changed, snapshot
+from conftest import assert_resume_refuses, params_changed, snapshot
 from mintrl_helpers import CORRECTION, RecordingTrainer, mintrl_args, revise_first_step_judge, role_reward
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -451,14 +449,4 @@ def test_resume_refuses_a_missing_or_corrupt_state_file(tiny_model_path, cpu_arg
         "wrong_type": (json.dumps({**state, "judge_failures_total": "many"}), "malformed"),
         "not_an_object": ("[]", "not a JSON object"),
     }
-    for name, (text, reason) in cases.items():
-        folder = tmp_path / name
-        shutil.copytree(checkpoint, folder)
-        path = folder / STATE_FILE
-        if text is None:
-            path.unlink()
-        else:
-            path.write_text(text)
-        trainer = make(2)
-        with pytest.raises((ValueError, FileNotFoundError), match=rf"(?s){re.escape(str(path))}.*{reason}"):
-            trainer.train(resume_from_checkpoint=str(folder))
+    assert_resume_refuses(lambda: make(2), checkpoint, STATE_FILE, cases, tmp_path)

@@ -4,10 +4,9 @@ buffer here; MInTRL's state in test_mintrl_trainer.py)."""
 import json
 import os
 import re
-import shutil
 
 import pytest
-from conftest import digit_count_reward
+from conftest import assert_resume_refuses, digit_count_reward
 
 from trl_mintrl.sort import SORTConfig, SORTTrainer
 from trl_mintrl.sort.buffer import BUFFER_FILE
@@ -72,13 +71,4 @@ def test_sort_resume_refuses_a_missing_or_corrupt_buffer(tiny_model_path, cpu_ar
         "no_items": (json.dumps({k: v for k, v in state.items() if k != "items"}), "items"),
         "old_version": (json.dumps({**state, "version": 0}), "malformed.*version"),
     }
-    for name, (text, reason) in cases.items():
-        folder = tmp_path / name
-        shutil.copytree(checkpoint, folder)
-        path = folder / BUFFER_FILE
-        if text is None:
-            path.unlink()
-        else:
-            path.write_text(text)
-        with pytest.raises((ValueError, FileNotFoundError), match=rf"(?s){re.escape(str(path))}.*{reason}"):
-            make(2).train(resume_from_checkpoint=str(folder))
+    assert_resume_refuses(lambda: make(2), checkpoint, BUFFER_FILE, cases, tmp_path)

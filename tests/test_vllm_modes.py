@@ -1,14 +1,10 @@
 """vLLM modes (no vLLM needed): TRL's two modes are accepted, anything else is refused before the model loads, and a
 synchronized engine (tensor-parallel group, server) keeps every rank in every round and judge call."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import run_on_two_processes
 
 from trl_mintrl.engines.vllm import check_vllm_mode_supported
 
@@ -45,16 +41,6 @@ def test_trainers_refuse_an_unknown_mode_before_loading_the_model(cpu_args, toy_
             )
 
 
-def run_two_processes(mode: str, model_path: str, out: Path) -> list[dict]:
-    script = Path(__file__).with_name("vllm_modes_script.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), mode, model_path, str(out)]  # fmt: skip
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["tp", "server"])
 def test_every_rank_joins_every_round_and_judge_call(mode, tiny_model_path, tmp_path):
@@ -62,7 +48,9 @@ def test_every_rank_joins_every_round_and_judge_call(mode, tiny_model_path, tmp_
     `transformers`). Rank 0 holds the controls, done after one round; rank 1 the intervened rollouts (chunks,
     reviews, corrections). Each engine call checks that both ranks are in the same call, with a 60 s collective
     timeout, so a rank that skipped a round or a judge call fails the run."""
-    controls, intervened = run_two_processes(mode, tiny_model_path, tmp_path)
+    controls, intervened = run_on_two_processes(
+        "vllm_modes_script.py", mode, tiny_model_path, str(tmp_path), out=tmp_path
+    )
     assert controls["steps"] == intervened["steps"] == 2
     assert [kind for kind, _ in controls["calls"]] == [kind for kind, _ in intervened["calls"]]
     for idle_rollout, busy_rollout in zip(controls["rollout_calls"], intervened["rollout_calls"], strict=True):

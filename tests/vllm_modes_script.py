@@ -19,8 +19,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from mintrl_helpers import ONE_STEP_ROWS, multi_process_args  # noqa: E402
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer  # noqa: E402
+from trl_mintrl import MInTRLTrainer  # noqa: E402
 from trl_mintrl.engines.vllm import VLLMEngine, VLLMServerEngine, _all_gather  # noqa: E402
 from trl_mintrl.judges import GeneratingJudge  # noqa: E402
 from trl_mintrl.judges.base import Correction, Verdict  # noqa: E402
@@ -114,31 +115,12 @@ def main(mode: str, model_path: str, out_dir: str):
     # a short timeout turns a missed collective into an error instead of a 30-minute hang
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     torch.manual_seed(0)
-    rows = [{"prompt": [{"role": "user", "content": f"Compute {a}+1 ="}], "solution": f"{a + 1}"} for a in range(8)]
-    args = MInTRLConfig(
-        output_dir=out_dir,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
-        num_control_generations=2,
-        num_intervened_generations=2,
-        per_device_train_batch_size=2,
-        max_completion_length=12,
-        chunk_size=4,
-        max_reviews=2,
-        max_correction_tokens=4,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-3,
-        disable_tqdm=True,
-    )
+    args = multi_process_args(out_dir)
     trainer = RecordingTrainer(
         model_path,
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),
         args=args,
-        train_dataset=Dataset.from_list(rows),
+        train_dataset=Dataset.from_list(ONE_STEP_ROWS),
     )  # engine, judge replaced below
     inner = trainer.policy_engine
     rank = dist.get_rank()
