@@ -353,3 +353,14 @@ def test_code_reward_sandbox_is_built_before_the_model_loads(machine_without_nam
     machine_without_namespaces._default_sandbox = None
     check_environment(parse_recipe(["sort", "--config", CPU_RECIPES["sort"]]))  # no code reward: no sandbox
     assert machine_without_namespaces._default_sandbox is None
+
+
+def test_a_reward_module_whose_strict_sandbox_cannot_start_is_named(machine_without_namespaces, tmp_path, monkeypatch):
+    """`make_code_reward(isolation="namespaces")` in the user's reward module fails when the recipe is parsed."""
+    (tmp_path / "strict_rewards.py").write_text(
+        "from trl_mintrl.rewards import make_code_reward\n\nstrict = make_code_reward(isolation='namespaces')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RecipeError, match=r"reward_funcs: cannot import 'strict_rewards.strict': isolation='namespac"):
+        parse_recipe(["sort", "--config", CPU_RECIPES["sort"], "--reward_funcs", "strict_rewards.strict"])
+    monkeypatch.delitem(__import__("sys").modules, "strict_rewards", raising=False)

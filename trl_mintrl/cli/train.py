@@ -218,8 +218,8 @@ def resolve_reward_funcs(names: list[str]) -> list:
             )
         try:
             funcs.append(_import(REWARD_FUNCS.get(name, name)))
-        except (ImportError, AttributeError) as err:
-            raise RecipeError(f"reward_funcs: cannot import {name!r}: {err}.") from None
+        except (ImportError, AttributeError, RuntimeError, ValueError) as err:  # e.g. a strict sandbox built there
+            raise RecipeError(f"reward_funcs: cannot import {name!r}: {err}") from None
     return funcs
 
 
