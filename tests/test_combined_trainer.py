@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import params_changed, snapshot
+from conftest import params_changed, run_on_two_processes, snapshot
 from mintrl_helpers import CORRECTION, revise_first_step_judge
 from transformers import TrainerCallback
 from trl import GRPOConfig
@@ -151,6 +151,22 @@ def test_joint_repair_adds_the_weighted_repair_loss_to_the_regression_loss(tiny_
     repair_loss = trainer._metrics["train"]["sort/repair_loss"][-1]
     assert repair_loss > 0 and trainer.sort_buffer.counters["repairs"] == 1 and len(trainer.sort_buffer) == 0
     assert total - regression == pytest.approx(0.5 * repair_loss, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_defers_by_the_whole_group_across_processes(tiny_model_path, tmp_path):
+    """Each process holds half of every group: rank 0 the controls, rank 1 the intervened rollouts. Rank 0 sees only
+    failures, yet a prompt that rank 1's interventions rescued is not deferred, and both ranks defer, buffer, repair
+    and end with the same weights."""
+    ranks = run_on_two_processes("combined_ddp_script.py", tiny_model_path, str(tmp_path), out=tmp_path)
+    assert [r["world"] for r in ranks] == [2, 2]
+    for key in ("deferred", "buffer", "repairs_after_step", "weights"):
+        assert ranks[0][key] == ranks[1][key], key
+    seen = {q: ranks[0]["rewards_seen"][q] + ranks[1]["rewards_seen"][q] for q in ranks[0]["rewards_seen"]}
+    rescued = {q for q, rewards in seen.items() if max(rewards) > 0}
+    assert rescued and all(max(ranks[0]["rewards_seen"][q]) == 0 for q in rescued)  # rank 0 saw only failures
+    assert set(ranks[0]["deferred"]) == {q for q, rewards in seen.items() if max(rewards) == 0}
+    assert ranks[0]["repairs_after_step"][-1] >= 1
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------------------------
