@@ -7,8 +7,10 @@ namespace package `vllm`, and TRL would believe vLLM is installed.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,26 @@ if VLLM_INSTALLED:
     # in this process (the multi-process engine needs a __main__ guard and starts ~10x slower).
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Shut down the vLLM engines a test (and the fixtures torn down with it) dropped, here, between tests.
+
+    An in-process engine's shutdown tears down vLLM's process-wide parallel groups and torch.distributed's default
+    group, whichever engine built them. vLLM also freezes the garbage collector's heap when it builds an engine, so a
+    dropped engine (trainers hold reference cycles) is only collected after some later `gc.unfreeze()`: in the middle
+    of a later test, breaking that test's engine ("pipeline model parallel group is not initialized", "Default process
+    group has not been initialized"). A failed test's frames are kept in `sys.last_traceback` until the next test
+    runs; they are dropped here too, so a failure does not take the next tests down with it.
+    """
+    yield
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    gc.unfreeze()
+    gc.collect()
+
 
 # Settings of every vLLM engine the tests build: TRL's through the patch below, ours through `llm_kwargs`.
 TEST_LLM_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}

@@ -13,13 +13,15 @@ import time
 import urllib.request
 
 import pytest
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_mintrl import MInTRLConfig, MInTRLTrainer
 from trl_mintrl.data.loaders import fixture_path
 from trl_mintrl.engines import TransformersEngine
 from trl_mintrl.engines.vllm import VLLMEngine
 from trl_mintrl.judges import CorrectionRequest, EndpointJudge, GeneratingJudge
+from trl_mintrl.text import chat_token_ids
 
 
 def intervened_reward(completions, mintrl_intervened, **kwargs):
@@ -59,7 +61,23 @@ CORRECTIONS = [
 ]
 
 
-def test_judge_model_in_a_second_colocated_engine(tiny_model_path, cpu_args, toy_dataset, llm_kwargs):
+def corrections_and_raw_answers(judge: GeneratingJudge, monkeypatch) -> tuple[list, list[list[int]]]:
+    """`judge.correct(CORRECTIONS)` and the token ids its engine generated for them, before the judge's checks."""
+    raw = []
+    generate = judge.engine.generate
+
+    def recording_generate(prompt_ids, max_new_tokens, temperature=None):
+        out = generate(prompt_ids, max_new_tokens, temperature)
+        raw.extend(g.token_ids for g in out)
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(judge.engine, "generate", recording_generate)
+        corrections = judge.correct(CORRECTIONS)
+    return corrections, raw
+
+
+def test_judge_model_in_a_second_colocated_engine(tiny_model_path, cpu_args, toy_dataset, llm_kwargs, monkeypatch):
     """judge='model' on GPU: a second vLLM engine in the training process, with its own memory share."""
     trainer = MInTRLTrainer(
         model=tiny_model_path, reward_funcs=intervened_reward, args=mintrl_args(cpu_args), train_dataset=toy_dataset
@@ -68,9 +86,25 @@ def test_judge_model_in_a_second_colocated_engine(tiny_model_path, cpu_args, toy
     assert engine.llm is not trainer.vllm_generation.llm
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     judge = GeneratingJudge(engine, tokenizer, max_review_tokens=12, max_correction_tokens=8, temperature=0.0)
-    reference = transformers_judge(tiny_model_path).correct(CORRECTIONS)
-    assert [c.text for c in judge.correct(CORRECTIONS)] == [c.text for c in reference]
-    assert any(c.text for c in reference)
+    corrections, raw = corrections_and_raw_answers(judge, monkeypatch)
+    reference, reference_raw = corrections_and_raw_answers(transformers_judge(tiny_model_path), monkeypatch)
+    # the second engine answers the judge's prompts token for token as greedy fp32 `transformers` does
+    assert len(raw) == len(CORRECTIONS) and raw == reference_raw
+    # the untrained tiny model never ends an answer within 8 tokens: every correction is cut by the cap, so it
+    # fails on both engines alike and is never inserted
+    assert all(len(ids) == 8 and ids[-1] not in engine.eos_token_ids for ids in raw)
+    assert [(c.text, c.failed) for c in corrections] == [(c.text, c.failed) for c in reference] == [("", True)] * 2
+    # greedy answers of the untrained model repeat one token: the sampled tokens' log-probs check the whole
+    # distribution of the second engine against the fp32 model
+    sampler = VLLMEngine(engine.llm, eos_token_ids=engine.eos_token_ids, return_logprobs=True)
+    prompts = [chat_token_ids(tokenizer, f"Compute {a}*{a + 3} =") for a in range(3)]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    for prompt, sampled in zip(prompts, sampler.generate(prompts, 12), strict=True):
+        assert len(set(sampled.token_ids)) > 1
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + sampled.token_ids])).logits[0, len(prompt) - 1 : -1]
+        expected = logits.log_softmax(-1).gather(1, torch.tensor(sampled.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(sampled.logprobs), expected, atol=1e-4, rtol=0)
 
     trainer.judge = judge
     calls_before = engine.num_calls
