@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -161,6 +166,26 @@ def test_eval_cli_vllm_backend_matches_transformers(tiny_model_path, tmp_path, m
     assert [(s["problem"], s["completion"]) for s in samples["vllm"]] == [
         (s["problem"], s["completion"]) for s in samples["transformers"]
     ]
+
+
+def test_eval_all_checkpoints_vllm_frees_each_engine_before_the_next(tiny_model_path, tmp_path):
+    """One engine at a time: each checkpoint's engine core is gone before the next checkpoint's engine is built
+    (on GPU each one takes its `--vllm_gpu_memory_utilization` share)."""
+    run = tmp_path / "run"
+    for step in (1, 2):
+        shutil.copytree(tiny_model_path, run / f"checkpoint-{step}")
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    script = Path(__file__).with_name("eval_checkpoints_script.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the CLI's default: the engine core in its own process
+    out = tmp_path / "eval"
+    cmd = [sys.executable, str(script), str(run), str(out), f"math500={fixture_path('math500')}"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record == {"alive_at_build": [0, 0], "alive_at_end": 0}
+    report = json.loads((out / "checkpoints.json").read_text())
+    assert sorted(report["checkpoints"]) == ["1", "2"]
 
 
 def test_judge_model_engine_from_config(tiny_model_path, cpu_args, toy_dataset):

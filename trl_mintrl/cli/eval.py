@@ -249,7 +249,8 @@ def _evaluate_model(model: str, benchmarks: dict, output: Path, args: argparse.N
     try:
         return evaluate(benchmarks, engine, tokenizer, output, settings)
     finally:
-        del engine  # one checkpoint's engine at a time
+        if hasattr(engine, "close"):  # a vLLM engine gives its memory back before the next checkpoint's is built
+            engine.close()
 
 
 def main(argv: list[str]) -> None:

@@ -201,6 +201,19 @@ class VLLMEngine(GenerationEngine):
         )
         return cls(llm, eos_token_ids=sorted(eos), sampling_defaults=defaults, return_logprobs=return_logprobs)
 
+    def close(self) -> None:
+        """Shut a standalone engine down now: its engine-core process ends and gives its memory back.
+
+        Dropping the last reference is not enough: the `vllm.LLM` of a process's first `from_model_path` stays
+        referenced from the frames of vLLM's first import (seen with vLLM 0.31), so its engine core would hold its
+        GPU memory share until the process exits, and `trl-mintrl eval --all_checkpoints` would find no room for the
+        next checkpoint's engine. An in-process engine core's shutdown also tears down vLLM's process-wide parallel
+        state, so a trainer's engine (TRL owns it) is refused.
+        """
+        if self._trainer is not None:
+            raise RuntimeError("VLLMEngine.close() shuts down a standalone engine; a trainer's engine belongs to TRL.")
+        self.llm.llm_engine.engine_core.shutdown()
+
     # ----------------------------------------------------------------------------------------------------------------
     # session: weight sync and sleep mode
 
