@@ -144,7 +144,18 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     results["settings"]["plan"].insert(2, ["mintrl-vote", 0.0])
     (tmp_path / "beyond.json").write_text(json.dumps(results))
     (tmp_path / "beyond.md").unlink()
-    replot = [sys.executable, "benchmarks/beyond.py", "--replot", str(tmp_path / "beyond.json")]
+    from benchmarks.beyond import README_END, README_START
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{README_START}\nold\n{README_END}\n")
+    replot = [
+        sys.executable,
+        "benchmarks/beyond.py",
+        "--replot",
+        str(tmp_path / "beyond.json"),
+        "--readme",
+        str(readme),
+    ]
     subprocess.run(replot, cwd=ROOT, check=True, capture_output=True, timeout=300)
     lines = (tmp_path / "beyond.md").read_text().splitlines()
 
@@ -166,3 +177,6 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     assert line.endswith("judge tokens controller / fixed 2.00 [2.00, 2.00].")  # 80 / 40 on both seeds
     combined = cells("| mintrl-sort |")
     assert combined[3] == "20.0 ± 14.1" and combined[5:7] == ["+20.0 [-107.1, +147.1]", "no"]  # vs GRPO
+    readme_text = readme.read_text()  # the README's block comes from the same JSON
+    assert "old" not in readme_text
+    assert "| MInTRL + SORT (plain: mintrl-const) | 20.0 ± 14.1 | +20.0 [-107.1, +147.1] |" in readme_text

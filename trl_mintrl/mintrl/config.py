@@ -54,7 +54,7 @@ class MInTRLConfig(GRPOConfig):
             value (e.g. `0.03`; the paper's sweet spot is 2-4%) by reviewing only a share of the intervened slots
             each step (the others run as controls), raised or lowered from the last step's measured share.
             Combine with `intervention_stop_gap` to also stop when corrections stop helping. `None`: every
-            intervened slot is reviewed. Unmeasured on the support-expansion benchmark yet.
+            intervened slot is reviewed. Measured on the toy support-expansion benchmark: no resolved gain (docs).
 
         > Parameters that control voting judges
 
@@ -63,8 +63,8 @@ class MInTRLConfig(GRPOConfig):
             sampled at `judge_temperature`, which must then be > 0 for a model judge.
         judge_min_agree (`int`, *optional*, defaults to `1`):
             Revise a chunk only when at least this many of its `judge_votes` reviews flag a step at or before step
-            i; the cut is at the smallest such i. Failed reviews abstain. Unmeasured on the support-expansion
-            benchmark yet.
+            i; the cut is at the smallest such i. Failed reviews abstain. Measured on the toy support-expansion
+            benchmark: no resolved gain (docs).
 
         > Parameters that control the loss
 
