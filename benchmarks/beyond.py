@@ -26,9 +26,6 @@ import json
 import os
 import statistics
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -483,33 +480,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     jobs = plan_jobs(settings)
     base_job = {"regime": REGIME, "final_prompts": settings["final_prompts"], "curve_prompts": 8}
-    print(f"{len(jobs)} runs of {settings['steps']} steps on {args.workers or 1} worker(s) -> {out}", flush=True)
-    start = time.perf_counter()
-
-    def record(kind: str, result: dict) -> None:
-        results[kind].append(result)
-        results["wall_seconds"] = time.perf_counter() - start
-        (out / "beyond.json").write_text(json.dumps(results, indent=1))  # after every run: partial runs count
-        render(results, out, plots=False)
-        if kind == "runs":
-            print(
-                f"{result['name']}: pass@1 {100 * result['final']['pass@1']:.1f} pass@8 "
-                f"{100 * result['final']['pass@8']:.1f} ({result['train_seconds']:.0f}s train)",
-                flush=True,
-            )
-
-    if args.workers == 0:
-        record("baselines", learning._json_round_trip(learning.baseline(base_job)))
-        for job in jobs:
-            record("runs", learning._json_round_trip(run_beyond_job(job)))
-    else:
-        with ProcessPoolExecutor(max_workers=args.workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(learning.baseline, base_job): "baselines"}
-            futures |= {pool.submit(run_beyond_job, job): "runs" for job in jobs}
-            for future in as_completed(futures):
-                record(futures[future], learning._json_round_trip(future.result()))
-    print(render(results, out))
-    print("wrote", out, flush=True)
+    learning.execute(
+        results, out, "beyond.json", render, [(learning.baseline, base_job)], run_beyond_job, jobs, args.workers
+    )
 
 
 if __name__ == "__main__":

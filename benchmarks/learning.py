@@ -374,6 +374,17 @@ def readme_block(results: dict) -> str:
                 (format_interval(diff) + verdict) if label != "grpo" else "-",
             ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for base in results["baselines"]:
+        text = (
+            f"Warm start, {base['regime']}: pass@1 {100 * base['final']['pass@1']:.1f}, "
+            f"pass@8 {100 * base['final']['pass@8']:.1f}"
+        )
+        if "familiar" in base:
+            text += (
+                f" (the same problems with `a#b` written `a+(b+2)`: {100 * base['familiar']['pass@1']:.1f}, "
+                f"{100 * base['familiar']['pass@8']:.1f})"
+            )
+        lines += ["", text + "."]
     points = sweep_table(results)
     if points:
         sweep = ", ".join(
@@ -560,14 +571,20 @@ def main(argv: list[str] | None = None) -> None:
     base_jobs = [
         {"regime": r, **{k: settings[k] for k in ("final_prompts", "curve_prompts")}} for r in settings["plan"]
     ]
-    print(f"{len(jobs)} runs of {settings['steps']} steps on {args.workers or 1} worker(s) -> {out}", flush=True)
+    execute(results, out, "learning.json", render, [(baseline, job) for job in base_jobs], run_job, jobs, args.workers)
+
+
+def execute(results: dict, out: Path, json_name: str, render_fn, baseline_jobs, run_fn, jobs, workers: int) -> None:
+    """Run the baselines (`(function, job)` pairs) and `run_fn` on every job, inline (`workers` 0) or in spawned
+    processes; after each result rewrite `out/json_name` and the tables (partial runs count), then render all."""
+    print(f"{len(jobs)} runs on {workers or 1} worker(s) -> {out}", flush=True)
     start = time.perf_counter()
 
     def record(kind: str, result: dict) -> None:
-        results[kind].append(result)
+        results[kind].append(_json_round_trip(result))
         results["wall_seconds"] = time.perf_counter() - start
-        (out / "learning.json").write_text(json.dumps(results, indent=1))  # after every run: partial runs count
-        render(results, out, plots=False)
+        (out / json_name).write_text(json.dumps(results, indent=1))
+        render_fn(results, out, plots=False)
         if kind == "runs":
             print(
                 f"{result['name']}: pass@1 {100 * result['final']['pass@1']:.1f} pass@8 "
@@ -575,18 +592,18 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
 
-    if args.workers == 0:
-        for job in base_jobs:
-            record("baselines", baseline(job))
+    if workers == 0:
+        for function, job in baseline_jobs:
+            record("baselines", function(job))
         for job in jobs:
-            record("runs", _json_round_trip(run_job(job)))
+            record("runs", run_fn(job))
     else:
-        with ProcessPoolExecutor(max_workers=args.workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(baseline, job): "baselines" for job in base_jobs}
-            futures |= {pool.submit(run_job, job): "runs" for job in jobs}
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(function, job): "baselines" for function, job in baseline_jobs}
+            futures |= {pool.submit(run_fn, job): "runs" for job in jobs}
             for future in as_completed(futures):
-                record(futures[future], _json_round_trip(future.result()))
-    print(render(results, out))
+                record(futures[future], future.result())
+    print(render_fn(results, out))
     print("wrote", out, flush=True)
 
 

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import torch
+from mintrl_helpers import mintrl_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer
+from trl_mintrl import MInTRLTrainer
 from trl_mintrl.data.loaders import fixture_path
 from trl_mintrl.engines import TransformersEngine
 from trl_mintrl.engines.vllm import VLLMEngine
@@ -25,22 +26,10 @@ def intervened_reward(completions, mintrl_intervened, **kwargs):
     return [float(flag) for flag in mintrl_intervened]
 
 
-def mintrl_args(cpu_args, **overrides):
-    args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
-    args.update(
-        num_control_generations=2,
-        num_intervened_generations=2,
-        chunk_size=6,
-        max_reviews=2,
-        max_correction_tokens=8,
-        max_completion_length=16,
-        judge_max_review_tokens=12,
-        max_steps=1,
-        use_vllm=True,
-        vllm_mode="colocate",
-    )
-    args.update(overrides)
-    return MInTRLConfig(**args)
+def vllm_mintrl_args(cpu_args, **overrides):
+    """The shared small MInTRL config (`mintrl_helpers.mintrl_args`) on colocated vLLM, one step."""
+    settings = dict(max_completion_length=16, judge_max_review_tokens=12, max_steps=1, use_vllm=True)
+    return mintrl_args(cpu_args, vllm_mode="colocate", **{**settings, **overrides})
 
 
 def transformers_judge(path: str) -> GeneratingJudge:
@@ -77,7 +66,10 @@ def corrections_and_raw_answers(judge: GeneratingJudge, monkeypatch) -> tuple[li
 def test_judge_model_in_a_second_colocated_engine(tiny_model_path, cpu_args, toy_dataset, llm_kwargs, monkeypatch):
     """judge='model' on GPU: a second vLLM engine in the training process, with its own memory share."""
     trainer = MInTRLTrainer(
-        model=tiny_model_path, reward_funcs=intervened_reward, args=mintrl_args(cpu_args), train_dataset=toy_dataset
+        model=tiny_model_path,
+        reward_funcs=intervened_reward,
+        args=vllm_mintrl_args(cpu_args),
+        train_dataset=toy_dataset,
     )
     engine = VLLMEngine.from_model_path(tiny_model_path, gpu_memory_utilization=0.2, **llm_kwargs)
     assert engine.llm is not trainer.vllm_generation.llm
@@ -137,7 +129,7 @@ def test_endpoint_judge_against_vllm_serve(vllm_server, tiny_model_path, cpu_arg
     assert [(c.text, c.failed) for c in corrections] == [("", True)] * 2
     assert judge.failures == {"too_long": 2}
 
-    args = mintrl_args(cpu_args, judge="endpoint", judge_base_url=base_url, judge_model=tiny_model_path)
+    args = vllm_mintrl_args(cpu_args, judge="endpoint", judge_base_url=base_url, judge_model=tiny_model_path)
     trainer = MInTRLTrainer(
         model=tiny_model_path, reward_funcs=intervened_reward, args=args, train_dataset=toy_dataset
     )
@@ -190,7 +182,7 @@ def test_eval_all_checkpoints_vllm_frees_each_engine_before_the_next(tiny_model_
 
 def test_judge_model_engine_from_config(tiny_model_path, cpu_args, toy_dataset):
     """`judge_vllm_gpu_memory_utilization` puts judge='model' on its own colocated vLLM engine."""
-    args = mintrl_args(
+    args = vllm_mintrl_args(
         cpu_args, judge="model", judge_model_name_or_path=tiny_model_path, judge_vllm_gpu_memory_utilization=0.2
     )
     trainer = MInTRLTrainer(
