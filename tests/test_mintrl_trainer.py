@@ -163,7 +163,7 @@ def test_lora_trains_adapter_only(tiny_model_path, cpu_args, toy_dataset):
         ({"judge": "model"}, "judge_model_name_or_path"),
         ({"judge": "endpoint"}, "judge_base_url"),
         ({"beta": 0.04}, "no KL term"),
-        ({"num_control_generations": 0}, "num_control_generations must be >= 1"),
+        ({"num_control_generations": 0}, "num_control_generations=0 .*at least 1"),
         ({"chunk_size": 0}, "chunk_size must be >= 1"),
     ],
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
@@ -13,24 +13,98 @@ ANCHORS = ("const", "proxy")
 JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
 
 
+def _refused(fields: str, why: str, instead: str) -> dict[str, tuple[str, str]]:
+    return dict.fromkeys(fields.split(), (why, instead))
+
+
+# GRPOConfig fields that MInTRL's rollout and loss do not read, or cannot honour. A value other than the config's own
+# default is refused in `__post_init__` (before any model loads) instead of being silently ignored: field -> (why,
+# what to do instead). docs/grpo-fields.md is the table for users; tests/test_grpo_fields.py checks it against this.
+REFUSED_GRPO_FIELDS: dict[str, tuple[str, str]] = {
+    **_refused(
+        "beta sync_ref_model ref_model_mixup_alpha ref_model_sync_steps use_bias_correction_kl",
+        "MInTRL's advantage regression has no KL term to a reference model, so no reference model is built",
+        "the regression is already KL-regularised through `regression_beta` (the paper's beta2): tune that",
+    ),
+    **_refused(
+        "loss_type epsilon epsilon_high delta sapo_temperature_neg sapo_temperature_pos vespo_k_pos "
+        "vespo_lambda_pos vespo_k_neg vespo_lambda_neg importance_sampling_level off_policy_mask_threshold",
+        "MInTRL replaces GRPO's clipped policy-gradient loss by a sequence-level advantage regression, with no "
+        "probability ratio, no clipping and no loss-type variants",
+        "shape the update with `regression_beta`, `anchor` and `kappa`",
+    ),
+    **_refused(
+        "scale_rewards multi_objective_aggregation",
+        "MInTRL's advantage is the reward minus the mean reward of the prompt's control rollouts, with no division "
+        "by a standard deviation (the paper's baseline)",
+        "weigh or rescale rewards with `reward_weights` or in the reward functions",
+    ),
+    **_refused(
+        "top_entropy_quantile entropy_coef use_adaptive_entropy entropy_coef_min entropy_coef_max "
+        "entropy_coef_delta entropy_target",
+        "the regression sums over every completion token (judge tokens included), with no entropy mask and no "
+        "entropy bonus",
+        "the `entropy` metric is still logged; MInTRL has no entropy term to tune",
+    ),
+    **_refused(
+        "vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max "
+        "vllm_importance_sampling_clip_min vllm_importance_sampling_cap",
+        "MInTRL uses no importance sampling: the regression target holds for any trajectory the behaviour policy "
+        "produces, vLLM-sampled ones included",
+        "nothing to set; vLLM rollouts are regressed as sampled",
+    ),
+    **_refused(
+        "router_aux_loss_coef",
+        "MInTRL's loss does not add a Mixture-of-Experts router load-balancing loss",
+        "leave it None (no auxiliary loss is added)",
+    ),
+    **_refused(
+        "use_transformers_continuous_batching transformers_continuous_batching_config use_transformers_paged "
+        "vllm_structured_outputs_regex",
+        "MInTRL generates through its own chunked intervention loop (batched `model.generate`, or vLLM with "
+        "`use_vllm`), not through TRL's generation path",
+        "use `use_vllm=True` for a faster engine",
+    ),
+    **_refused(
+        "max_tool_calling_iterations",
+        "MInTRL's rollout has no tool-calling loop (its only outside tokens are the judge's corrections)",
+        "train tool use with `GRPOTrainer`",
+    ),
+    **_refused(
+        "ds3_gather_for_generation",
+        "ranks run different numbers of rollout rounds under ZeRO-3, which needs the gathered weights",
+        "the weights are gathered for generation only, not for training",
+    ),
+}
+
+
 @dataclass
 class MInTRLConfig(GRPOConfig):
     r"""
     Configuration class for the [`MInTRLTrainer`] (Minimal-Intervention RL).
 
-    All [`~trl.GRPOConfig`] parameters apply; the ones below are MInTRL's own. Defaults follow the paper (Table 6)
-    where it gives a value.
+    [`~trl.GRPOConfig`] parameters apply, except those of GRPO's loss, advantage normalisation, reference model and
+    generation path that MInTRL replaces: a non-default value of one of them (`REFUSED_GRPO_FIELDS`, e.g. `beta`,
+    `loss_type`, `scale_rewards`, `epsilon`) is refused when the config is built, with the reason and what to use
+    instead. The table of every `GRPOConfig` field is in the docs (GRPOConfig fields). The parameters below are
+    MInTRL's own; defaults follow the paper (Table 6) where it gives a value.
 
     Parameters:
         > Parameters that control the group of rollouts
 
-        num_control_generations (`int`, *optional*, defaults to `8`):
-            On-policy control rollouts per prompt. Their mean reward is the baseline V(x).
-        num_intervened_generations (`int`, *optional*, defaults to `8`):
-            Rollouts per prompt that the judge reviews and corrects during the intervention phase.
         num_generations (`int` or `None`, *optional*, defaults to `None`):
-            Rollouts per prompt; derived as `num_control_generations + num_intervened_generations`. Leave it unset
-            or set it to that sum.
+            Rollouts per prompt, the `GRPOConfig` knob: `None` means `GRPOConfig`'s `8`, or the sum of the two fields
+            below when both are given. Without them it is split half and half (paper: 8 + 8, `num_generations=16`);
+            an odd number gives the extra rollout to the controls (`3`: 2 controls + 1 intervened), since they
+            alone make the baseline and a group always needs one. `1` is refused: a group needs a control for its
+            baseline and, as in GRPO, at least 2 rollouts to learn from.
+        num_control_generations (`int` or `None`, *optional*, defaults to `None`):
+            On-policy control rollouts per prompt; their mean reward is the baseline V(x). `None`: derived from
+            `num_generations` (half, rounded up, or what `num_intervened_generations` leaves). At least 1.
+        num_intervened_generations (`int` or `None`, *optional*, defaults to `None`):
+            Rollouts per prompt that the judge reviews and corrects during the intervention phase. `None`: derived
+            from `num_generations` (half, rounded down, or what `num_control_generations` leaves). `0` turns the
+            judge off (every rollout is a control).
 
         > Parameters that control the rollout loop
 
@@ -76,9 +150,9 @@ class MInTRLConfig(GRPOConfig):
         regression_beta (`float`, *optional*, defaults to `1e-3`):
             Scale of the summed log-ratio in the advantage regression (the paper's beta2).
         beta (`float`, *optional*, defaults to `0.0`):
-            KL coefficient of GRPO. MInTRL's regression has no KL term: it must stay `0.0`.
+            KL coefficient of GRPO. MInTRL's regression has no KL term: any other value is refused.
         vllm_importance_sampling_correction (`bool`, *optional*, defaults to `False`):
-            MInTRL uses no importance sampling: the regression target holds for any trajectory.
+            MInTRL uses no importance sampling (the regression target holds for any trajectory): `True` is refused.
 
         > Parameters that control the judge
 
@@ -128,17 +202,26 @@ class MInTRLConfig(GRPOConfig):
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["judge_chat_template_kwargs"]
 
     # group composition
-    num_control_generations: int = field(
-        default=8,
-        metadata={"help": "On-policy control rollouts per prompt. Their mean reward is the baseline V(x)."},
-    )
-    num_intervened_generations: int = field(
-        default=8,
-        metadata={"help": "Rollouts per prompt that the judge reviews and corrects during the intervention phase."},
-    )
     num_generations: int | None = field(
         default=None,
-        metadata={"help": "Rollouts per prompt; derived as num_control_generations + num_intervened_generations."},
+        metadata={
+            "help": "Rollouts per prompt (None: GRPOConfig's 8, or the sum of the two split fields when both are "
+            "given). Split half controls, half intervened; an odd number gives the extra one to the controls."
+        },
+    )
+    num_control_generations: int | None = field(
+        default=None,
+        metadata={
+            "help": "On-policy control rollouts per prompt; their mean reward is the baseline V(x). None: derived "
+            "from num_generations."
+        },
+    )
+    num_intervened_generations: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rollouts per prompt that the judge reviews and corrects during the intervention phase. None: "
+            "derived from num_generations."
+        },
     )
     # rollout loop
     chunk_size: int = field(
@@ -279,21 +362,8 @@ class MInTRLConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        total = self.num_control_generations + self.num_intervened_generations
-        if self.num_control_generations < 1:
-            raise ValueError(
-                "num_control_generations must be >= 1: the control rollouts' mean reward is the baseline."
-            )
-        if self.num_intervened_generations < 0:
-            raise ValueError("num_intervened_generations must be >= 0.")
-        if self.num_generations is None:
-            self.num_generations = total
-        elif self.num_generations != total:
-            raise ValueError(
-                f"num_generations={self.num_generations} conflicts with num_control_generations="
-                f"{self.num_control_generations} + num_intervened_generations={self.num_intervened_generations} = "
-                f"{total}. Leave num_generations unset (it is derived) or make it equal to the sum."
-            )
+        self._split_group()
+        self._refuse_unused_grpo_fields()
         if self.anchor not in ANCHORS:
             raise ValueError(f"anchor={self.anchor!r} is not one of {ANCHORS}.")
         if self.judge not in JUDGE_BACKENDS:
@@ -332,8 +402,55 @@ class MInTRLConfig(GRPOConfig):
             raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")
         if self.regression_beta <= 0:
             raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
-        if self.beta != 0.0:
-            raise ValueError(
-                f"beta={self.beta}: MInTRL's advantage regression has no KL term. Set beta=0 and tune regression_beta."
-            )
         super().__post_init__()
+
+    def _split_group(self) -> None:
+        """Resolve `num_generations` and its split into controls and intervened rollouts (see the docstring)."""
+        total, controls, intervened = self.num_generations, self.num_control_generations, self.num_intervened_generations
+        if controls is not None and intervened is not None:
+            if total is not None and total != controls + intervened:
+                raise ValueError(
+                    f"num_generations={total} conflicts with num_control_generations={controls} + "
+                    f"num_intervened_generations={intervened} = {controls + intervened}. Set num_generations alone "
+                    "(split half and half), or the two split fields (num_generations is their sum)."
+                )
+            total = controls + intervened
+        else:
+            if total is None:
+                total = GRPOConfig.__dataclass_fields__["num_generations"].default
+            if controls is None and intervened is None:
+                controls = (total + 1) // 2  # the extra rollout of an odd group goes to the baseline
+            if controls is None:
+                controls = total - intervened
+            intervened = total - controls
+        if total < 2:
+            raise ValueError(
+                f"num_generations={total}: MInTRL needs at least 2 rollouts per prompt (one control for the "
+                "baseline, and, as in GRPO, a second rollout to compare it with). Set num_generations >= 2, e.g. 2 "
+                "for 1 control + 1 intervened (or num_control_generations and num_intervened_generations)."
+            )
+        if controls < 1:
+            raise ValueError(
+                f"num_control_generations={controls} (num_generations={total}, num_intervened_generations="
+                f"{intervened}): the control rollouts' mean reward is the baseline, so at least 1 is needed. Lower "
+                "num_intervened_generations or raise num_generations."
+            )
+        if intervened < 0:
+            raise ValueError(
+                f"num_intervened_generations={intervened}: num_control_generations={controls} exceeds "
+                f"num_generations={total}. Raise num_generations, or set num_intervened_generations too."
+            )
+        self.num_generations, self.num_control_generations, self.num_intervened_generations = total, controls, intervened
+
+    def _refuse_unused_grpo_fields(self) -> None:
+        """A `REFUSED_GRPO_FIELDS` field set to anything but this config's default would be silently ignored."""
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, (why, instead) in REFUSED_GRPO_FIELDS.items():
+            value = getattr(self, name)
+            if name == "scale_rewards":  # GRPOConfig also takes booleans: True is "group", False "none"
+                value = {True: "group", False: "none"}.get(value, value)
+            if value != defaults[name]:
+                raise ValueError(
+                    f"{name}={value!r} is refused by MInTRL: {why}. Leave {name} at its default "
+                    f"({defaults[name]!r}); {instead}."
+                )

@@ -111,11 +111,6 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         if judge is None:
             check_judge_backend(args, model, peft_config)
         check_judge_votes(args, judge)
-        if not args.ds3_gather_for_generation:
-            raise ValueError(
-                "ds3_gather_for_generation=False is not supported by MInTRL: ranks run different numbers of rollout "
-                "rounds, which needs the gathered weights. Set ds3_gather_for_generation=True."
-            )
         if args.use_vllm:
             from ..engines.vllm import check_vllm_mode_supported
 
