@@ -241,6 +241,13 @@ def test_mask_truncated_completions_take_no_gradient(tiny_model_path, cpu_args, 
     assert params_changed(before, trainer.model) == 0
 
 
+def prompt_reward(prompts, mintrl_intervened, **kwargs):
+    """1 on intervened rollouts; a control scores a/10 for the prompt `Compute a+b =`, so each prompt's controls
+    share one reward and differ from other prompts'."""
+    return [1.0 if inter else int(p[-1]["content"].split()[1].split("+")[0]) / 10 for p, inter in
+            zip(prompts, mintrl_intervened)]  # fmt: skip
+
+
 def test_evaluation_runs_without_the_judge(tiny_model_path, cpu_args, toy_dataset):
     """An `eval_dataset` is evaluated with control rollouts only, in groups of `num_generations_eval`, and logs
     `eval_*` metrics; the judge is not called."""
@@ -250,7 +257,7 @@ def test_evaluation_runs_without_the_judge(tiny_model_path, cpu_args, toy_datase
     )
     trainer = RecordingTrainer(
         model=tiny_model_path,
-        reward_funcs=role_reward,
+        reward_funcs=prompt_reward,
         args=args,
         train_dataset=toy_dataset,
         eval_dataset=toy_dataset,
@@ -263,10 +270,11 @@ def test_evaluation_runs_without_the_judge(tiny_model_path, cpu_args, toy_datase
     metrics = trainer.evaluate()
     assert calls["review"] == reviews
     assert metrics["eval_mintrl/interventions_active"] == 0.0 and "eval_loss" in metrics
+    assert len(trainer.records) == len(toy_dataset) * 2 // 4  # 8 prompts x 2 rollouts, 4 rows per batch
     for record in trainer.records:
-        rewards = record["rewards"].view(-1, 2)
-        assert torch.all(rewards < 1.0)  # no intervened rollout (role_reward's 1.0)
-        torch.testing.assert_close(record["advantages"], (rewards - rewards.mean(dim=1, keepdim=True)).view(-1))
+        rewards = record["rewards"].view(-1, 2)  # two prompts per batch, two control rollouts each
+        assert torch.all(rewards < 1.0) and rewards[0, 0] != rewards[1, 0]
+        assert torch.equal(record["advantages"], torch.zeros(4))  # a group's controls share their reward
     logged = {key for entry in trainer.state.log_history for key in entry}
     assert {"eval_loss", "eval_mintrl/reward_control"} <= logged
 
@@ -309,7 +317,7 @@ def test_grpo_settings_that_work_run(tiny_model_path, thinking_tokenizer, cpu_ar
     assert prompt.endswith("<think>\n\n</think>\n\n")  # rendered with chat_template_kwargs
     # reward_weights: the digit reward has weight 0, so intervened rollouts (corrections are digits) score exactly 1
     assert torch.all(record["rewards"].view(-1, 4)[:, 2:] == 1.0)
-    assert record["prompt_ids"].size(1) % 8 == 0 or record["completion_ids"].size(1) % 8 == 0
+    assert record["prompt_ids"].size(1) % 8 == 0 and record["completion_ids"].size(1) % 8 == 0
     assert trainer.model.config.dtype == torch.float32
 
 
@@ -358,15 +366,17 @@ def test_sort_runs_with_grpo_loss_settings(tiny_model_path, cpu_args, toy_datase
 
 
 def test_sort_evaluation_defers_nothing(tiny_model_path, cpu_args, toy_dataset):
-    args = sort_config(cpu_args, max_steps=1, repair_batch_size=100, eval_strategy="steps", eval_steps=1,
-                       per_device_eval_batch_size=8, num_generations_eval=2)  # fmt: skip
-    trainer = SORTTrainer(tiny_model_path, reward_funcs=hard_zero_reward, args=args, train_dataset=toy_dataset,
-                          eval_dataset=toy_dataset)  # fmt: skip
+    """Training on prompts that score defers nothing; evaluating on all-wrong prompts must not fill the buffer."""
+    easy = toy_dataset.filter(lambda row: row["prompt"][-1]["content"] not in HARD)
+    hard = toy_dataset.filter(lambda row: row["prompt"][-1]["content"] in HARD)
+    args = sort_config(cpu_args, max_steps=1, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8,
+                       num_generations_eval=2)  # fmt: skip
+    trainer = SORTTrainer(tiny_model_path, reward_funcs=hard_zero_reward, args=args, train_dataset=easy,
+                          eval_dataset=hard)  # fmt: skip
     trainer.train()
-    held = len(trainer.sort_buffer)
-    assert held > 0  # training deferred the hard prompts
     metrics = trainer.evaluate()
-    assert len(trainer.sort_buffer) == held and "eval_loss" in metrics
+    assert "eval_loss" in metrics and metrics["eval_reward"] == 0.0  # every evaluation group was all-wrong
+    assert len(trainer.sort_buffer) == 0
 
 
 # ----- the docs table -----
