@@ -43,6 +43,11 @@ if TYPE_CHECKING:
     from .tiny import build_tiny_model
 
 
+def __dir__() -> list[str]:
+    """The lazily loaded names too, so that tab completion and IDEs offer them before their first use."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
