@@ -226,9 +226,10 @@ def test_config_is_the_union_of_both_parents_with_their_defaults(cpu_args):
     grpo = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     assert (args.epsilon, args.epsilon_high) == (grpo["epsilon"], grpo["epsilon_high"])  # unused: no clipping
     defaults = MInTRLSORTConfig(output_dir=cpu_args["output_dir"], use_cpu=True, per_device_train_batch_size=16)
+    assert (defaults.num_control_generations, defaults.num_intervened_generations) == (4, 4)  # GRPOConfig's 8
     for config in (MInTRLConfig, SORTConfig):  # every field of a parent's own keeps that parent's default
         for f in dataclasses.fields(config):
-            if f.name not in grpo:
+            if f.name not in grpo and f.name not in ("num_control_generations", "num_intervened_generations"):
                 default = f.default_factory() if f.default is dataclasses.MISSING else f.default
                 assert getattr(defaults, f.name) == default, f.name
 

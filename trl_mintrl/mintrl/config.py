@@ -406,7 +406,8 @@ class MInTRLConfig(GRPOConfig):
 
     def _split_group(self) -> None:
         """Resolve `num_generations` and its split into controls and intervened rollouts (see the docstring)."""
-        total, controls, intervened = self.num_generations, self.num_control_generations, self.num_intervened_generations
+        total = self.num_generations
+        controls, intervened = self.num_control_generations, self.num_intervened_generations
         if controls is not None and intervened is not None:
             if total is not None and total != controls + intervened:
                 raise ValueError(
@@ -440,7 +441,8 @@ class MInTRLConfig(GRPOConfig):
                 f"num_intervened_generations={intervened}: num_control_generations={controls} exceeds "
                 f"num_generations={total}. Raise num_generations, or set num_intervened_generations too."
             )
-        self.num_generations, self.num_control_generations, self.num_intervened_generations = total, controls, intervened
+        self.num_generations = total
+        self.num_control_generations, self.num_intervened_generations = controls, intervened
 
     def _refuse_unused_grpo_fields(self) -> None:
         """A `REFUSED_GRPO_FIELDS` field set to anything but this config's default would be silently ignored."""
