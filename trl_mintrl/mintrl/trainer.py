@@ -104,6 +104,12 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             raise TypeError(f"MInTRLTrainer needs args=MInTRLConfig(...), got {type(args).__name__}.")
         if kwargs.get("rollout_func") is not None:
             raise ValueError("MInTRLTrainer provides its own rollout_func (the intervention loop); do not pass one.")
+        for name in ("tools", "environment_factory"):  # TRL's tool loop would overwrite the judge-token mask
+            if kwargs.get(name):
+                raise ValueError(
+                    f"MInTRLTrainer does not take {name}=: its rollout is the judge's intervention loop, which has no "
+                    "tool-calling loop. Train tool use with GRPOTrainer."
+                )
         if judge is not None and not isinstance(judge, Judge):
             raise TypeError(f"judge must be a trl_mintrl.judges.Judge (e.g. FunctionJudge), got {type(judge)}.")
         if judge is None and args.judge in ("self", "base") and args.intervention_steps > 0:
