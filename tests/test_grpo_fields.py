@@ -346,8 +346,8 @@ def sort_config(cpu_args, **overrides) -> SORTConfig:
 
 def test_sort_runs_with_grpo_loss_settings(tiny_model_path, cpu_args, toy_dataset):
     """The fields MInTRL refuses shape SORT's GRPO update (KL to a synced reference model, another loss type,
-    sequence-level ratios, batch scaling, entropy masking and bonus, truncation masking, two iterations per
-    generation batch) while repairs still run."""
+    sequence-level ratios, two-sided clipping, batch scaling, another reward aggregation, entropy masking and bonus,
+    truncation masking, two iterations per generation batch) while repairs still run."""
     args = sort_config(
         cpu_args,
         max_steps=3,
@@ -356,7 +356,9 @@ def test_sort_runs_with_grpo_loss_settings(tiny_model_path, cpu_args, toy_datase
         ref_model_sync_steps=1,
         loss_type="grpo",
         importance_sampling_level="sequence",
+        delta=2.0,
         scale_rewards="batch",
+        multi_objective_aggregation="normalize_then_sum",
         top_entropy_quantile=0.5,
         entropy_coef=0.01,
         mask_truncated_completions=True,
