@@ -23,8 +23,9 @@ class MInTRLSORTConfig(MInTRLConfig, SORTConfig):
       `GRPOConfig`'s defaults.
     - `beta`: `0.0` in both; MInTRL's check applies (the regression has no KL term, so any other value is refused).
     - `num_generations`: split into `num_control_generations` and `num_intervened_generations` (or their sum), as
-      in MInTRL. A group is every rollout of a prompt, controls and intervened ones: a prompt is deferred for repair only when
-      none of them is correct (SORT's all-wrong rule, with `correctness_reward_funcs` and `correct_threshold`).
+      in MInTRL. A group is every rollout of a prompt, controls and intervened ones: a prompt is deferred for
+      repair only when none of them is correct (SORT's all-wrong rule, with `correctness_reward_funcs` and
+      `correct_threshold`).
     - `reference_column`: one column serves both, as the judge's privileged context and as the repair's reference.
     - `vllm_importance_sampling_correction`: `False`, as in MInTRL (the regression uses no importance sampling);
       `True` is refused.

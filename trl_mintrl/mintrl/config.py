@@ -13,8 +13,8 @@ ANCHORS = ("const", "proxy")
 JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
 
 
-def _refused(fields: str, why: str, instead: str) -> dict[str, tuple[str, str]]:
-    return dict.fromkeys(fields.split(), (why, instead))
+def _refused(names: str, why: str, instead: str) -> dict[str, tuple[str, str]]:
+    return dict.fromkeys(names.split(), (why, instead))
 
 
 # GRPOConfig fields that MInTRL's rollout and loss do not read, or cannot honour. A value other than the config's own
