@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-_MIN_NLL = 1e-6  # the log-linear fit needs NLL > 0; a step whose judge tokens all had probability 1 is absorbed
+_MIN_NLL = 1e-6  # the fit takes log NLL: an NLL of 0 (judge tokens the policy is certain of) is clamped to this
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class AbsorptionTracker:
         return trend, warn
 
     def trend(self) -> Trend | None:
-        """Least-squares line through log NLL over the full window (an exponential trend: robust to one noisy step
-        and, unlike a line through the NLL itself, never fitted below zero)."""
+        """Least-squares line through log NLL over the full window: an exponential trend, less sensitive to one noisy
+        step than the window's two ends and, unlike a line through the NLL itself, never fitted below zero."""
         if len(self.nll) < self.window:
             return None
         logs = [math.log(max(v, _MIN_NLL)) for v in self.nll]
