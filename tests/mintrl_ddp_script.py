@@ -45,6 +45,7 @@ def main(model_path: str, out_dir: str):
                 "world": trainer.accelerator.num_processes,
                 "records": trainer.records,
                 "steps": trainer.state.global_step,
+                "absorption": trainer.absorption.state_dict(),
             },
             f,
         )

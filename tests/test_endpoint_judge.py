@@ -15,6 +15,7 @@ from openai_server import ScriptedServer
 
 from trl_mintrl import MInTRLTrainer
 from trl_mintrl.judges import Correction, CorrectionRequest, EndpointJudge, ReviewRequest, Verdict
+from trl_mintrl.judges.templates import STUDENT_NOTATION
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -68,6 +69,7 @@ def test_results_in_order_and_request_bodies(serve):
         {"role": "user", "content": judge.templates.render_review(_reviews("keep")[0])}
     ]
     assert "the reference" in bodies["keep"]["messages"][0]["content"]
+    assert STUDENT_NOTATION in bodies["fix"]["messages"][0]["content"]  # corrections in the student's notation
     assert server.attempts["malformed"] == 1  # a malformed 200 is not retried
     assert "Authorization" not in server.requests[0][0]  # no key in the environment: no header
 

@@ -22,6 +22,7 @@ from trl_mintrl.judges import (
     parse_verdict,
     resolve_template,
 )
+from trl_mintrl.judges.templates import STUDENT_NOTATION
 from trl_mintrl.text import chat_token_ids
 
 # ---------------------------------------------------------------------------------------------------- parse_verdict
@@ -123,6 +124,17 @@ def test_review_template_reference_section_only_with_reference():
     correction = templates.render_correction(CorrectionRequest("Compute 2+3", "We add.\n\n", "2+3=5"))
     assert "Reference solution" in correction and "2+3=5" in correction and "We add." in correction
     assert "Reference solution" not in templates.render_correction(CorrectionRequest("Compute 2+3", "We add.", None))
+
+
+@pytest.mark.parametrize("preset", ["math", "code"])
+@pytest.mark.parametrize("reference", [None, "2+3=5"])
+@pytest.mark.parametrize("prefix", ["", "We add.\n\n"])
+def test_correction_presets_ask_the_judge_to_keep_the_students_notation(preset, reference, prefix):
+    """The plain text a judge is sent (the endpoint's one user message; chat formats: test_thinking_templates.py)."""
+    text = JudgeTemplates(preset, preset).render_correction(CorrectionRequest("Compute 2+3", prefix, reference))
+    assert STUDENT_NOTATION in text
+    assert text.index("Write only the next short correct piece") < text.index(STUDENT_NOTATION)
+    assert text.endswith("your text is appended to the solution as is.")  # still short, still appended as is
 
 
 def test_review_template_unfinished_note_only_for_a_cut_chunk():

@@ -8,6 +8,8 @@ from conftest import run_on_two_processes
 def test_two_process_ddp_baselines_cross_processes(tiny_model_path, tmp_path):
     ranks = run_on_two_processes("mintrl_ddp_script.py", tiny_model_path, str(tmp_path), out=tmp_path)
     assert all(r["world"] == 2 and r["steps"] == 2 for r in ranks)
+    # rank 0 holds only controls, yet its absorption watch sums the judge tokens of both ranks: the same decisions
+    assert ranks[0]["absorption"] == ranks[1]["absorption"] and len(ranks[0]["absorption"]["nll"]) == 1
     for step in range(len(ranks[0]["records"])):
         rewards = ranks[0]["records"][step]["rewards"]
         assert rewards == ranks[1]["records"][step]["rewards"]  # gathered: identical on both ranks

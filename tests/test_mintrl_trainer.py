@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -113,6 +114,8 @@ def test_resume_continues_as_if_never_stopped(tiny_model_path, cpu_args, toy_dat
     resumed = make(tmp_path / "resumed", 3)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.state.global_step == 3
+    assert len(straight.absorption.nll) == 2  # the absorption watch's steps 0 and 1 (step 1 saved while pending)
+    assert resumed.absorption.nll == pytest.approx(straight.absorption.nll)
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
@@ -447,6 +450,15 @@ def test_resume_refuses_a_missing_or_corrupt_state_file(tiny_model_path, cpu_arg
         "cut_short": (json.dumps(state)[:20], "not valid JSON"),
         "missing_key": (json.dumps({k: v for k, v in state.items() if k != "reward_gap_ema"}), "reward_gap_ema"),
         "wrong_type": (json.dumps({**state, "judge_failures_total": "many"}), "malformed"),
+        "bad_absorption": (json.dumps({**state, "judge_absorption": {"nll": 1.5, "pending": None}}), "malformed"),
         "not_an_object": ("[]", "not a JSON object"),
     }
     assert_resume_refuses(lambda: make(2), checkpoint, STATE_FILE, cases, tmp_path)
+
+    # a checkpoint from before the absorption watch (no `judge_absorption` key) resumes with a fresh tracker
+    old = tmp_path / "before_absorption"
+    shutil.copytree(checkpoint, old)
+    (old / STATE_FILE).write_text(json.dumps({k: v for k, v in state.items() if k != "judge_absorption"}))
+    resumed = make(2)
+    resumed.train(resume_from_checkpoint=str(old))
+    assert resumed.state.global_step == 2 and resumed.absorption.nll == []  # step 0 was lost, step 1 still pending

@@ -3,6 +3,7 @@ reviews and corrections; `{}` reproduces the old failure (reviews spent inside <
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -12,6 +13,7 @@ from test_mintrl_rollout import ScriptedPolicy, make_trajectory
 from trl_mintrl import MInTRLTrainer
 from trl_mintrl.engines.base import Generation, GenerationEngine
 from trl_mintrl.judges import Correction, CorrectionRequest, GeneratingJudge, ReviewRequest, Verdict
+from trl_mintrl.judges.templates import STUDENT_NOTATION
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings
 
 # `thinking_tokenizer` (conftest) is Qwen3-like: the generation prompt opens a think block unless enable_thinking is
@@ -45,6 +47,39 @@ class ThinkingJudgeEngine(GenerationEngine):
 
     def _ids(self, text):
         return self.tok(text, add_special_tokens=False)["input_ids"]
+
+
+# Llama 3's format (header tokens around the role, content trimmed, no system turn needed)
+LLAMA3_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+GENERATION_PROMPTS = {
+    "chatml": "<|im_end|>\n<|im_start|>assistant\n",
+    "qwen3-thinking": "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    "llama3": "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+}
+
+
+@pytest.mark.parametrize("chat", sorted(GENERATION_PROMPTS))
+@pytest.mark.parametrize("preset", ["math", "code"])
+def test_correction_prompt_asks_for_the_students_notation_in_every_chat_format(
+    tiny_tokenizer, thinking_tokenizer, chat, preset
+):
+    """The path of judge='self', 'base' and 'model': the preset's instruction to keep the student's notation reaches
+    the judge whole, the prompt ends in the format's generation prompt (thinking closed), and the answer is used."""
+    tok = {"chatml": tiny_tokenizer, "qwen3-thinking": thinking_tokenizer}.get(chat)
+    if tok is None:
+        tok = copy.deepcopy(tiny_tokenizer)
+        tok.chat_template = LLAMA3_TEMPLATE
+    engine = ThinkingJudgeEngine(tok)
+    judge = GeneratingJudge(engine, tok, preset, preset)
+    assert judge.correct([CorrectionRequest("Compute 2+3.", "We add.\n\n", "2+3=5")]) == [Correction(CORRECTION)]
+    (prompt,) = engine.prompts
+    assert STUDENT_NOTATION in prompt and "2+3=5" in prompt
+    assert prompt.endswith("your text is appended to the solution as is." + GENERATION_PROMPTS[chat])
 
 
 def test_rendered_judge_prompt_closes_the_think_block_by_default(thinking_tokenizer):

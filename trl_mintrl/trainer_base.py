@@ -77,6 +77,9 @@ class GRPOTrainerBase(GRPOTrainer):
         return self._policy_engine
 
     # ----- extra state in checkpoints -----
+    # keys of `_extra_state()` added after checkpoints were first written: a checkpoint without one still resumes
+    optional_extra_state_keys: frozenset[str] = frozenset()
+
     def _extra_state(self) -> dict:
         """The subclass's training state beyond TRL's (JSON-serialisable), saved with every checkpoint."""
         raise NotImplementedError
@@ -111,7 +114,7 @@ class GRPOTrainerBase(GRPOTrainer):
         if checkpoint is None:
             return
         path = os.path.join(checkpoint, self.extra_state_file)
-        state = read_extra_state(path, expected_keys=set(self._extra_state()))
+        state = read_extra_state(path, expected_keys=set(self._extra_state()) - self.optional_extra_state_keys)
         try:
             self._load_extra_state(state)
         except (KeyError, TypeError, ValueError) as err:

@@ -47,6 +47,16 @@ CODE_REVIEW_TEMPLATE = (
     "flag a step for style, naming or a different but valid approach. {unfinished_note}\n\n" + _VERDICT_INSTRUCTIONS
 )
 
+# Corrections must read as the student's own next step: the policy learns from them (judge tokens are in its loss), and
+# on the toy benchmark a correction in the reference's notation (`7#5=14` where the policy writes `7+5=`) was absorbed
+# slowly and garbled the policy's own steps, while the same correction in the policy's notation was absorbed within a
+# few steps (docs/judges.md).
+STUDENT_NOTATION = (
+    "Write it as the student would: keep the student's own notation and style (the symbols, variable names and step "
+    "format of the partial solution), not the reference solution's, even where the reference writes this step "
+    "differently."
+)
+
 MATH_CORRECTION_TEMPLATE = (
     "A student is solving a math problem. Their partial solution below is correct so far, but the step they wrote "
     "next was wrong and has been removed.\n\n"
@@ -54,8 +64,9 @@ MATH_CORRECTION_TEMPLATE = (
     "{reference}"
     "## Partial solution\n{prefix}\n\n"
     "Write only the next short correct piece of the solution, continuing exactly where the partial solution stops: "
-    "at most two or three sentences or one short calculation. Do not restate the partial solution, do not solve the "
-    "rest of the problem, and write no heading or label: your text is appended to the solution as is."
+    "at most two or three sentences or one short calculation. " + STUDENT_NOTATION + " Do not restate the partial "
+    "solution, do not solve the rest of the problem, and write no heading or label: your text is appended to the "
+    "solution as is."
 )
 
 CODE_CORRECTION_TEMPLATE = (
@@ -65,8 +76,8 @@ CODE_CORRECTION_TEMPLATE = (
     "{reference}"
     "## Partial solution\n{prefix}\n\n"
     "Write only the next short correct piece, continuing exactly where the partial solution stops: a few lines of "
-    "code or at most two or three sentences. Do not restate the partial solution, do not write the whole program, "
-    "and write no heading or label: your text is appended to the solution as is."
+    "code or at most two or three sentences. " + STUDENT_NOTATION + " Do not restate the partial solution, do not "
+    "write the whole program, and write no heading or label: your text is appended to the solution as is."
 )
 
 REVIEW_TEMPLATES = {"math": MATH_REVIEW_TEMPLATE, "code": CODE_REVIEW_TEMPLATE}

@@ -197,6 +197,20 @@ class MInTRLConfig(GRPOConfig):
         reference_column (`str`, *optional*, defaults to `"solution"`):
             Dataset column with the reference solution shown to the judge (required for `judge="self"` and
             `"base"`).
+
+        > Parameters that control the absorption warning
+
+        absorption_window (`int`, *optional*, defaults to `12`):
+            Intervention steps (steps with judge tokens) over which the trend of `mintrl/judge_token_nll` is fitted
+            (an exponential trend). Once per run the trainer warns that corrections are not being absorbed when the
+            trend ends above `absorption_max_nll` and fell by less than `absorption_min_fall` over the window. The
+            defaults separate the toy benchmark's judges: corrections in the policy's notation fell from 1.6 to 0.7
+            nats within 12 steps, corrections in a notation it never wrote stayed above 1.7 after 20.
+        absorption_max_nll (`float`, *optional*, defaults to `1.0`):
+            Judge-token NLL (nats per token) at or below which corrections count as absorbed.
+        absorption_min_fall (`float`, *optional*, defaults to `0.5`):
+            Relative fall of the judge-token NLL over the window (0.5: halved) at or above which a still-high NLL
+            counts as being absorbed.
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["judge_chat_template_kwargs"]
@@ -360,6 +374,25 @@ class MInTRLConfig(GRPOConfig):
             "help": "Dataset column with the reference solution shown to the judge (required for judge='self')."
         },
     )
+    # absorption warning
+    absorption_window: int = field(
+        default=12,
+        metadata={
+            "help": "Intervention steps over which the trend of mintrl/judge_token_nll is fitted; once per run the "
+            "trainer warns when the trend ends above absorption_max_nll and fell by less than absorption_min_fall."
+        },
+    )
+    absorption_max_nll: float = field(
+        default=1.0,
+        metadata={"help": "Judge-token NLL (nats per token) at or below which corrections count as absorbed."},
+    )
+    absorption_min_fall: float = field(
+        default=0.5,
+        metadata={
+            "help": "Relative fall of the judge-token NLL over absorption_window (0.5: halved) at or above which a "
+            "still-high NLL counts as being absorbed."
+        },
+    )
 
     def __post_init__(self):
         self._split_group()
@@ -402,6 +435,16 @@ class MInTRLConfig(GRPOConfig):
             raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")
         if self.regression_beta <= 0:
             raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
+        if self.absorption_window < 2:
+            raise ValueError(
+                f"absorption_window must be >= 2 (a trend needs two steps), got {self.absorption_window}."
+            )
+        if self.absorption_max_nll <= 0:
+            raise ValueError(f"absorption_max_nll must be > 0 (nats per judge token), got {self.absorption_max_nll}.")
+        if not 0.0 < self.absorption_min_fall < 1.0:
+            raise ValueError(
+                f"absorption_min_fall must be in (0, 1) (a relative fall, 0.5: halved), got {self.absorption_min_fall}."
+            )
         super().__post_init__()
 
     def _split_group(self) -> None:

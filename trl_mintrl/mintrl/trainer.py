@@ -22,6 +22,7 @@ from ..losses import advantage_regression_loss, control_baseline_advantages, min
 from ..model_card import ModelCardMixin
 from ..text import question_text
 from ..trainer_base import GRPOTrainerBase, check_reference_column
+from .absorption import AbsorptionTracker, warn_not_absorbed
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
 from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend, check_judge_votes
@@ -69,6 +70,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
     `FunctionJudge`) that overrides `args.judge`."""
 
     extra_state_file = STATE_FILE
+    optional_extra_state_keys = frozenset({"judge_absorption"})  # added later: older checkpoints start it afresh
     _tag_names = ["trl", "mintrl"]
     _name = "MInTRL"
     _paper = {
@@ -143,6 +145,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         self.interventions_stopped_at: int | None = None
         # judge_token_target's controller state (saved with checkpoints); None when the controller is off
         self.intervention_budget = BudgetState() if args.judge_token_target is not None else None
+        self.absorption = AbsorptionTracker(args.absorption_window, args.absorption_max_nll, args.absorption_min_fall)
 
     # ----- schedule -----
     def interventions_active(self) -> bool:
@@ -329,6 +332,13 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         )
         if totals[1] > 0:
             metrics["mintrl/judge_token_nll"].append((totals[0] / totals[1]).item())
+        if mode == "train":  # totals are reduced over all processes: every process takes the same decision
+            trend, warn = self.absorption.update(self.state.global_step, totals[0].item(), totals[1].item())
+            if trend is not None and totals[1] > 0:
+                metrics["mintrl/judge_nll_trend"].append(trend.fall)
+                metrics["mintrl/corrections_not_absorbed"].append(float(trend.not_absorbed))
+            if warn and self.accelerator.is_main_process:
+                warn_not_absorbed(self.args, trend)
         metrics["entropy"].append((totals[2] / totals[3].clamp(min=1.0)).item())
         residual_rms = self.accelerator.gather(residuals.detach().pow(2).mean()).mean().sqrt()
         metrics["mintrl/regression_residual"].append(residual_rms.item())
@@ -341,6 +351,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             "judge_failures_total": self.judge_failures_total,
             "reward_gap_ema": self.reward_gap_ema,
             "interventions_stopped_at": self.interventions_stopped_at,
+            "judge_absorption": self.absorption.state_dict(),
         }
         if self.intervention_budget is not None:
             state["intervention_budget"] = self.intervention_budget.to_dict()
@@ -355,3 +366,5 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         self.interventions_stopped_at = None if stopped is None else int(stopped)
         if self.intervention_budget is not None:
             self.intervention_budget = BudgetState.from_dict(state["intervention_budget"])
+        if "judge_absorption" in state:
+            self.absorption.load_state_dict(state["judge_absorption"])
