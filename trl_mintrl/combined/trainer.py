@@ -4,7 +4,7 @@ Interventions help the prompts the policy almost solves: a judge correction turn
 rollout. A prompt whose controls and intervened rollouts all fail gets nothing from the regression (every advantage
 is `r - V(x) = 0`); SORT's repair trains on its reference instead. The trainer is `MInTRLTrainer` with SORT's
 `ReferenceRepair` mixed in, wired exactly as `SORTTrainer` wires it:
-- `_generate_and_score_completions`: MInTRL's advantages, then SORT's deferral of all-wrong groups (a group is every
+- `_score_batch`: MInTRL's advantages, then SORT's deferral of all-wrong groups (a group is every
   rollout of a prompt, controls and intervened ones, so a prompt an intervention rescued is not deferred);
 - `_compute_loss`: MInTRL's regression, plus the repair with `repair_update="joint"` (`"separate"`: the repair is
   its own optimizer step after the regression step);
@@ -44,10 +44,9 @@ class MInTRLSORTTrainer(ReferenceRepair, MInTRLTrainer):
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
         self._init_repair()
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        self._defer_all_wrong_groups(inputs)
-        return output
+    def _score_batch(self, output: dict, batch) -> None:
+        super()._score_batch(output, batch)
+        self._defer_all_wrong_groups(batch)
 
     def _compute_loss(self, model, inputs):
         """MInTRL's regression loss; with `repair_update="joint"`, plus the repair loss."""

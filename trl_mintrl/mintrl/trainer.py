@@ -5,7 +5,8 @@ The trainer only wires TRL's seams:
   hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's `tool_mask`);
 - `_generate_and_score_completions` replaces TRL's group-normalised advantages by `r - mean(control rewards)`;
 - `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included.
-`rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch`.
+`rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch`, in the batch's
+`GenerationBatch` record (`trainer_base.py`); `_score_batch` steps the schedule's controllers from it, then logs.
 """
 
 from __future__ import annotations
@@ -62,6 +63,29 @@ class RolloutBatch:
         if rate is not None:
             rate = accelerator.gather(torch.tensor([rate], device=self.stats.device)).mean().item()
         return RolloutBatch(self.intervening, rows[:, 0].bool(), rows[:, 1:], rate)
+
+
+@dataclass(frozen=True)
+class RolloutMeasures:
+    """The numbers of one gathered batch that both the metrics and the schedule's controllers read."""
+
+    judge_token_share: float  # judge tokens / completion tokens
+    judge_failures: float  # unusable judge answers
+    reviews: float  # reviews made (each is `judge_votes` judge calls)
+    reward_control: float  # mean reward of the controls
+    reward_intervened: float | None  # mean reward of the intervened rollouts; None when there are none
+
+    @classmethod
+    def of(cls, rewards: torch.Tensor, rollout: RolloutBatch) -> RolloutMeasures:
+        intervened = rollout.stat("intervened").bool()
+        total_tokens = max(rollout.stat("completion_tokens").sum().item(), 1.0)
+        return cls(
+            judge_token_share=rollout.stat("judge_tokens").sum().item() / total_tokens,
+            judge_failures=rollout.stat("judge_failures").sum().item(),
+            reviews=rollout.stat("reviews").sum().item(),
+            reward_control=torch.nanmean(rewards[rollout.is_control]).item(),
+            reward_intervened=torch.nanmean(rewards[intervened]).item() if intervened.any() else None,
+        )
 
 
 class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
@@ -136,7 +160,6 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         self.rollout_func = self._intervention_rollout
         self.judge = judge if judge is not None else build_judge(args, self)
         self.judge_failure_warning = JudgeFailureWarning(args, enabled=self.accelerator.is_main_process)
-        self.last_rollout: RolloutBatch | None = None  # set by rollout_func, read by the advantage code
         self.judge_failures_total = 0
         self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
         self.interventions_stopped_at: int | None = None
@@ -202,7 +225,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
                 review_budget=0 if control else args.max_reviews,
             )
             for prompt, ids, row, control in zip(
-                prompts, prompt_ids, self._batch_inputs, is_control.tolist(), strict=True
+                prompts, prompt_ids, self._batch.inputs, is_control.tolist(), strict=True
             )
         ]
         settings = RolloutSettings(
@@ -229,7 +252,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             ]
             for t in trajectories
         ]
-        self.last_rollout = RolloutBatch(
+        self._batch.rollout = RolloutBatch(
             intervening=intervening,
             is_control=is_control,
             stats=torch.tensor(stats, dtype=torch.float32, device=self.accelerator.device),
@@ -246,18 +269,29 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         }
 
     # ----- advantages -----
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        rollout = self.last_rollout.gathered(self.accelerator)
-        rewards = self._batch_rewards()
+    def _score_batch(self, output: dict, batch) -> None:
+        rollout = batch.rollout.gathered(self.accelerator)
+        rewards = batch.rewards(self.reward_weights)
         advantages = control_baseline_advantages(rewards, rollout.is_control, self._group_size())
-        output["advantages"] = advantages[self._process_slice(len(inputs))]
-        self._log_rollout_metrics(rewards, rollout)
-        return output
+        output["advantages"] = advantages[self._process_slice(len(batch.inputs))]
+        measured = RolloutMeasures.of(rewards, rollout)
+        self._log_rollout_metrics(rollout, measured)
+        if self._mode() == "train":
+            self._step_schedule(rollout, measured)
 
-    def _log_rollout_metrics(self, rewards: torch.Tensor, rollout: RolloutBatch) -> None:
-        """`rollout` and `rewards` are over the global rows: every process logs the same numbers."""
-        mode, is_control = self._mode(), rollout.is_control
+    def _step_schedule(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
+        """After a training batch: the judge-failure count and warning, one budget-controller step and the adaptive
+        switch-off. `rollout` and `measured` are over the global rows: every process takes the same decision."""
+        if self.intervention_budget is not None and rollout.intervening:
+            self._update_intervention_budget(measured.judge_token_share)
+        self.judge_failures_total += int(measured.judge_failures)
+        self.judge_failure_warning.update(measured.reviews * self.args.judge_votes, measured.judge_failures)
+        if measured.reward_intervened is not None:
+            self._update_adaptive_schedule(measured.reward_intervened - measured.reward_control)
+
+    def _log_rollout_metrics(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
+        """`rollout` and `measured` are over the global rows: every process logs the same numbers."""
+        mode = self._mode()
         stats = {name: rollout.stat(name) for name in rollout.STAT_COLUMNS}
         intervened = stats["intervened"].bool()
         n_intervened = max(int(intervened.sum()), 1)
@@ -265,11 +299,8 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         metrics["mintrl/interventions_active"].append(float(rollout.intervening))
         metrics["mintrl/intervention_rate"].append(stats["revised"][intervened].sum().item() / n_intervened)
         metrics["mintrl/reviews_per_rollout"].append(stats["reviews"][intervened].sum().item() / n_intervened)
-        total_tokens = max(stats["completion_tokens"].sum().item(), 1.0)
-        judge_token_share = stats["judge_tokens"].sum().item() / total_tokens
-        metrics["mintrl/judge_token_frac"].append(judge_token_share)
-        failures = stats["judge_failures"].sum().item()
-        metrics["mintrl/judge_failures"].append(failures)
+        metrics["mintrl/judge_token_frac"].append(measured.judge_token_share)
+        metrics["mintrl/judge_failures"].append(measured.judge_failures)
         if self.args.judge_votes > 1 and rollout.intervening:
             usable = stats["votes_usable"].sum().item()
             if usable > 0:  # share of the usable review votes that back the decision taken on their chunk
@@ -278,20 +309,12 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         if self.intervention_budget is not None and rollout.intervening and mode == "train":
             metrics["mintrl/judge_token_target"].append(self.args.judge_token_target)
             metrics["mintrl/intervention_share"].append(self.intervention_budget.share)  # the setting of this batch
-            self._update_intervention_budget(judge_token_share)
         if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
             metrics["mintrl/prefix_cache_hit_rate"].append(rollout.prefix_cache_hit_rate)
-        if mode == "train":
-            self.judge_failures_total += int(failures)
-            self.judge_failure_warning.update(stats["reviews"].sum().item() * self.args.judge_votes, failures)
-        reward_control = torch.nanmean(rewards[is_control]).item()
-        metrics["mintrl/reward_control"].append(reward_control)
-        if intervened.any():
-            reward_intervened = torch.nanmean(rewards[intervened]).item()
-            metrics["mintrl/reward_intervened"].append(reward_intervened)
-            metrics["mintrl/reward_gap"].append(reward_intervened - reward_control)
-            if mode == "train":
-                self._update_adaptive_schedule(reward_intervened - reward_control)
+        metrics["mintrl/reward_control"].append(measured.reward_control)
+        if measured.reward_intervened is not None:
+            metrics["mintrl/reward_intervened"].append(measured.reward_intervened)
+            metrics["mintrl/reward_gap"].append(measured.reward_intervened - measured.reward_control)
 
     # ----- loss -----
     def _compute_loss(self, model, inputs):

@@ -2,7 +2,7 @@
 
 The repair is `ReferenceRepair`, a mixin shared with `MInTRLSORTTrainer` (`trl_mintrl.combined`). It adds no TRL
 hook of its own: a trainer calls `_check_repair_inputs` before `super().__init__()` (fail before the model loads),
-`_init_repair` after it, `_defer_all_wrong_groups` after its `_generate_and_score_completions` and
+`_init_repair` after it, `_defer_all_wrong_groups` from its `_score_batch` (each scored generation batch) and
 `_with_joint_repair` on its `_compute_loss`, and saves `sort_buffer` with its checkpoints. So the main update stays
 the trainer's own (GRPO here, MInTRL's regression in the combined trainer) and the repair is the same code.
 
@@ -80,12 +80,13 @@ class ReferenceRepair:
 
     # ---- deferring all-wrong prompts -------------------------------------------------------------------------------
 
-    def _defer_all_wrong_groups(self, inputs: list[dict]) -> None:
+    def _defer_all_wrong_groups(self, batch) -> None:
         """Push every all-wrong prompt of the gathered batch into the buffer (same items, same order, every rank).
         Evaluation batches are not deferred."""
         if not self.model.training:
             return
-        scores = correctness_scores(self._batch_rewards_per_func, self.reward_weights, self._correctness_funcs)
+        inputs = batch.inputs
+        scores = correctness_scores(batch.rewards_per_func, self.reward_weights, self._correctness_funcs)
         all_wrong, all_right = classify_groups(scores, self._group_size(), self.args.correct_threshold)
         rows = self._process_slice(len(inputs))
         first_rows = [g * self._group_size() for g in all_wrong.nonzero().flatten().tolist()]
@@ -101,18 +102,18 @@ class ReferenceRepair:
                 self.sort_buffer.add(prompt, reference)
         self._metrics["train"]["sort/all_wrong_frac"].append(all_wrong.float().mean().item())
         self._metrics["train"]["sort/all_right_frac"].append(all_right.float().mean().item())
-        self._warn_if_failures_slip_through(all_wrong)
+        self._warn_if_failures_slip_through(all_wrong, batch.rewards_per_func)
 
     # Generation batches in a row after which `_warn_if_failures_slip_through` warns.
     failures_slip_through_batches = 10
 
-    def _warn_if_failures_slip_through(self, all_wrong: torch.Tensor) -> None:
+    def _warn_if_failures_slip_through(self, all_wrong: torch.Tensor, rewards_per_func: torch.Tensor) -> None:
         """Warn once when, batch after batch, nothing is deferred although a correctness function earns nothing (<= 0)
         on every rollout of some groups: a shaping term (format bonus) or a threshold below a wrong rollout's score
         lets failures through, and only `sort/all_wrong_frac = 0` would show it."""
         if self._warned_failures_slip_through:
             return
-        rewards = self._batch_rewards_per_func[:, self._correctness_funcs]
+        rewards = rewards_per_func[:, self._correctness_funcs]
         earned_nothing = (rewards.view(-1, self._group_size(), rewards.shape[1]) <= 0).all(dim=1).any(dim=0)
         if all_wrong.any() or not earned_nothing.any():
             self._batches_failing_unseen = 0
@@ -380,10 +381,8 @@ class SORTTrainer(ReferenceRepair, ModelCardMixin, GRPOTrainerBase):
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
         self._init_repair()
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        self._defer_all_wrong_groups(inputs)
-        return output
+    def _score_batch(self, output: dict, batch) -> None:
+        self._defer_all_wrong_groups(batch)
 
     def _compute_loss(self, model, inputs):
         """GRPO loss; with `repair_update="joint"`, plus the repair loss (`ReferenceRepair._with_joint_repair`)."""
