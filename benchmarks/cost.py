@@ -135,7 +135,7 @@ def build(variant: str, steps: int, rounds_of_repairs: int):
     if method == "sort" and variant == "sort_repair":
         for problem in make_problems(8 * rounds_of_repairs, RL_MIN_OPS, RL_MAX_OPS, seed=8):
             row = problem.row()
-            trainer.sort_buffer.add(row["prompt"], row["solution"])
+            trainer.repair.buffer.add(row["prompt"], row["solution"])
     judge = getattr(trainer, "judge", None)
     if judge is not None:
         counters["review"] = CallCounter(judge, "review")
@@ -233,7 +233,7 @@ def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
     if errors:
         raise RuntimeError(f"{errors[0][0]} failed") from errors[0][1]
     repairs = {
-        v: trainers[v][0].sort_buffer.counters["repairs"] for v in variants if hasattr(trainers[v][0], "sort_buffer")
+        v: trainers[v][0].repair.buffer.counters["repairs"] for v in variants if hasattr(trainers[v][0], "repair")
     }
     return {"steps": {v: r[warmup:] for v, r in records.items()}, "repairs": repairs}
 

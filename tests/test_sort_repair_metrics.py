@@ -7,7 +7,7 @@ import math
 import pytest
 from conftest import digit_count_reward
 
-import trl_mintrl.sort.trainer as sort_trainer_module
+import trl_mintrl.sort.repair as sort_trainer_module
 from trl_mintrl.sort import RepairItem, SORTConfig, SORTTrainer
 
 
@@ -26,7 +26,7 @@ def test_repair_metrics_follow_the_loss_terms(tiny_model_path, cpu_args, toy_dat
         RepairItem(toy_dataset[2]["prompt"], toy_dataset[2]["solution"]),
         RepairItem(toy_dataset[5]["prompt"], "5+1=6"),
     ]
-    loss = trainer._repair_loss(trainer.model, items)
+    loss = trainer.repair._repair_loss(trainer.model, items)
 
     [(base, plan, mask, beta)] = scored
     assert beta == 0.3 and mask.sum() < mask.numel()
