@@ -128,21 +128,12 @@ def build_engine(
             model_path, temperature=settings.temperature, top_p=settings.top_p, seed=seed, **(vllm_kwargs or {})
         )
         return engine, tokenizer
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
     from ..engines import TransformersEngine
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto").to(device).eval()
-    eos = model.generation_config.eos_token_id
-    eos_ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-    sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p}
-    config = GenerationConfig(**sampling) if settings.temperature > 0 else GenerationConfig(do_sample=False)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    return TransformersEngine(
-        model, pad_token_id=pad, eos_token_ids=sorted(eos_ids), generation_config=config
-    ), tokenizer
+    engine = TransformersEngine.from_model_path(
+        model_path, tokenizer=tokenizer, device=device, temperature=settings.temperature, top_p=settings.top_p
+    )
+    return engine, tokenizer
 
 
 def evaluate(benchmarks: dict, engine, tokenizer, output: Path, settings: SamplingSettings) -> dict[str, dict]:

@@ -69,7 +69,8 @@ class GeneratingJudge(Judge):
     def from_pretrained(
         cls, path: str, device: str | None = None, dtype: str = "auto", **judge_kwargs
     ) -> GeneratingJudge:
-        """Load a judge model and tokenizer (a local directory or a cached checkpoint) into a `TransformersEngine`.
+        """Load a judge model and tokenizer (a local directory or a cached checkpoint) into a `TransformersEngine`
+        (`TransformersEngine.from_model_path`), sampling with the checkpoint's generation config by default.
 
         Args:
             path: the model directory (or name, when the Hub is reachable).
@@ -77,22 +78,12 @@ class GeneratingJudge(Judge):
             dtype: the model's dtype ("auto" keeps the checkpoint's).
             judge_kwargs: the other `GeneratingJudge` arguments (templates, budgets, temperature).
         """
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from ..engines.transformers import TransformersEngine
 
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        eos = model.generation_config.eos_token_id
-        eos_ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-        if not eos_ids:
-            raise ValueError(f"judge model at {path!r} defines no EOS token (tokenizer or generation_config).")
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-        engine = TransformersEngine(
-            model, pad_token_id=pad, eos_token_ids=sorted(eos_ids), generation_config=model.generation_config
-        )
+        engine = TransformersEngine.from_model_path(path, tokenizer=tokenizer, device=device, dtype=dtype)
         return cls(engine, tokenizer, **judge_kwargs)
 
     def __repr__(self) -> str:
