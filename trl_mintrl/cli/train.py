@@ -21,6 +21,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from ..input_checks import InputError, RewardFunctionError, check_code_sandbox
 from ..resume import resolve_resume_from_checkpoint
+from ..rewards import REWARDS  # `reward_funcs` short names; any other entry must be a dotted import path
 from ..text import check_template
 
 # method -> (module, config class, trainer class)
@@ -32,13 +33,6 @@ METHODS = {
 }
 JUDGED = ("mintrl", "mintrl-sort")  # methods with a judge
 REPAIRED = ("sort", "mintrl-sort")  # methods that read the reference column for their repair
-
-# `reward_funcs` names -> "module:function"; any other entry must be a dotted import path
-REWARD_FUNCS = {
-    "math": "trl_mintrl.rewards:math_reward",
-    "code": "trl_mintrl.rewards:code_reward",
-    "toy": "benchmarks.toy.task:toy_reward",  # the CPU recipes' arithmetic task (a repository checkout's benchmarks/)
-}
 
 
 class RecipeError(ValueError):
@@ -70,7 +64,7 @@ class TrainScriptArguments(ScriptArguments):
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math"],
         metadata={
-            "help": f"Reward functions: {sorted(REWARD_FUNCS)} or dotted import paths (my_pkg.rewards.fn). Weight "
+            "help": f"Reward functions: {sorted(REWARDS)} or dotted import paths (my_pkg.rewards.fn). Weight "
             "them with `reward_weights`."
         },
     )
@@ -208,16 +202,16 @@ def _import(path: str):
 
 def resolve_reward_funcs(names: list[str]) -> list:
     if not names:
-        raise RecipeError(f"reward_funcs is empty: name at least one of {sorted(REWARD_FUNCS)} or a dotted path.")
+        raise RecipeError(f"reward_funcs is empty: name at least one of {sorted(REWARDS)} or a dotted path.")
     funcs = []
     for name in names:
-        if name not in REWARD_FUNCS and "." not in name:
+        if name not in REWARDS and "." not in name:
             raise RecipeError(
-                f"reward_funcs: unknown reward {name!r}. Use one of {sorted(REWARD_FUNCS)} or a dotted import path "
+                f"reward_funcs: unknown reward {name!r}. Use one of {sorted(REWARDS)} or a dotted import path "
                 "such as my_pkg.rewards.my_reward."
             )
         try:
-            funcs.append(_import(REWARD_FUNCS.get(name, name)))
+            funcs.append(REWARDS[name].reward if name in REWARDS else _import(name))
         except (ImportError, AttributeError, RuntimeError, ValueError) as err:  # e.g. a strict sandbox built there
             raise RecipeError(f"reward_funcs: cannot import {name!r}: {err}") from None
     return funcs

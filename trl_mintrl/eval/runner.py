@@ -55,18 +55,15 @@ class Scorer:
     """The reward of each task, created on first use (math starts worker processes, code a sandbox)."""
 
     def __init__(self, math_timeout: float, code_timeout: float):
-        self.math_timeout, self.code_timeout = math_timeout, code_timeout
+        self.timeouts = {"math": math_timeout, "code": code_timeout}
         self._rewards = {}
 
     def __call__(self, task: str, completions: list[str], rows: list[dict]) -> list[float | None]:
-        if task not in self._rewards:
-            from ..rewards import make_code_reward, make_math_reward
+        from ..rewards import REWARDS
 
-            if task == "math":
-                self._rewards[task] = make_math_reward(timeout=self.math_timeout)
-            else:
-                self._rewards[task] = make_code_reward(binary=False, timeout=self.code_timeout)
-        column = "solution" if task == "math" else "tests"
+        if task not in self._rewards:
+            self._rewards[task] = REWARDS[task].scorer(self.timeouts[task])
+        column = REWARDS[task].column
         return self._rewards[task](completions, **{column: [row[column] for row in rows]})
 
 

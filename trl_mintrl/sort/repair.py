@@ -31,7 +31,7 @@ from transformers import TrainerCallback
 from trl.data_utils import is_conversational
 from trl.trainer.utils import get_callable_name, get_config_model_id, selective_log_softmax
 
-from ..losses import reference_nll_loss, sort_repair_terms
+from ..losses import REPAIR_WEIGHTINGS
 from ..text import fill_template, opens_thinking, outside_thinking, question_text
 from ..trainer_base import check_reference_column
 from .buffer import RepairBuffer, RepairItem, classify_groups, correctness_scores, resolve_reward_funcs
@@ -231,46 +231,61 @@ class ReferenceRepair:
 
     def _repair_loss(self, model, items: list[RepairItem]) -> torch.Tensor:
         """This process's part of the SORT loss on `items`; summed over processes it is the loss over all items."""
-        world, rank = self.host.accelerator.num_processes, self.host.accelerator.process_index
+        world = self.host.accelerator.num_processes
         references = [
             self._prepared.pop(item.reference, None) or self._prepare_reference(item.reference) for item in items
         ]
         self.buffer.counters["repairs"] += 1
         self.buffer.counters["truncated_references"] += sum(r.truncated for r in references)
-
-        # Round-robin share; a process with one item fewer scores a copy of item 0 at zero weight, so that every
-        # process runs the same generate call and forward passes (ZeRO-3 gathers parameters collectively).
-        share = list(range(rank, len(items), world))
-        real = [1.0] * len(share) + [0.0] * (math.ceil(len(items) / world) - len(share))
-        share += [0] * (len(real) - len(share))
-        items, references = [items[i] for i in share], [references[i] for i in share]
+        items, references, real = self._process_share(items, references)
 
         reference_ids = [r.ids for r in references]
         base_logps, mask = self._reference_logps(
             model, self._base_prompt_ids([i.prompt for i in items]), reference_ids
         )
         mask = mask * torch.tensor(real, device=mask.device).unsqueeze(1)
-        if self.args.repair_weighting == "uniform":  # plain SFT on the references: no plan, no teacher pass
-            loss, weights, salience = reference_nll_loss(base_logps.float(), mask), torch.ones_like(mask), None
-            failed_plans = torch.zeros((), device=mask.device)
-        else:
-            plans, failed = self._write_plans(items, references)
-            teacher_prompts = self._templated_prompt_ids(
-                [
-                    fill_template(self.args.teacher_template, {"question": question_text(item.prompt), "plan": plan})
-                    for item, plan in zip(items, plans, strict=True)
-                ],
-                [item.prompt for item in items],
-            )
-            with torch.no_grad():
-                plan_logps, _ = self._reference_logps(model, teacher_prompts, reference_ids)
-            loss, weights, salience = sort_repair_terms(
-                base_logps.float(), plan_logps.float(), mask, self.args.repair_beta
-            )
-            failed_plans = torch.tensor(
-                float(sum(f for f, r in zip(failed, real, strict=True) if r)), device=mask.device
-            )
+        weighting = REPAIR_WEIGHTINGS[self.args.repair_weighting]
+        plan_logps, failed_plans = None, torch.zeros((), device=mask.device)
+        if weighting.uses_plan:  # "uniform" is plain SFT on the references: no plan, no teacher pass
+            plan_logps, failed_plans = self._plan_logps(model, items, references, real)
+        loss, weights, salience = weighting.terms(
+            base_logps.float(), None if plan_logps is None else plan_logps.float(), mask, self.args.repair_beta
+        )
+        tokens = self._log_repair(loss, weights, salience, mask, failed_plans)
 
+        # Gradients are averaged over processes (DDP, DeepSpeed): scale so that the average is the global loss.
+        scale = mask.sum() * world / tokens
+        return loss * scale
+
+    def _process_share(self, items: list[RepairItem], references: list[_Reference]):
+        """This process's round-robin share of the items and references, and 1.0 / 0.0 per row: real or a pad.
+
+        A process with one item fewer scores a copy of item 0 at zero weight, so that every process runs the same
+        generate call and forward passes (ZeRO-3 gathers parameters collectively)."""
+        world, rank = self.host.accelerator.num_processes, self.host.accelerator.process_index
+        share = list(range(rank, len(items), world))
+        real = [1.0] * len(share) + [0.0] * (math.ceil(len(items) / world) - len(share))
+        share += [0] * (len(real) - len(share))
+        return [items[i] for i in share], [references[i] for i in share], real
+
+    def _plan_logps(self, model, items: list[RepairItem], references: list[_Reference], real: list[float]):
+        """(B, R) log-probs of the references under the teacher prompt with the policy's plans (no gradient), and
+        the number of failed plans among the real rows (a 0-d tensor, summed over processes by the caller)."""
+        plans, failed = self._write_plans(items, references)
+        teacher_prompts = self._templated_prompt_ids(
+            [
+                fill_template(self.args.teacher_template, {"question": question_text(item.prompt), "plan": plan})
+                for item, plan in zip(items, plans, strict=True)
+            ],
+            [item.prompt for item in items],
+        )
+        with torch.no_grad():
+            plan_logps, mask = self._reference_logps(model, teacher_prompts, [r.ids for r in references])
+        failed_plans = torch.tensor(float(sum(f for f, r in zip(failed, real, strict=True) if r)), device=mask.device)
+        return plan_logps, failed_plans
+
+    def _log_repair(self, loss, weights, salience, mask, failed_plans) -> float:
+        """Log the repair's metrics over all processes (a collective); returns the global reference token count."""
         sums = [mask.sum(), loss.detach() * mask.sum(), (weights * mask).sum(), failed_plans]  # loss: mean over tokens
         if salience is not None:
             sums.append((salience * mask).sum())
@@ -284,10 +299,7 @@ class ReferenceRepair:
             local_max = salience.masked_fill(mask == 0, -math.inf).max().reshape(1)
             metrics["sort/salience_mean"].append(totals[4] / tokens)
             metrics["sort/salience_max"].append(self.host.accelerator.gather(local_max).max().item())
-
-        # Gradients are averaged over processes (DDP, DeepSpeed): scale so that the average is the global loss.
-        scale = mask.sum() * world / tokens
-        return loss * scale
+        return tokens
 
     def _prepare_reference(self, reference: str | None) -> _Reference | None:
         """The reference as it is scored, cut to `max_reference_tokens`; None when it is missing or has no tokens
