@@ -25,7 +25,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .. import __version__
+from .._version import __version__
 from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
 from .parsing import parse_correction, parse_verdict
 from .templates import JudgeTemplates
