@@ -16,7 +16,7 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from trl_mintrl.engines import Generation, GenerationEngine
-from trl_mintrl.losses import sort_repair_loss
+from trl_mintrl.losses import sort_repair_terms
 from trl_mintrl.sort import RepairItem, SORTConfig, SORTTrainer
 from trl_mintrl.sort.buffer import BUFFER_FILE
 from trl_mintrl.text import chat_token_ids, prompt_token_ids
@@ -219,7 +219,7 @@ def test_repair_loss_matches_manual_computation_at_any_temperature(scoring_train
         width = max(len(b) for b in base)
         pad = [torch.nn.functional.pad(x, (0, width - len(x))) for x in base + plan]
         mask = torch.stack([torch.arange(width) < len(b) for b in base]).float()
-        expected = sort_repair_loss(torch.stack(pad[:2]), torch.stack(pad[2:]), mask, 0.5)
+        expected = sort_repair_terms(torch.stack(pad[:2]), torch.stack(pad[2:]), mask, 0.5).loss
 
         loss = trainer.repair._repair_loss(model, items)
         assert loss.requires_grad

@@ -124,13 +124,6 @@ def sort_repair_terms(
     return RepairTerms(loss, weights, (plan_logps - base_logps).detach())
 
 
-def sort_repair_loss(
-    base_logps: torch.Tensor, plan_logps: torch.Tensor, mask: torch.Tensor, beta: float
-) -> torch.Tensor:
-    """The scalar loss of `sort_repair_terms`."""
-    return sort_repair_terms(base_logps, plan_logps, mask, beta).loss
-
-
 def reference_nll_loss(base_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """SORT's repair with uniform weights: the mean negative log-likelihood of the reference tokens (plain SFT on
     references, ReLIFT-like), the ablation that isolates the plan salience. Shapes as in `sort_repair_terms`."""

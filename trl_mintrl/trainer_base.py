@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+from trl.trainer.utils import get_config_model_id
 
 from .engines import GenerationEngine, engine_for_trainer
 from .input_checks import check_trainer_inputs
@@ -189,6 +190,12 @@ def _refusal(path: str) -> str:
         "earlier complete checkpoint, or start a new run from these weights (model=<checkpoint folder>, no "
         "resume_from_checkpoint)."
     )
+
+
+def default_output_dir(model, method: str) -> str:
+    """`<model name>-<method>`: the output folder of a trainer built without `args`, named as TRL names GRPO's."""
+    model_id = model if isinstance(model, str) else get_config_model_id(model.config)
+    return f"{model_id.split('/')[-1]}-{method}"
 
 
 def check_reference_column(dataset, column: str, used_for: str) -> None:

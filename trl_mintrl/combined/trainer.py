@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..mintrl.trainer import MInTRLTrainer
 from ..sort.repair import WithReferenceRepair
 from ..sort.trainer import SORTTrainer
+from ..trainer_base import default_output_dir
 from .config import MInTRLSORTConfig
 
 STATE_FILE = "mintrl_sort_state.json"
@@ -37,8 +38,7 @@ class MInTRLSORTTrainer(WithReferenceRepair, MInTRLTrainer):
 
     def __init__(self, model, reward_funcs, args: MInTRLSORTConfig | None = None, train_dataset=None, *rest, **kwargs):
         if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = MInTRLSORTConfig(f"{name.split('/')[-1]}-MInTRL-SORT")
+            args = MInTRLSORTConfig(default_output_dir(model, "MInTRL-SORT"))
         if not isinstance(args, MInTRLSORTConfig):
             raise TypeError(f"MInTRLSORTTrainer needs args=MInTRLSORTConfig(...), got {type(args).__name__}.")
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)

@@ -22,7 +22,7 @@ from ..judges import Judge
 from ..losses import advantage_regression_loss, control_baseline_advantages, mintrl_anchors
 from ..model_card import ModelCardMixin
 from ..text import question_text
-from ..trainer_base import GRPOTrainerBase, check_reference_column
+from ..trainer_base import GRPOTrainerBase, check_reference_column, default_output_dir
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
 from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend, check_judge_votes
@@ -122,8 +122,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         **kwargs,
     ):
         if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = MInTRLConfig(f"{name.split('/')[-1]}-MInTRL")
+            args = MInTRLConfig(default_output_dir(model, "MInTRL"))
         if not isinstance(args, MInTRLConfig):
             raise TypeError(f"MInTRLTrainer needs args=MInTRLConfig(...), got {type(args).__name__}.")
         if kwargs.get("rollout_func") is not None:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import textwrap
 
-from trl.trainer.utils import get_config_model_id
-
 from ..engines.vllm import check_vllm_mode_supported
 from ..model_card import ModelCardMixin
-from ..trainer_base import GRPOTrainerBase
+from ..trainer_base import GRPOTrainerBase, default_output_dir
 from .buffer import BUFFER_FILE
 from .config import SORTConfig
 from .repair import WithReferenceRepair
@@ -47,8 +45,7 @@ class SORTTrainer(WithReferenceRepair, ModelCardMixin, GRPOTrainerBase):
 
     def __init__(self, model, reward_funcs=None, args: SORTConfig | None = None, train_dataset=None, *rest, **kwargs):
         if args is None:
-            model_id = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = SORTConfig(f"{model_id.split('/')[-1]}-SORT")
+            args = SORTConfig(default_output_dir(model, "SORT"))
         if not isinstance(args, SORTConfig):
             raise TypeError(f"SORTTrainer needs `args` to be a SORTConfig, got {type(args).__name__}.")
         check_vllm_mode_supported(args)
