@@ -439,13 +439,9 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
     )
 
 
-def run(recipe: Recipe):
-    """Load model and data, train, save (with the model card) and push if asked; returns the trainer."""
+def _prepare_model(recipe: Recipe) -> None:
+    """Build the tiny model if the recipe asks for it and it is missing; pass ModelConfig's loading options on."""
     from accelerate import PartialState
-    from trl import get_peft_config, get_quantization_config
-
-    from .. import data
-    from ..model_card import with_model_card
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
     if script_args.build_tiny_model:
@@ -462,6 +458,11 @@ def run(recipe: Recipe):
         "dtype": model_args.dtype,
         **(training_args.model_init_kwargs or {}),
     }
+
+
+def _load_datasets(recipe: Recipe):
+    """(train, eval) datasets, the train split checked to fill at least one generation batch."""
+    script_args, training_args = recipe.script_args, recipe.training_args
     try:
         train_dataset = _load_split(script_args, script_args.dataset_train_split, script_args.dataset_limit)
     except ValueError as err:  # the loader's message names the columns or file it cannot use
@@ -479,7 +480,19 @@ def run(recipe: Recipe):
     eval_dataset = None
     if training_args.eval_strategy != "no":
         eval_dataset = _load_split(script_args, script_args.dataset_test_split, None)
+    return train_dataset, eval_dataset
 
+
+def run(recipe: Recipe):
+    """Load model and data, train, save (with the model card) and push if asked; returns the trainer."""
+    from trl import get_peft_config, get_quantization_config
+
+    from .. import data
+    from ..model_card import with_model_card
+
+    script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
+    _prepare_model(recipe)
+    train_dataset, eval_dataset = _load_datasets(recipe)
     module, _, trainer_name = METHODS[recipe.method]
     trainer_cls = with_model_card(getattr(importlib.import_module(module), trainer_name))
     extra = {}
