@@ -11,14 +11,14 @@ import logging
 
 from ..engines.base import Generation, GenerationEngine
 from ..text import NO_THINKING, chat_token_ids
-from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
+from .base import Correction, CorrectionRequest, ReviewRequest, Verdict
 from .parsing import parse_correction, parse_verdict
-from .templates import JudgeTemplates
+from .templated import TemplatedJudge
 
 logger = logging.getLogger(__name__)
 
 
-class GeneratingJudge(Judge):
+class GeneratingJudge(TemplatedJudge):
     """Renders judge prompts with the tokenizer's chat template and generates them in one batched engine call.
 
     Args:
@@ -59,10 +59,7 @@ class GeneratingJudge(Judge):
             raise ValueError(f"GeneratingJudge `temperature` must be >= 0 or None, got {temperature}")
         self.engine = engine
         self.tokenizer = tokenizer
-        self.templates = JudgeTemplates(review_template, correction_template)
-        self.max_review_tokens = max_review_tokens
-        self.max_correction_tokens = max_correction_tokens
-        self.temperature = temperature
+        super().__init__(review_template, correction_template, max_review_tokens, max_correction_tokens, temperature)
         self.chat_template_kwargs = dict(NO_THINKING if chat_template_kwargs is None else chat_template_kwargs)
 
     @classmethod

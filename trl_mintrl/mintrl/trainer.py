@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from trl import GRPOTrainer
@@ -227,14 +227,8 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
                 prompts, prompt_ids, self._batch.inputs, is_control.tolist(), strict=True
             )
         ]
-        settings = RolloutSettings(
-            chunk_size=args.chunk_size,
-            max_reviews=args.max_reviews,
-            max_correction_tokens=args.max_correction_tokens,
-            max_completion_length=args.max_completion_length,
-            judge_votes=args.judge_votes,
-            judge_min_agree=args.judge_min_agree,
-        )
+        # the rollout's settings are config fields of the same names
+        settings = RolloutSettings(**{f.name: getattr(args, f.name) for f in fields(RolloutSettings)})
         self.policy_engine.reset_cache_stats()
         InterventionRollout(self.policy_engine, self.judge, self.processing_class, settings).run(trajectories)
         stats = [
