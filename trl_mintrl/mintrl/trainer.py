@@ -3,7 +3,8 @@
 The trainer only wires TRL's seams:
 - `rollout_func` runs `InterventionRollout` (controls and intervened rollouts in one batched state machine) and
   hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's `tool_mask`);
-- `_generate_and_score_completions` replaces TRL's group-normalised advantages by `r - mean(control rewards)`;
+- `_score_batch` (after TRL's `_generate_and_score_completions`) replaces TRL's group-normalised advantages by
+  `r - mean(control rewards)`;
 - `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included.
 `rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch`, in the batch's
 `GenerationBatch` record (`trainer_base.py`); `_score_batch` steps the schedule's controllers from it, then logs.
