@@ -82,6 +82,21 @@ class CallCounter:
         setattr(obj, name, counted)
 
 
+class LastRollout:
+    """The per-row rollout statistics (`RolloutBatch`) of a MInTRL trainer's last generation batch, taken from the
+    batch record as the trainer scores it (the record itself is cleared after each batch)."""
+
+    def __init__(self, trainer):
+        self.rollout = None
+        score_batch = trainer._score_batch
+
+        def recording(output, batch):
+            self.rollout = batch.rollout
+            score_batch(output, batch)
+
+        trainer._score_batch = recording
+
+
 class TokenCounter:
     """Counts, on one model, the tokens its forward passes process and, per `generate` call, the prompt (prefill)
     tokens it was given and the non-padding tokens it generated."""
@@ -135,8 +150,10 @@ def build(variant: str, steps: int, rounds_of_repairs: int):
     if method == "sort" and variant == "sort_repair":
         for problem in make_problems(8 * rounds_of_repairs, RL_MIN_OPS, RL_MAX_OPS, seed=8):
             row = problem.row()
-            trainer.sort_buffer.add(row["prompt"], row["solution"])
+            trainer.repair.buffer.add(row["prompt"], row["solution"])
     judge = getattr(trainer, "judge", None)
+    if hasattr(trainer, "judge"):  # MInTRL
+        counters["rollout"] = LastRollout(trainer)
     if judge is not None:
         counters["review"] = CallCounter(judge, "review")
         counters["correct"] = CallCounter(judge, "correct")
@@ -189,7 +206,7 @@ def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
             self.holding = True
             torch.manual_seed(10_000 + state.global_step)  # same sampling noise for every variant of a round
             counters = trainers[self.name][1]
-            self.calls = {k: (c.calls, c.seconds) for k, c in counters.items() if k != "tokens"}
+            self.calls = {k: (c.calls, c.seconds) for k, c in counters.items() if k not in ("tokens", "rollout")}
             self.tokens = counters["tokens"].snapshot()
             self.failures = getattr(trainers[self.name][0], "judge_failures_total", 0)
             self.start = time.perf_counter()
@@ -199,13 +216,15 @@ def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
             trainer, counters = trainers[self.name]
             record = {"seconds": seconds}
             for k, c in counters.items():
+                if k == "rollout":
+                    continue
                 if k == "tokens":
                     record |= {key: value - self.tokens[key] for key, value in c.snapshot().items()}
                     continue
                 record[k] = c.calls - self.calls[k][0]
                 record[f"{k}_seconds"] = c.seconds - self.calls[k][1]
             record["judge_failures"] = getattr(trainer, "judge_failures_total", 0) - self.failures
-            rollout = getattr(trainer, "last_rollout", None)  # MInTRL only
+            rollout = counters["rollout"].rollout if "rollout" in counters else None  # MInTRL only
             if rollout is not None:
                 record["judge_tokens"] = rollout.stat("judge_tokens").sum().item()
                 record["completion_tokens"] = rollout.stat("completion_tokens").sum().item()
@@ -233,7 +252,7 @@ def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
     if errors:
         raise RuntimeError(f"{errors[0][0]} failed") from errors[0][1]
     repairs = {
-        v: trainers[v][0].sort_buffer.counters["repairs"] for v in variants if hasattr(trainers[v][0], "sort_buffer")
+        v: trainers[v][0].repair.buffer.counters["repairs"] for v in variants if hasattr(trainers[v][0], "repair")
     }
     return {"steps": {v: r[warmup:] for v, r in records.items()}, "repairs": repairs}
 

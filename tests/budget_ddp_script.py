@@ -18,21 +18,20 @@ from trl_mintrl.judges import FunctionJudge  # noqa: E402
 
 
 class RecordingTrainer(MInTRLTrainer):
-    def _generate_and_score_completions(self, inputs):
+    def _score_batch(self, output, batch):
         share_used = self.intervention_budget.share
-        output = super()._generate_and_score_completions(inputs)
+        super()._score_batch(output, batch)
         self.records = getattr(self, "records", [])
-        local = self._process_slice(len(inputs))
+        local = self._process_slice(len(batch.inputs))
         self.records.append(
             {
                 "share_used": share_used,
                 "budget": self.intervention_budget.to_dict(),
-                "reviewed": (~self.last_rollout.is_control).tolist(),
+                "reviewed": (~batch.rollout.is_control).tolist(),
                 "judge_rows": (output["tool_mask"] == 0).any(dim=1).tolist(),
                 "first_row": local.start,
             }
         )
-        return output
 
 
 def main(model_path: str, out_dir: str):

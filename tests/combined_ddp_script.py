@@ -34,7 +34,7 @@ def main(model_path: str, out_dir: str):
                 "world": trainer.accelerator.num_processes,
                 "rewards_seen": reward.seen,  # this process's rows only
                 "deferred": deferred,
-                "buffer": trainer.sort_buffer.state_dict(),
+                "buffer": trainer.repair.buffer.state_dict(),
                 "repairs_after_step": spy.repairs,
                 "weights": [p.detach().double().sum().item() for _, p in sorted(trainer.model.named_parameters())],
             },

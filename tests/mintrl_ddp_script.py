@@ -17,17 +17,16 @@ from trl_mintrl.judges import FunctionJudge  # noqa: E402
 
 
 class RecordingTrainer(MInTRLTrainer):
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+    def _score_batch(self, output, batch):
+        super()._score_batch(output, batch)
         self.records = getattr(self, "records", [])
         self.records.append(
             {
-                "rewards": self._batch_rewards().tolist(),
+                "rewards": batch.rewards(self.reward_weights).tolist(),
                 "advantages": output["advantages"].tolist(),
                 "judge_rows": (output["tool_mask"] == 0).any(dim=1).tolist(),
             }
         )
-        return output
 
 
 def main(model_path: str, out_dir: str):

@@ -65,8 +65,7 @@ def multi_process_args(out_dir: str, **overrides) -> MInTRLConfig:
 class RecordingTrainer(MInTRLTrainer):
     """Keeps each generation batch's output and rewards for the assertions."""
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+    def _score_batch(self, output, batch):
+        super()._score_batch(output, batch)
         self.records = getattr(self, "records", [])
-        self.records.append({**output, "rewards": self._batch_rewards().clone()})
-        return output
+        self.records.append({**output, "rewards": batch.rewards(self.reward_weights).clone()})

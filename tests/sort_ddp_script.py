@@ -43,7 +43,7 @@ class Recorder(TrainerCallback):
         self.start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.repairs_after_step.append(self.trainer.sort_buffer.counters["repairs"])
+        self.repairs_after_step.append(self.trainer.repair.buffer.counters["repairs"])
         if state.global_step == 1:
             params = self.trainer.accelerator.unwrap_model(self.trainer.model_wrapped).named_parameters()
             self.step1_delta = {n: p.detach() - self.start[n] for n, p in params}
@@ -74,7 +74,7 @@ def run(model_path: str, out_dir: str, max_steps: int = 4, repair_update: str = 
     )
     trainer = SORTTrainer(model_path, reward_funcs=flat_reward, args=args, train_dataset=data)
     for row in [r for r in data if r["prompt"][-1]["content"] in HARD][:3]:
-        trainer.sort_buffer.add(row["prompt"], row["solution"])
+        trainer.repair.buffer.add(row["prompt"], row["solution"])
     recorder = Recorder(trainer)
     trainer.add_callback(recorder)
     trainer.train()
@@ -88,7 +88,7 @@ def run(model_path: str, out_dir: str, max_steps: int = 4, repair_update: str = 
         "world_size": trainer.accelerator.num_processes,
         "deepspeed": trainer.is_deepspeed_enabled,
         "repairs_after_step": recorder.repairs_after_step,
-        "buffer": trainer.sort_buffer.state_dict(),
+        "buffer": trainer.repair.buffer.state_dict(),
         "weights_sha256": weights.hexdigest(),
     }
     os.makedirs(out_dir, exist_ok=True)

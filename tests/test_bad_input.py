@@ -148,10 +148,12 @@ def make_trainer(method: str, tiny_model_path, cpu_args, reward, **overrides):
 @pytest.mark.parametrize("method", ["mintrl", "sort"])
 def test_reward_raising_on_some_completions_is_counted_and_skipped(method, tiny_model_path, cpu_args):
     trainer = make_trainer(method, tiny_model_path, cpu_args, [odd_length_raises, digit_count_reward])
+    scored, score_batch = [], trainer._score_batch
+    trainer._score_batch = lambda output, batch: (scored.append(batch), score_batch(output, batch))
     trainer.train()
     assert trainer.state.global_step == 1
     failures = trainer.state.log_history[0]["rewards/odd_length_raises/failures"]
-    rewards = trainer._batch_rewards_per_func
+    rewards = scored[-1].rewards_per_func
     assert 0 < failures < 8 and failures == rewards[:, 0].isnan().sum().item()  # exactly the rows it raised on
     assert rewards[:, 1].isnan().sum() == 0 and (rewards[~rewards[:, 0].isnan(), 0] == 1.0).all()
     assert trainer.state.log_history[0]["rewards/digit_count_reward/failures"] == 0

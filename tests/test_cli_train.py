@@ -27,11 +27,19 @@ def recipe_file(tmp_path, body: str, base: str = "mintrl") -> str:
 
 
 def test_yaml_sets_fields_and_command_line_overrides_it():
-    flags = ["--learning_rate", "5e-4", "--chunk_size", "4", "--reward_funcs", "toy", "math"]
+    flags = [
+        "--learning_rate",
+        "5e-4",
+        "--chunk_size",
+        "4",
+        "--reward_funcs",
+        "benchmarks.toy.task.toy_reward",
+        "math",
+    ]
     recipe = parse_recipe(["mintrl", "--config", CPU_RECIPES["mintrl"], *flags])
     args = recipe.training_args
     assert args.learning_rate == 5e-4 and args.chunk_size == 4  # flags beat the YAML (1e-3 and 8)
-    assert recipe.script_args.reward_funcs == ["toy", "math"]
+    assert recipe.script_args.reward_funcs == ["benchmarks.toy.task.toy_reward", "math"]
     assert [f.__name__ for f in recipe.reward_funcs] == ["toy_reward", "math_reward"]
     # untouched YAML values (all differ from the config defaults)
     assert (args.max_steps, args.intervention_steps, args.max_completion_length, args.bf16) == (12, 8, 48, False)
@@ -42,9 +50,13 @@ def test_yaml_sets_fields_and_command_line_overrides_it():
 
 
 def test_yaml_values_are_converted_like_flags(tmp_path):
-    path = recipe_file(tmp_path, 'reward_funcs: toy\nmax_steps: "3"\nbf16: "false"\nlearning_rate: 2e-4\n')
+    path = recipe_file(
+        tmp_path, 'reward_funcs: benchmarks.toy.task.toy_reward\nmax_steps: "3"\nbf16: "false"\nlearning_rate: 2e-4\n'
+    )
     recipe = parse_recipe(["mintrl", "--config", path])
-    assert recipe.script_args.reward_funcs == ["toy"]  # a scalar for a list field becomes a one-item list
+    assert recipe.script_args.reward_funcs == [
+        "benchmarks.toy.task.toy_reward"
+    ]  # a scalar for a list field becomes a one-item list
     assert recipe.training_args.max_steps == 3 and recipe.training_args.bf16 is False
     assert recipe.training_args.learning_rate == 2e-4  # YAML reads `2e-4` as a string
 
@@ -347,7 +359,11 @@ def test_sandbox_isolation_it_cannot_give_fails_before_the_model_loads(
 def test_code_reward_sandbox_is_built_before_the_model_loads(machine_without_namespaces, monkeypatch, caplog):
     """Default isolation: the fallback (no network isolation) is taken and warned about at start, not mid-step."""
     monkeypatch.delenv("TRL_MINTRL_SANDBOX_ISOLATION", raising=False)
-    check_environment(parse_recipe(["sort", "--config", CPU_RECIPES["sort"], "--reward_funcs", "code", "toy"]))
+    check_environment(
+        parse_recipe(
+            ["sort", "--config", CPU_RECIPES["sort"], "--reward_funcs", "code", "benchmarks.toy.task.toy_reward"]
+        )
+    )
     assert machine_without_namespaces._default_sandbox.isolation == "process"
     assert "WITHOUT network isolation" in caplog.text
     machine_without_namespaces._default_sandbox = None

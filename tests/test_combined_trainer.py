@@ -73,13 +73,13 @@ def make_trainer(model_path, args, dataset, reward=None, callbacks=None) -> MInT
 
 def record_deferrals(trainer) -> list[str]:
     """Every question the trainer adds to its buffer, in order."""
-    added, add = [], trainer.sort_buffer.add
+    added, add = [], trainer.repair.buffer.add
 
     def recording_add(prompt, reference):
         added.append(question(prompt))
         return add(prompt, reference)
 
-    trainer.sort_buffer.add = recording_add
+    trainer.repair.buffer.add = recording_add
     return added
 
 
@@ -95,7 +95,7 @@ class StepSpy(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.after_step.append(snapshot(model))
-        self.repairs.append(self.trainer.sort_buffer.counters["repairs"])
+        self.repairs.append(self.trainer.repair.buffer.counters["repairs"])
 
 
 # ---- training --------------------------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def test_groups_that_fail_with_interventions_are_repaired_rescued_ones_are_not(
     assert rescued and rescued.isdisjoint(HARD)  # interventions rescued easy prompts (their controls all score 0)
     assert failed == HARD & set(reward.seen)  # every hard prompt trained on failed every rollout
     assert set(deferred) == failed  # deferred: exactly the prompts whose controls and interventions all failed
-    assert trainer.sort_buffer.counters["repairs"] >= 1
+    assert trainer.repair.buffer.counters["repairs"] >= 1
     assert params_changed(before, trainer.model) > 0
 
     logged = {key for log in trainer.state.log_history for key in log}
@@ -144,12 +144,12 @@ def test_joint_repair_adds_the_weighted_repair_loss_to_the_regression_loss(tiny_
     trainer.current_gradient_accumulation_steps = 1  # set by `train()`; the pieces are called directly here
     hard = [row for row in toy_dataset if question(row["prompt"]) in HARD]
     inputs = trainer._generate_and_score_completions([row for row in hard[:2] for _ in range(4)])
-    assert len(trainer.sort_buffer) == 2  # both groups failed every rollout: the buffer is full
+    assert len(trainer.repair.buffer) == 2  # both groups failed every rollout: the buffer is full
 
     regression = MInTRLTrainer._compute_loss(trainer, trainer.model, inputs).item()
     total = trainer._compute_loss(trainer.model, inputs).item()
     repair_loss = trainer._metrics["train"]["sort/repair_loss"][-1]
-    assert repair_loss > 0 and trainer.sort_buffer.counters["repairs"] == 1 and len(trainer.sort_buffer) == 0
+    assert repair_loss > 0 and trainer.repair.buffer.counters["repairs"] == 1 and len(trainer.repair.buffer) == 0
     assert total - regression == pytest.approx(0.5 * repair_loss, rel=1e-4)
 
 
@@ -177,7 +177,7 @@ class BufferAtStart(TrainerCallback):
         self.trainer, self.buffer, self.reward_gap_ema = None, None, None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.buffer = self.trainer.sort_buffer.state_dict()
+        self.buffer = self.trainer.repair.buffer.state_dict()
         self.reward_gap_ema = self.trainer.reward_gap_ema
 
 
@@ -199,7 +199,7 @@ def test_resume_restores_mintrl_state_and_the_repair_buffer(tiny_model_path, cpu
     second.train(resume_from_checkpoint=True)
     assert spy.buffer == saved["sort_buffer"]
     assert spy.reward_gap_ema == saved["mintrl"]["reward_gap_ema"]
-    assert second.sort_buffer.counters["repairs"] == saved["sort_buffer"]["counters"]["repairs"] + 1
+    assert second.repair.buffer.counters["repairs"] == saved["sort_buffer"]["counters"]["repairs"] + 1
 
 
 def test_resume_refuses_a_checkpoint_without_the_combined_state(tiny_model_path, cpu_args, toy_dataset):

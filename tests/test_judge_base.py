@@ -9,8 +9,7 @@ from mintrl_helpers import mintrl_args, role_reward
 from transformers import AutoModelForCausalLM
 
 from trl_mintrl import MInTRLTrainer
-from trl_mintrl.engines import TransformersEngine
-from trl_mintrl.mintrl.judge_factory import AdapterDisabledEngine
+from trl_mintrl.engines import AdapterDisabledEngine, TransformersEngine
 
 
 def _lora():

@@ -7,7 +7,6 @@ from trl_mintrl.losses import (
     advantage_regression_loss,
     control_baseline_advantages,
     mintrl_anchors,
-    sort_repair_loss,
     sort_repair_terms,
 )
 
@@ -91,7 +90,7 @@ def test_sort_repair_loss_hand_computed_and_gradient_path():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     w = torch.sqrt(torch.tensor([[0.25, 0.25], [0.16, 0.09]]))  # sqrt(p_base * p_plan)
     expected = -(w * base.detach() * mask).sum() / 3
-    loss = sort_repair_loss(base, plan, mask, 0.5)
+    loss = sort_repair_terms(base, plan, mask, 0.5).loss
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     terms = sort_repair_terms(base, plan, mask, 0.5)  # what the trainer logs comes from the same computation
     torch.testing.assert_close(terms.weights, w)
@@ -109,4 +108,4 @@ def test_sort_repair_beta_limits(beta, which):
     mask = torch.ones(1, 3)
     w = (base if which == "base" else plan).exp()
     expected = -(w * base).sum() / 3
-    assert sort_repair_loss(base, plan, mask, beta).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert sort_repair_terms(base, plan, mask, beta).loss.item() == pytest.approx(expected.item(), rel=1e-6)

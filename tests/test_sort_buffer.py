@@ -9,7 +9,7 @@ import torch
 from datasets import Dataset
 
 from trl_mintrl.sort import RepairBuffer, SORTConfig, SORTTrainer, classify_groups
-from trl_mintrl.sort.trainer import reward_func_names
+from trl_mintrl.sort.repair import WithReferenceRepair, reward_func_names
 
 G = 2  # rollouts per prompt in these tests
 
@@ -90,9 +90,9 @@ def trainer(tiny_model_path, tmp_path_factory):
 
 
 def deferred_cases(trainer) -> list[int]:
-    trainer.sort_buffer = RepairBuffer()
+    trainer.repair.buffer = RepairBuffer()
     trainer._generate_and_score_completions([_row(c) for c in range(len(CASES)) for _ in range(G)])
-    return [int(item.reference.split("+")[0]) for item in trainer.sort_buffer.items]
+    return [int(item.reference.split("+")[0]) for item in trainer.repair.buffer.items]
 
 
 def test_classify_groups_rules():
@@ -113,23 +113,23 @@ def test_classify_groups_rules():
 
 
 def test_all_wrong_detection_with_several_reward_functions(trainer):
-    trainer.sort_buffer = RepairBuffer()
+    trainer.repair.buffer = RepairBuffer()
     trainer._metrics["train"].clear()
     rows = [_row(c) for c in range(len(CASES)) for _ in range(G)]
     trainer._generate_and_score_completions(rows)
-    assert [item.prompt for item in trainer.sort_buffer.items] == [rows[0]["prompt"], rows[2 * G]["prompt"]]
-    assert [item.reference for item in trainer.sort_buffer.items] == ["0+1=1", "2+1=3"]
+    assert [item.prompt for item in trainer.repair.buffer.items] == [rows[0]["prompt"], rows[2 * G]["prompt"]]
+    assert [item.reference for item in trainer.repair.buffer.items] == ["0+1=1", "2+1=3"]
     assert trainer._metrics["train"]["sort/all_wrong_frac"] == [pytest.approx(2 / 5)]
     assert trainer._metrics["train"]["sort/all_right_frac"] == [pytest.approx(1 / 5)]
 
     # The same prompts failing again are not held twice.
     trainer._generate_and_score_completions(rows)
-    assert len(trainer.sort_buffer) == 2
+    assert len(trainer.repair.buffer) == 2
 
 
 def test_names_match_trl_and_default_is_every_function(trainer):
     assert reward_func_names([accuracy, format_reward, constant]) == trainer.reward_func_names
-    assert trainer._correctness_funcs == [0, 1, 2]
+    assert trainer.repair.correctness_funcs == [0, 1, 2]
 
 
 def test_correctness_functions_leave_a_format_bonus_out(tiny_model_path, tmp_path):
@@ -139,7 +139,7 @@ def test_correctness_functions_leave_a_format_bonus_out(tiny_model_path, tmp_pat
     assert deferred_cases(make_trainer(tiny_model_path, str(tmp_path / "all"), funcs)) == [0, 2]
     for selection in (["accuracy"], [0], ["0"]):
         only = make_trainer(tiny_model_path, str(tmp_path / "acc"), funcs, correctness_reward_funcs=selection)
-        assert only._correctness_funcs == [0]
+        assert only.repair.correctness_funcs == [0]
         assert deferred_cases(only) == [0, 1]
 
 
@@ -151,11 +151,11 @@ def test_signed_rewards_are_wrong_below_the_threshold(tiny_model_path, tmp_path)
 
 
 def test_empty_or_missing_references_are_skipped_and_counted(trainer):
-    trainer.sort_buffer = RepairBuffer()
+    trainer.repair.buffer = RepairBuffer()
     rows = [r for r in (_row(0, solution=""), _row(2, solution=None)) for _ in range(G)]
     trainer._generate_and_score_completions(rows)
-    assert len(trainer.sort_buffer) == 0
-    assert trainer.sort_buffer.counters["empty_references"] == 2
+    assert len(trainer.repair.buffer) == 0
+    assert trainer.repair.buffer.counters["empty_references"] == 2
 
 
 def test_missing_reference_key_in_a_row_names_the_column(trainer):
@@ -178,28 +178,28 @@ def test_deduplication_and_fifo_pop():
 
 
 def test_repair_flushes_at_exactly_repair_batch_size(trainer):
-    trainer.sort_buffer = RepairBuffer()
+    trainer.repair.buffer = RepairBuffer()
     rows = [_row(c) for c in range(len(CASES)) for _ in range(G)]
     inputs = trainer._generate_and_score_completions(rows)  # defers 2 prompts; repair_batch_size is 3
 
     def extra_loss():
         """What SORT adds to the GRPO loss of this micro-batch."""
-        grpo = super(SORTTrainer, trainer)._compute_loss(trainer.model, inputs).item()
+        grpo = super(WithReferenceRepair, trainer)._compute_loss(trainer.model, inputs).item()
         return trainer._compute_loss(trainer.model, inputs).item() - grpo
 
     assert extra_loss() == pytest.approx(0.0, abs=1e-9)
-    assert (len(trainer.sort_buffer), trainer.sort_buffer.counters["repairs"]) == (2, 0)
+    assert (len(trainer.repair.buffer), trainer.repair.buffer.counters["repairs"]) == (2, 0)
 
-    trainer.sort_buffer.add(_row(5)["prompt"], "5+1=6")
-    trainer.sort_buffer.add(_row(6)["prompt"], "6+1=7")
+    trainer.repair.buffer.add(_row(5)["prompt"], "5+1=6")
+    trainer.repair.buffer.add(_row(6)["prompt"], "6+1=7")
     trainer._step, trainer.current_gradient_accumulation_steps = 1, 2  # second micro-batch: never repairs
     assert extra_loss() == pytest.approx(0.0, abs=1e-9)
-    assert len(trainer.sort_buffer) == 4
+    assert len(trainer.repair.buffer) == 4
 
     trainer._step, trainer.current_gradient_accumulation_steps = 0, 1
     assert extra_loss() > 0.0  # -sum(w * log p) / n with 0 < w < 1 and log p < 0
-    assert trainer.sort_buffer.counters["repairs"] == 1
-    assert [i.reference for i in trainer.sort_buffer.items] == ["6+1=7"]  # the oldest three were used
+    assert trainer.repair.buffer.counters["repairs"] == 1
+    assert [i.reference for i in trainer.repair.buffer.items] == ["6+1=7"]  # the oldest three were used
 
 
 def test_state_round_trip_through_json():

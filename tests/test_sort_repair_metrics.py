@@ -2,12 +2,13 @@
 checked against a float64 computation on the very log-probs the trainer scored (their scoring is tested in
 test_sort_trainer.py)."""
 
+import dataclasses
 import math
 
 import pytest
 from conftest import digit_count_reward
 
-import trl_mintrl.sort.trainer as sort_trainer_module
+from trl_mintrl import losses
 from trl_mintrl.sort import RepairItem, SORTConfig, SORTTrainer
 
 
@@ -15,18 +16,19 @@ def test_repair_metrics_follow_the_loss_terms(tiny_model_path, cpu_args, toy_dat
     args = SORTConfig(**{**cpu_args, "per_device_train_batch_size": 8, "max_plan_tokens": 8, "repair_beta": 0.3})
     trainer = SORTTrainer(tiny_model_path, reward_funcs=digit_count_reward, args=args, train_dataset=toy_dataset)
     scored = []
-    real_terms = sort_trainer_module.sort_repair_terms
+    variant = losses.REPAIR_WEIGHTINGS["salience"]
+    real_terms = variant.terms
 
     def spy(base_logps, plan_logps, mask, beta):
         scored.append((base_logps.detach().double(), plan_logps.detach().double(), mask.double(), beta))
         return real_terms(base_logps, plan_logps, mask, beta)
 
-    monkeypatch.setattr(sort_trainer_module, "sort_repair_terms", spy)
+    monkeypatch.setitem(losses.REPAIR_WEIGHTINGS, "salience", dataclasses.replace(variant, terms=spy))
     items = [  # references of different lengths: the shorter one is padded
         RepairItem(toy_dataset[2]["prompt"], toy_dataset[2]["solution"]),
         RepairItem(toy_dataset[5]["prompt"], "5+1=6"),
     ]
-    loss = trainer._repair_loss(trainer.model, items)
+    loss = trainer.repair._repair_loss(trainer.model, items)
 
     [(base, plan, mask, beta)] = scored
     assert beta == 0.3 and mask.sum() < mask.numel()

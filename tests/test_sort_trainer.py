@@ -16,7 +16,7 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from trl_mintrl.engines import Generation, GenerationEngine
-from trl_mintrl.losses import sort_repair_loss
+from trl_mintrl.losses import sort_repair_terms
 from trl_mintrl.sort import RepairItem, SORTConfig, SORTTrainer
 from trl_mintrl.sort.buffer import BUFFER_FILE
 from trl_mintrl.text import chat_token_ids, prompt_token_ids
@@ -53,7 +53,7 @@ def prefill(trainer, dataset, n):
     """Defer the first n hard prompts of the dataset by hand."""
     rows = [row for row in dataset if is_hard(row["prompt"])][:n]
     for row in rows:
-        trainer.sort_buffer.add(row["prompt"], row["solution"])
+        trainer.repair.buffer.add(row["prompt"], row["solution"])
     return [row["prompt"] for row in rows]
 
 
@@ -167,15 +167,15 @@ def test_scoring_passes_score_exactly_the_reference_tokens(scoring_trainers, toy
         RepairItem([{"role": "user", "content": "Compute 12+30, then check it ="}], "12+30=42"),
         RepairItem(toy_dataset[1]["prompt"], "1+3=4, and 4 is the answer. " * 8),  # over 32 tokens
     ]
-    references = [scoring_trainers[0]._prepare_reference(item.reference) for item in items]
+    references = [scoring_trainers[0].repair._prepare_reference(item.reference) for item in items]
     eos = tiny_tokenizer.eos_token_id
     for item, ref in zip(items[:2], references[:2]):  # tokenised once, no special tokens, EOS appended
         assert ref.ids == tiny_tokenizer(item.reference, add_special_tokens=False)["input_ids"] + [eos]
     assert len(references[2].ids) == 32 and references[2].truncated and references[2].ids[-1] != eos
 
     plan = "1. add the units"
-    base_prompts = scoring_trainers[0]._base_prompt_ids([item.prompt for item in items])
-    teacher_prompts = scoring_trainers[0]._templated_prompt_ids(
+    base_prompts = scoring_trainers[0].repair._base_prompt_ids([item.prompt for item in items])
+    teacher_prompts = scoring_trainers[0].repair._templated_prompt_ids(
         [scoring_trainers[0].args.teacher_template.format(question=i.prompt[-1]["content"], plan=plan) for i in items],
         [item.prompt for item in items],
     )
@@ -190,7 +190,7 @@ def test_scoring_passes_score_exactly_the_reference_tokens(scoring_trainers, toy
         model = trainer.model
         for prompts in (base_prompts, teacher_prompts):
             with torch.no_grad():
-                logps, mask = trainer._reference_logps(model, prompts, reference_ids)
+                logps, mask = trainer.repair._reference_logps(model, prompts, reference_ids)
             assert mask.sum(1).tolist() == [len(r) for r in reference_ids]
             for row, (prompt, ref) in enumerate(zip(prompts, reference_ids)):
                 expected = manual_logps(model, prompt, ref)
@@ -203,11 +203,11 @@ def test_repair_loss_matches_manual_computation_at_any_temperature(scoring_train
     losses = []
     for trainer in scoring_trainers:
         model = trainer.model
-        references = [trainer._prepare_reference(item.reference) for item in items]
-        plans, _ = trainer._write_plans(items, references)  # greedy: the same plans at both temperatures
+        references = [trainer.repair._prepare_reference(item.reference) for item in items]
+        plans, _ = trainer.repair._write_plans(items, references)  # greedy: the same plans at both temperatures
         assert all(len(trainer._tokenizer(p)["input_ids"]) <= trainer.args.max_plan_tokens for p in plans)
-        base_prompts = trainer._base_prompt_ids([item.prompt for item in items])
-        teacher_prompts = trainer._templated_prompt_ids(
+        base_prompts = trainer.repair._base_prompt_ids([item.prompt for item in items])
+        teacher_prompts = trainer.repair._templated_prompt_ids(
             [
                 trainer.args.teacher_template.format(question=i.prompt[-1]["content"], plan=p)
                 for i, p in zip(items, plans)
@@ -219,9 +219,9 @@ def test_repair_loss_matches_manual_computation_at_any_temperature(scoring_train
         width = max(len(b) for b in base)
         pad = [torch.nn.functional.pad(x, (0, width - len(x))) for x in base + plan]
         mask = torch.stack([torch.arange(width) < len(b) for b in base]).float()
-        expected = sort_repair_loss(torch.stack(pad[:2]), torch.stack(pad[2:]), mask, 0.5)
+        expected = sort_repair_terms(torch.stack(pad[:2]), torch.stack(pad[2:]), mask, 0.5).loss
 
-        loss = trainer._repair_loss(model, items)
+        loss = trainer.repair._repair_loss(model, items)
         assert loss.requires_grad
         torch.testing.assert_close(loss.detach(), expected, atol=1e-5, rtol=1e-4)
         assert trainer._metrics["train"]["sort/repair_loss"][-1] == pytest.approx(expected.item(), rel=1e-4)
@@ -241,7 +241,7 @@ def one_repair_step_delta(tiny_model_path, cpu_args, toy_dataset, **overrides):
     prefill(trainer, toy_dataset, 2)
     before = snapshot(trainer.model)
     trainer.train()
-    assert trainer.sort_buffer.counters["repairs"] == 1
+    assert trainer.repair.buffer.counters["repairs"] == 1
     return {n: p.detach() - before[n] for n, p in trainer.model.named_parameters() if n in before}
 
 
@@ -282,10 +282,10 @@ def test_failures_hidden_by_a_format_bonus_warn_once_naming_the_fields(tiny_mode
     trainer = SORTTrainer(
         tiny_model_path, reward_funcs=funcs, args=sort_args(cpu_args, **settings), train_dataset=toy_dataset
     )
-    trainer.failures_slip_through_batches = 2  # every batch holds every prompt, the hard ones included
+    trainer.repair.failures_slip_through_batches = 2  # every batch holds every prompt, the hard ones included
     with caplog.at_level(logging.WARNING):
         trainer.train()
-    assert len(trainer.sort_buffer) == 0
+    assert len(trainer.repair.buffer) == 0
     warned = [r.getMessage() for r in caplog.records if "correctness_reward_funcs" in r.getMessage()]
     assert len(warned) == 1
     assert "['hard_zero_flat_reward']" in warned[0] and "`correct_threshold` (now 0.0)" in warned[0]
@@ -293,10 +293,10 @@ def test_failures_hidden_by_a_format_bonus_warn_once_naming_the_fields(tiny_mode
     caplog.clear()
     args = sort_args(cpu_args, **settings, correctness_reward_funcs=["hard_zero_flat_reward"])
     fixed = SORTTrainer(tiny_model_path, reward_funcs=funcs, args=args, train_dataset=toy_dataset)
-    fixed.failures_slip_through_batches = 2
+    fixed.repair.failures_slip_through_batches = 2
     with caplog.at_level(logging.WARNING):
         fixed.train()
-    assert sorted(item.prompt[-1]["content"] for item in fixed.sort_buffer.items) == sorted(HARD)
+    assert sorted(item.prompt[-1]["content"] for item in fixed.repair.buffer.items) == sorted(HARD)
     assert not [r for r in caplog.records if "correctness_reward_funcs" in r.getMessage()]
 
 
@@ -307,10 +307,10 @@ class BufferSpy(TrainerCallback):
         self.trainer, self.at_start, self.prompts_held = trainer, None, []
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.at_start = self.trainer.sort_buffer.state_dict()
+        self.at_start = self.trainer.repair.buffer.state_dict()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.prompts_held += [item.prompt for item in self.trainer.sort_buffer.items]
+        self.prompts_held += [item.prompt for item in self.trainer.repair.buffer.items]
 
 
 def test_training_defers_hard_prompts_repairs_and_logs(tiny_model_path, cpu_args, toy_dataset):
@@ -325,7 +325,7 @@ def test_training_defers_hard_prompts_repairs_and_logs(tiny_model_path, cpu_args
     before = snapshot(trainer.model)
     trainer.train()
 
-    assert trainer.sort_buffer.counters["repairs"] >= 1
+    assert trainer.repair.buffer.counters["repairs"] >= 1
     assert all(is_hard(prompt) for prompt in spy.prompts_held)
     assert params_changed(before, trainer.model) > 0
     logged = {key for log in trainer.state.log_history for key in log}
@@ -356,7 +356,7 @@ def test_resume_restores_a_non_empty_buffer(tiny_model_path, cpu_args, toy_datas
     first.train()
     checkpoint = os.path.join(args.output_dir, "checkpoint-1")
     saved = json.loads(Path(checkpoint, BUFFER_FILE).read_text())
-    assert saved == first.sort_buffer.state_dict() and len(saved["items"]) >= 2
+    assert saved == first.repair.buffer.state_dict() and len(saved["items"]) >= 2
 
     # Resume with a repair batch exactly the size of the saved buffer: the first step repairs the restored items.
     args = sort_args(cpu_args, max_steps=2, save_strategy="no", repair_batch_size=len(saved["items"]))
@@ -365,8 +365,8 @@ def test_resume_restores_a_non_empty_buffer(tiny_model_path, cpu_args, toy_datas
     second.add_callback(spy)
     second.train(resume_from_checkpoint=True)
     assert spy.at_start == saved
-    assert second.sort_buffer.counters["repairs"] == saved["counters"]["repairs"] + 1
-    assert not any(item.prompt in restored_prompts for item in second.sort_buffer.items)
+    assert second.repair.buffer.counters["repairs"] == saved["counters"]["repairs"] + 1
+    assert not any(item.prompt in restored_prompts for item in second.repair.buffer.items)
 
 
 def test_lora_run_repairs_through_the_adapter(tiny_model_path, cpu_args, toy_dataset):
@@ -382,7 +382,7 @@ def test_lora_run_repairs_through_the_adapter(tiny_model_path, cpu_args, toy_dat
     base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
     assert lora_before
     trainer.train()
-    assert trainer.sort_buffer.counters["repairs"] >= 1
+    assert trainer.repair.buffer.counters["repairs"] >= 1
     params = dict(trainer.model.named_parameters())
     assert any(not torch.equal(params[n], p) for n, p in lora_before.items())
     assert all(torch.equal(params[n], p) for n, p in base_before.items())
@@ -440,7 +440,7 @@ def test_plan_prompt_does_not_think_and_base_scoring_renders_like_the_rollouts(
     repaired = prefill(trainer, toy_dataset, 2)
     rollout_ids, scored = {}, []
 
-    generate_and_score, reference_logps = trainer._generate_and_score_completions, trainer._reference_logps
+    generate_and_score, reference_logps = trainer._generate_and_score_completions, trainer.repair._reference_logps
 
     def spy_rollouts(inputs):
         output = generate_and_score(inputs)
@@ -452,10 +452,10 @@ def test_plan_prompt_does_not_think_and_base_scoring_renders_like_the_rollouts(
         scored.append(prompt_ids)
         return reference_logps(model, prompt_ids, reference_ids)
 
-    trainer._generate_and_score_completions, trainer._reference_logps = spy_rollouts, spy_scoring
+    trainer._generate_and_score_completions, trainer.repair._reference_logps = spy_rollouts, spy_scoring
     trainer.train()
 
-    assert trainer.sort_buffer.counters["repairs"] == 1 and trainer.sort_buffer.counters["failed_plans"] == 0
+    assert trainer.repair.buffer.counters["repairs"] == 1 and trainer.repair.buffer.counters["failed_plans"] == 0
     planner = trainer._policy_engine
     assert len(planner.prompts) == 2 and all(p.endswith("assistant\n<think>\n\n</think>\n\n") for p in planner.prompts)
     base, teacher = scored
@@ -482,17 +482,17 @@ def test_failed_plans_are_counted_and_repaired_with_what_they_have(
 ):
     trainer = thinking_trainer(tiny_model_path, thinking_tokenizer, cpu_args, toy_dataset, **overrides)
     items = [RepairItem(toy_dataset[i]["prompt"], toy_dataset[i]["solution"]) for i in (0, 1)]
-    references = [trainer._prepare_reference(item.reference) for item in items]
-    plans, failed = trainer._write_plans(items, references)
+    references = [trainer.repair._prepare_reference(item.reference) for item in items]
+    plans, failed = trainer.repair._write_plans(items, references)
     assert failed == [True, True]
     if expected_plan is None:
         assert plans == [thinking_tokenizer.decode(thinking_tokenizer(PLAN)["input_ids"][:4])] * 2
     else:
         assert plans == [expected_plan] * 2 and trainer._policy_engine.prompts[0].endswith("assistant\n<think>\n")
 
-    loss = trainer._repair_loss(trainer.model, items)
+    loss = trainer.repair._repair_loss(trainer.model, items)
     assert torch.isfinite(loss) and loss.requires_grad  # still repaired
-    assert trainer.sort_buffer.counters["failed_plans"] == 2
+    assert trainer.repair.buffer.counters["failed_plans"] == 2
 
 
 # ---- uniform weighting ------------------------------------------------------------------------------------------------
@@ -510,10 +510,10 @@ def test_uniform_weighting_is_the_mean_nll_of_the_reference_tokens(tiny_model_pa
     tokens = []
     for item in items:
         prompt = prompt_token_ids(trainer._tokenizer, item.prompt)
-        tokens.append(manual_logps(trainer.model, prompt, trainer._prepare_reference(item.reference).ids))
+        tokens.append(manual_logps(trainer.model, prompt, trainer.repair._prepare_reference(item.reference).ids))
     expected = -torch.cat(tokens).mean()  # every reference token weighs 1, over all items' tokens
 
-    loss = trainer._repair_loss(trainer.model, items)
+    loss = trainer.repair._repair_loss(trainer.model, items)
     torch.testing.assert_close(loss.detach(), expected, atol=1e-5, rtol=1e-4)
     assert planner.num_calls == 0  # no plan is written
     metrics = trainer._metrics["train"]
@@ -552,7 +552,7 @@ def test_separate_repair_is_its_own_clipped_step_after_the_grpo_step(tiny_model_
     prompts = prefill(trainer, toy_dataset, 2)  # the oldest two: step 1 repairs exactly these
     before = snapshot(trainer.model)
     trainer.train()
-    assert trainer.state.global_step == 2 and trainer.sort_buffer.counters["repairs"] >= 1
+    assert trainer.state.global_step == 2 and trainer.repair.buffer.counters["repairs"] >= 1
     assert [log["learning_rate"] for log in trainer.state.log_history if "learning_rate" in log] == [lr, lr / 2]
 
     def norm(delta):
@@ -568,7 +568,7 @@ def test_separate_repair_is_its_own_clipped_step_after_the_grpo_step(tiny_model_
     trainer.model.load_state_dict(after_grpo, strict=False)
     trainer.model.zero_grad()
     items = [RepairItem(p, row["solution"]) for p in prompts for row in toy_dataset if row["prompt"] == p]
-    trainer._repair_loss(trainer.model, items).backward()
+    trainer.repair._repair_loss(trainer.model, items).backward()
     grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if n in before}
     factor = min(1.0, clip / norm(grads))
     for name, delta in repair_delta.items():

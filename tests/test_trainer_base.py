@@ -59,12 +59,12 @@ def test_sort_resume_refuses_a_missing_or_corrupt_buffer(tiny_model_path, cpu_ar
         return SORTTrainer(tiny_model_path, reward_funcs=digit_count_reward, args=args, train_dataset=toy_dataset)
 
     first = make(1)
-    first.sort_buffer.add(toy_dataset[0]["prompt"], toy_dataset[0]["solution"])
+    first.repair.buffer.add(toy_dataset[0]["prompt"], toy_dataset[0]["solution"])
     first.train()
     checkpoint = tmp_path / "run" / "checkpoint-1"
-    assert json.loads((checkpoint / BUFFER_FILE).read_text()) == first.sort_buffer.state_dict()
+    assert json.loads((checkpoint / BUFFER_FILE).read_text()) == first.repair.buffer.state_dict()
     assert not [p.name for p in checkpoint.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
-    state = first.sort_buffer.state_dict()
+    state = first.repair.buffer.state_dict()
     cases = {
         "missing": (None, "is missing"),
         "cut_short": (json.dumps(state)[:15], "not valid JSON"),

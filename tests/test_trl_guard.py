@@ -80,7 +80,7 @@ def test_optimizer_step_callback_runs_between_the_step_and_the_schedule():
     positions = [source.find(line) for line in order]
     assert -1 not in positions and positions == sorted(positions), (
         f"Trainer._run_epoch no longer runs {order} in this order ({positions}): adapt "
-        "sort/trainer.py's _separate_repair_step (and MInTRL's GA scaling)."
+        "sort/repair.py's separate_repair_step (and MInTRL's GA scaling)."
     )
 
 
@@ -91,7 +91,7 @@ def test_micro_batch_counter_and_loss_scaling_we_rely_on():
     Trainer backwards with `scale_wrt_gas=False`, which SORT's separate repair step mirrors."""
     grpo_step = inspect.getsource(GRPOTrainer.training_step)
     assert 0 <= grpo_step.find("super().training_step(") < grpo_step.find("self._step += 1"), (
-        "GRPOTrainer.training_step no longer counts `_step` after the micro-batch: adapt SORT's _with_joint_repair"
+        "GRPOTrainer.training_step no longer counts `_step` after the micro-batch: adapt SORT's with_joint_repair"
     )
     assert "self._step = 0" in inspect.getsource(GRPOTrainer.__init__), "GRPOTrainer no longer sets self._step"
     assert GRPOTrainer.loss_is_scaled_for_ga is True, "GRPOTrainer's loss GA scaling changed: adapt MInTRL's loss"

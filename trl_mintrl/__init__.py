@@ -6,7 +6,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 if sys.version_info < (3, 11):  # noqa: UP036 -- pip enforces requires-python; this catches source checkouts on sys.path
     raise ImportError(

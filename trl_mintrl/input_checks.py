@@ -219,17 +219,21 @@ class RewardFunctionGuard:
 
 def check_code_sandbox(reward_funcs) -> None:
     """Build the sandbox of the default `code_reward` now when it is one of `reward_funcs` (it would be built at its
-    first call): `InputError` naming the setting when this machine cannot provide the isolation asked for."""
-    from .rewards.code import code_reward, default_sandbox
+    first call; `REWARDS[...].prepare`): `InputError` naming the setting when this machine cannot provide the
+    isolation asked for."""
+    from .rewards import REWARDS
     from .rewards.sandbox import ISOLATION_ENV
 
-    if not any(func is code_reward for func in reward_funcs):
-        return
-    try:
-        default_sandbox()
-    except (RuntimeError, ValueError) as err:
-        setting = f" with ${ISOLATION_ENV}={os.environ[ISOLATION_ENV]}" if os.environ.get(ISOLATION_ENV) else ""
-        raise InputError(f"reward_funcs has code_reward, whose sandbox cannot start here{setting}: {err}") from None
+    for task in REWARDS.values():
+        if task.prepare is None or not any(func is task.reward for func in reward_funcs):
+            continue
+        try:
+            task.prepare()
+        except (RuntimeError, ValueError) as err:
+            setting = f" with ${ISOLATION_ENV}={os.environ[ISOLATION_ENV]}" if os.environ.get(ISOLATION_ENV) else ""
+            raise InputError(
+                f"reward_funcs has {task.reward.__name__}, whose sandbox cannot start here{setting}: {err}"
+            ) from None
 
 
 def context_length(model_config, args) -> int | None:

@@ -1,13 +1,32 @@
-"""The two methods' losses as small pure functions on tensors.
+"""The two methods' losses as small pure functions on tensors, and the one table of their variants: `ANCHORS`
+(MInTRL's `anchor`) and `REPAIR_WEIGHTINGS` (SORT's `repair_weighting`). A new variant is one function and one
+entry here; the configs take their choices from these tables.
 
 Shapes: B rows (rollouts or references), T completion/reference tokens. Masks are 0/1 floats or bools.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
+
+def _proxy_anchors(old_logps: torch.Tensor, judge_mask: torch.Tensor, kappa: float) -> torch.Tensor:
+    return old_logps
+
+
+def _const_anchors(old_logps: torch.Tensor, judge_mask: torch.Tensor, kappa: float) -> torch.Tensor:
+    return torch.where(judge_mask.bool(), torch.full_like(old_logps, kappa), old_logps)
+
+
+# MInTRL's `anchor` variants: judge tokens anchored at log pi_old ("proxy") or at the constant kappa ("const")
+ANCHORS: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    "const": _const_anchors,
+    "proxy": _proxy_anchors,
+}
 
 
 def mintrl_anchors(old_logps: torch.Tensor, judge_mask: torch.Tensor, anchor: str, kappa: float) -> torch.Tensor:
@@ -18,15 +37,12 @@ def mintrl_anchors(old_logps: torch.Tensor, judge_mask: torch.Tensor, anchor: st
     Args:
         old_logps: (B, T) log pi_old of each completion token (the policy that sampled the batch).
         judge_mask: (B, T) True on judge tokens (the judge's corrections), False on policy tokens and padding.
-        anchor: "const" (judge tokens anchored at kappa) or "proxy" (judge tokens anchored at log pi_old).
+        anchor: a key of `ANCHORS`: "const" (judge tokens anchored at kappa) or "proxy" (at log pi_old).
         kappa: the constant anchor of judge tokens (paper: -0.2 math, -0.1 code).
     """
-    old_logps = old_logps.detach()
-    if anchor == "proxy":
-        return old_logps
-    if anchor == "const":
-        return torch.where(judge_mask.bool(), torch.full_like(old_logps, kappa), old_logps)
-    raise ValueError(f"anchor={anchor!r}: use 'const' or 'proxy'.")
+    if anchor not in ANCHORS:
+        raise ValueError(f"anchor={anchor!r}: use 'const' or 'proxy'.")
+    return ANCHORS[anchor](old_logps.detach(), judge_mask, kappa)
 
 
 def advantage_regression_loss(
@@ -85,7 +101,7 @@ class RepairTerms(NamedTuple):
 
     loss: torch.Tensor  # scalar, gradients through base_logps only
     weights: torch.Tensor  # (B, T) w_t, detached
-    salience: torch.Tensor  # (B, T) log p_plan - log p_base, detached
+    salience: torch.Tensor | None  # (B, T) log p_plan - log p_base, detached; None without a plan
 
 
 def sort_repair_terms(
@@ -108,15 +124,31 @@ def sort_repair_terms(
     return RepairTerms(loss, weights, (plan_logps - base_logps).detach())
 
 
-def sort_repair_loss(
-    base_logps: torch.Tensor, plan_logps: torch.Tensor, mask: torch.Tensor, beta: float
-) -> torch.Tensor:
-    """The scalar loss of `sort_repair_terms`."""
-    return sort_repair_terms(base_logps, plan_logps, mask, beta).loss
-
-
 def reference_nll_loss(base_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """SORT's repair with uniform weights: the mean negative log-likelihood of the reference tokens (plain SFT on
     references, ReLIFT-like), the ablation that isolates the plan salience. Shapes as in `sort_repair_terms`."""
     mask = mask.to(base_logps.dtype)
     return -(base_logps * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def uniform_repair_terms(
+    base_logps: torch.Tensor, plan_logps: torch.Tensor | None, mask: torch.Tensor, beta: float
+) -> RepairTerms:
+    """`reference_nll_loss` as `RepairTerms`: weight 1 on every token, no plan, no salience."""
+    return RepairTerms(reference_nll_loss(base_logps, mask), torch.ones_like(mask), None)
+
+
+@dataclass(frozen=True)
+class RepairWeighting:
+    """A SORT `repair_weighting` variant: its terms, and whether it needs the plan (the planner's generate call
+    and the teacher scoring pass are skipped without one)."""
+
+    terms: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, float], RepairTerms]
+    uses_plan: bool
+
+
+# SORT's `repair_weighting` variants: the paper's plan-salience weights, or plain SFT on the references
+REPAIR_WEIGHTINGS: dict[str, RepairWeighting] = {
+    "salience": RepairWeighting(sort_repair_terms, uses_plan=True),
+    "uniform": RepairWeighting(uniform_repair_terms, uses_plan=False),
+}

@@ -14,7 +14,7 @@ import shutil
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.utils import get_config_model_id
 
-from . import __version__
+from ._version import __version__
 
 CARD = "README.md"
 _SECTION_BEFORE = "### Framework versions"

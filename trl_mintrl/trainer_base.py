@@ -1,8 +1,10 @@
 """`GRPOTrainerBase`: the glue MInTRL and SORT share on top of TRL's `GRPOTrainer`.
 
 TRL computes rewards and group advantages inside `_generate_and_score_completions` (~600 lines). Rather than copy
-it, the base keeps what a subclass needs from the current generation batch (its dataset rows and the rewards
-gathered across processes), so the subclass can adjust `super()`'s output afterwards. It also owns the extra
+it, the base opens one `GenerationBatch` record per generation batch before calling it: TRL's hooks fill it (the
+dataset rows, the rollout function's result, the rewards gathered across processes), the subclass's `_score_batch`
+reads it once TRL is done (to adjust the advantages and take the batch's decisions), and the record is then
+cleared, so no stage can read another batch's state or depend on the order of TRL's hooks. It also owns the extra
 training state a subclass saves with each checkpoint: one JSON file, written atomically, and refused on resume
 when it is missing or corrupt rather than silently reset.
 """
@@ -13,14 +15,34 @@ import glob
 import json
 import os
 import tempfile
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+from trl.trainer.utils import get_config_model_id
 
 from .engines import GenerationEngine, engine_for_trainer
 from .input_checks import check_trainer_inputs
 from .resume import resolve_resume_from_checkpoint
+
+
+@dataclass
+class GenerationBatch:
+    """One generation batch on its way through TRL's `_generate_and_score_completions`: opened by the base with the
+    batch's rows, completed by TRL's hooks, read by the subclass's `_score_batch`, then cleared."""
+
+    inputs: list[dict]  # this process's dataset rows, one per rollout
+    rollout: Any = None  # what the subclass's rollout_func hands over (MInTRL's `RolloutBatch`), if it has one
+    rewards_per_func: torch.Tensor | None = None  # (global rows, reward functions), gathered by TRL; NaN: no reward
+
+    def rewards(self, reward_weights: torch.Tensor) -> torch.Tensor:
+        """(global rows,) weighted reward of each rollout, NaN where every reward function returned None."""
+        per_func = self.rewards_per_func
+        rewards = (per_func * reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan
+        return rewards
 
 
 class GRPOTrainerBase(GRPOTrainer):
@@ -30,8 +52,7 @@ class GRPOTrainerBase(GRPOTrainer):
 
     extra_state_file: str  # file name of the subclass's extra state inside a checkpoint folder
 
-    _batch_inputs: list[dict] | None = None
-    _batch_rewards_per_func: torch.Tensor | None = None
+    _batch: GenerationBatch | None = None  # the generation batch being generated and scored, None between batches
     _policy_engine: GenerationEngine | None = None
 
     def __init__(self, *args, **kwargs):
@@ -40,20 +61,22 @@ class GRPOTrainerBase(GRPOTrainer):
 
     # ----- the batch being generated and scored -----
     def _generate_and_score_completions(self, inputs):
-        self._batch_inputs = inputs
-        return super()._generate_and_score_completions(inputs)
+        self._batch = batch = GenerationBatch(inputs)
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            self._score_batch(output, batch)
+        finally:
+            self._batch = None
+        return output
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._batch_rewards_per_func = rewards_per_func
+        self._batch.rewards_per_func = rewards_per_func
         return rewards_per_func
 
-    def _batch_rewards(self) -> torch.Tensor:
-        """(global rows,) weighted reward of each rollout, NaN where every reward function returned None."""
-        per_func = self._batch_rewards_per_func
-        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan
-        return rewards
+    def _score_batch(self, output: dict, batch: GenerationBatch) -> None:
+        """Adjust TRL's `output` for this batch (e.g. the advantages) and take the decisions it feeds, with the
+        complete record in hand. The base adds nothing to TRL's GRPO."""
 
     def _process_slice(self, local_rows: int) -> slice:
         """This process's rows within the gathered batch (TRL's own convention)."""
@@ -170,6 +193,12 @@ def _refusal(path: str) -> str:
         "earlier complete checkpoint, or start a new run from these weights (model=<checkpoint folder>, no "
         "resume_from_checkpoint)."
     )
+
+
+def default_output_dir(model, method: str) -> str:
+    """`<model name>-<method>`: the output folder of a trainer built without `args`, named as TRL names GRPO's."""
+    model_id = model if isinstance(model, str) else get_config_model_id(model.config)
+    return f"{model_id.split('/')[-1]}-{method}"
 
 
 def check_reference_column(dataset, column: str, used_for: str) -> None:

@@ -150,8 +150,8 @@ def test_sort_plans_are_written_by_the_server(vllm_server, weight_transfer_seam,
 
     monkeypatch.setattr(VLLMServerEngine, "_generate", checking_generate)
     trainer.train()
-    assert trainer.sort_buffer.counters["repairs"] >= 1
-    assert len(plans) == trainer.sort_buffer.counters["repairs"]
+    assert trainer.repair.buffer.counters["repairs"] >= 1
+    assert len(plans) == trainer.repair.buffer.counters["repairs"]
     for caps, from_server, from_transformers in plans:
         assert caps == [12, 12]
         assert from_server == from_transformers

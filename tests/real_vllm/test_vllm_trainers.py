@@ -202,8 +202,8 @@ def test_sort_plans_are_written_by_the_current_policy_on_vllm(tiny_model_path, c
 
     monkeypatch.setattr(VLLMEngine, "_generate", checking_generate)
     trainer.train()
-    assert trainer.sort_buffer.counters["repairs"] >= 1
-    assert len(plans) == trainer.sort_buffer.counters["repairs"]
+    assert trainer.repair.buffer.counters["repairs"] >= 1
+    assert len(plans) == trainer.repair.buffer.counters["repairs"]
     for caps, temperature, from_vllm, from_transformers in plans:
         assert caps == [12, 12] and temperature == 0.0
         assert from_vllm == from_transformers

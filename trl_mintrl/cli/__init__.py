@@ -21,7 +21,7 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["--version"], ["-V"]):
-        from .. import __version__
+        from .._version import __version__
 
         print(f"trl-mintrl {__version__}")
         return

@@ -14,7 +14,7 @@ def environment_report() -> str:
 
     import torch
 
-    from .. import __version__
+    from .._version import __version__
 
     lines = [
         f"- trl-mintrl version: {__version__}",

@@ -15,6 +15,7 @@ steps and the best checkpoint (highest `--select_metric` averaged over the bench
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import importlib.util
 import json
@@ -22,34 +23,40 @@ import os
 import re
 from pathlib import Path
 
+from trl import TrlParser
+
 from ..eval.runner import SamplingSettings
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (`trl-mintrl eval: error: ...`), exit status 2."""
+class OneLineParser(TrlParser):
+    """TRL's parser, as `train` uses it, over `SamplingSettings` (one flag per field, so flags and settings cannot
+    drift) plus eval's own flags; errors are one line (`trl-mintrl eval: error: ...`), exit status 2."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-
-def _json_object(text: str) -> dict:
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError(text)
-    return value
-
-
-_json_object.__name__ = "JSON object"  # argparse names the type in its error: "invalid JSON object value"
+    @staticmethod
+    def _parse_dataclass_field(parser, field: dataclasses.Field) -> None:
+        """A field's flag: its name spelled with underscores only (eval has no hyphen aliases), its default, and
+        its metadata (help; `type` where the command line spells the value differently from the field)."""
+        kwargs = {"type": field.type, **field.metadata}
+        if field.default is not dataclasses.MISSING:
+            kwargs["default"] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            kwargs["default"] = field.default_factory()
+        parser.add_argument(f"--{field.name}", **kwargs)
 
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
-        prog="trl-mintrl eval", description="pass@k evaluation on math/code benchmarks", allow_abbrev=False
+        SamplingSettings,
+        prog="trl-mintrl eval",
+        description="pass@k evaluation on math/code benchmarks",
+        allow_abbrev=False,
     )
     parser.add_argument("--config", help="YAML file whose keys are these flags' names; flags given here win")
-    parser.add_argument("--model", help="model folder or Hub id; with --all_checkpoints, a training output folder")
     parser.add_argument(
         "--all_checkpoints",
         action="store_true",
@@ -62,24 +69,12 @@ def build_parser() -> OneLineParser:
         "path of a file already in our columns; repeat for several",
     )
     parser.add_argument("--output", help="folder for samples, summary.json and run.json")
-    parser.add_argument("--num_samples", type=int, default=32, help="samples per problem (n)")
-    parser.add_argument("--k", default="1,8,32", help="comma-separated k values, each <= --num_samples")
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--top_p", type=float, default=0.95)
-    parser.add_argument("--max_new_tokens", type=int, default=4096)
     parser.add_argument(
-        "--chat_template_kwargs",
-        type=_json_object,
-        default={},
-        help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}' for Qwen3 without thinking",
+        "--backend", choices=("transformers", "vllm"), default="transformers", help="generation engine"
     )
-    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
-    parser.add_argument("--batch_size", type=int, default=64, help="samples per generation call")
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke tests)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     parser.add_argument("--device", default=None, help="transformers backend: cuda if available, else cpu")
-    parser.add_argument("--math_timeout", type=float, default=10.0, help="seconds per math answer check")
-    parser.add_argument("--code_timeout", type=float, default=10.0, help="seconds per program run (per test)")
     parser.add_argument("--select_metric", default="pass@1", help="--all_checkpoints: metric that picks the best")
     parser.add_argument("--vllm_tensor_parallel_size", type=int, default=1, help="vLLM: GPUs per engine")
     parser.add_argument("--vllm_max_model_len", type=int, default=None, help="vLLM: context length (prompt+output)")
@@ -155,7 +150,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not getattr(args, name):
             parser.error(f"--{name} is required (on the command line or in --config)")
     try:
-        args.k = sorted({int(k) for k in str(args.k).split(",") if k.strip()})
+        values = args.k if isinstance(args.k, list) else str(args.k).split(",")  # the default is a list already
+        args.k = sorted({int(k) for k in values if str(k).strip()})
     except ValueError:
         parser.error(f"--k must be comma-separated integers, got {args.k!r}")
     for name in ("num_samples", "max_new_tokens", "batch_size", "vllm_tensor_parallel_size"):
@@ -187,18 +183,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def settings_for(args: argparse.Namespace, model: str) -> SamplingSettings:
-    return SamplingSettings(
-        model=model,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens,
-        num_samples=args.num_samples,
-        k=args.k,
-        batch_size=args.batch_size,
-        chat_template_kwargs=args.chat_template_kwargs,
-        math_timeout=args.math_timeout,
-        code_timeout=args.code_timeout,
-    )
+    """The settings of one evaluated model (`model` differs per checkpoint with --all_checkpoints)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplingSettings)}
+    return SamplingSettings(**{**values, "model": model})
 
 
 def check_resume(output: Path, settings: SamplingSettings, datasets: dict[str, str]) -> None:

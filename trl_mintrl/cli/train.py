@@ -21,6 +21,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from ..input_checks import InputError, RewardFunctionError, check_code_sandbox
 from ..resume import resolve_resume_from_checkpoint
+from ..rewards import REWARDS  # `reward_funcs` short names; any other entry must be a dotted import path
 from ..text import check_template
 
 # method -> (module, config class, trainer class)
@@ -32,13 +33,6 @@ METHODS = {
 }
 JUDGED = ("mintrl", "mintrl-sort")  # methods with a judge
 REPAIRED = ("sort", "mintrl-sort")  # methods that read the reference column for their repair
-
-# `reward_funcs` names -> "module:function"; any other entry must be a dotted import path
-REWARD_FUNCS = {
-    "math": "trl_mintrl.rewards:math_reward",
-    "code": "trl_mintrl.rewards:code_reward",
-    "toy": "benchmarks.toy.task:toy_reward",  # the CPU recipes' arithmetic task (a repository checkout's benchmarks/)
-}
 
 
 class RecipeError(ValueError):
@@ -70,7 +64,7 @@ class TrainScriptArguments(ScriptArguments):
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math"],
         metadata={
-            "help": f"Reward functions: {sorted(REWARD_FUNCS)} or dotted import paths (my_pkg.rewards.fn). Weight "
+            "help": f"Reward functions: {sorted(REWARDS)} or dotted import paths (my_pkg.rewards.fn). Weight "
             "them with `reward_weights`."
         },
     )
@@ -208,16 +202,16 @@ def _import(path: str):
 
 def resolve_reward_funcs(names: list[str]) -> list:
     if not names:
-        raise RecipeError(f"reward_funcs is empty: name at least one of {sorted(REWARD_FUNCS)} or a dotted path.")
+        raise RecipeError(f"reward_funcs is empty: name at least one of {sorted(REWARDS)} or a dotted path.")
     funcs = []
     for name in names:
-        if name not in REWARD_FUNCS and "." not in name:
+        if name not in REWARDS and "." not in name:
             raise RecipeError(
-                f"reward_funcs: unknown reward {name!r}. Use one of {sorted(REWARD_FUNCS)} or a dotted import path "
+                f"reward_funcs: unknown reward {name!r}. Use one of {sorted(REWARDS)} or a dotted import path "
                 "such as my_pkg.rewards.my_reward."
             )
         try:
-            funcs.append(_import(REWARD_FUNCS.get(name, name)))
+            funcs.append(REWARDS[name].reward if name in REWARDS else _import(name))
         except (ImportError, AttributeError, RuntimeError, ValueError) as err:  # e.g. a strict sandbox built there
             raise RecipeError(f"reward_funcs: cannot import {name!r}: {err}") from None
     return funcs
@@ -445,13 +439,9 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
     )
 
 
-def run(recipe: Recipe):
-    """Load model and data, train, save (with the model card) and push if asked; returns the trainer."""
+def _prepare_model(recipe: Recipe) -> None:
+    """Build the tiny model if the recipe asks for it and it is missing; pass ModelConfig's loading options on."""
     from accelerate import PartialState
-    from trl import get_peft_config, get_quantization_config
-
-    from .. import data
-    from ..model_card import with_model_card
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
     if script_args.build_tiny_model:
@@ -468,6 +458,11 @@ def run(recipe: Recipe):
         "dtype": model_args.dtype,
         **(training_args.model_init_kwargs or {}),
     }
+
+
+def _load_datasets(recipe: Recipe):
+    """(train, eval) datasets, the train split checked to fill at least one generation batch."""
+    script_args, training_args = recipe.script_args, recipe.training_args
     try:
         train_dataset = _load_split(script_args, script_args.dataset_train_split, script_args.dataset_limit)
     except ValueError as err:  # the loader's message names the columns or file it cannot use
@@ -485,7 +480,19 @@ def run(recipe: Recipe):
     eval_dataset = None
     if training_args.eval_strategy != "no":
         eval_dataset = _load_split(script_args, script_args.dataset_test_split, None)
+    return train_dataset, eval_dataset
 
+
+def run(recipe: Recipe):
+    """Load model and data, train, save (with the model card) and push if asked; returns the trainer."""
+    from trl import get_peft_config, get_quantization_config
+
+    from .. import data
+    from ..model_card import with_model_card
+
+    script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
+    _prepare_model(recipe)
+    train_dataset, eval_dataset = _load_datasets(recipe)
     module, _, trainer_name = METHODS[recipe.method]
     trainer_cls = with_model_card(getattr(importlib.import_module(module), trainer_name))
     extra = {}

@@ -101,6 +101,14 @@ def pick_column(columns, candidates: tuple[str, ...], dataset: str, role: str) -
     raise ValueError(f"{dataset}: no {role} column (expected one of {list(candidates)}); columns: {sorted(columns)}")
 
 
+def require_columns(raw, names: tuple[str, ...], dataset: str) -> list[str]:
+    """The dataset's columns, after checking that each of `names` is one (`pick_column`'s error otherwise)."""
+    columns = raw.column_names
+    for needed in names:
+        pick_column(columns, (needed,), dataset, needed)
+    return columns
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Math
 
@@ -182,9 +190,7 @@ def row_fn_name(tests, metadata, starter_code) -> str | None:
 
 
 def convert_deepcoder(raw, template: str, dataset: str):
-    columns = raw.column_names
-    for needed in ("problem", "tests"):
-        pick_column(columns, (needed,), dataset, needed)
+    columns = require_columns(raw, ("problem", "tests"), dataset)
 
     def convert(row):
         tests = json.loads(row["tests"]) if isinstance(row["tests"], str) else row["tests"]
@@ -221,9 +227,7 @@ def lcb_private_tests(encoded: str) -> list[dict]:
 
 
 def convert_livecodebench(raw, template: str, dataset: str):
-    columns = raw.column_names
-    for needed in ("question_content", "public_test_cases"):
-        pick_column(columns, (needed,), dataset, needed)
+    columns = require_columns(raw, ("question_content", "public_test_cases"), dataset)
 
     def convert(row):
         tests = json.loads(row["public_test_cases"]) + lcb_private_tests(row.get("private_test_cases") or "")
@@ -239,9 +243,7 @@ def convert_livecodebench(raw, template: str, dataset: str):
 
 
 def convert_humanevalplus(raw, template: str, dataset: str):
-    columns = raw.column_names
-    for needed in ("prompt", "test", "entry_point"):
-        pick_column(columns, (needed,), dataset, needed)
+    columns = require_columns(raw, ("prompt", "test", "entry_point"), dataset)
 
     def convert(row):
         test = row["test"]
@@ -258,9 +260,7 @@ def convert_humanevalplus(raw, template: str, dataset: str):
 
 
 def convert_mbppplus(raw, template: str, dataset: str):
-    columns = raw.column_names
-    for needed in ("prompt", "test", "test_list"):
-        pick_column(columns, (needed,), dataset, needed)
+    columns = require_columns(raw, ("prompt", "test", "test_list"), dataset)
 
     def convert(row):
         imports = "\n".join(row.get("test_imports") or [])

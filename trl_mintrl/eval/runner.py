@@ -14,20 +14,45 @@ from pathlib import Path
 from .passk import summarize
 
 
+def _json_object(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(text)
+    return value
+
+
+_json_object.__name__ = "JSON object"  # argparse names the type in its error: "invalid JSON object value"
+
+
 @dataclass
 class SamplingSettings:
-    """How samples are drawn and scored; the first four must stay the same for a folder to be resumed."""
+    """How samples are drawn and scored; the first four must stay the same for a folder to be resumed.
 
-    model: str
-    temperature: float = 0.6
-    top_p: float = 0.95
-    max_new_tokens: int = 4096
-    num_samples: int = 32
-    k: list[int] = field(default_factory=lambda: [1, 8, 32])
-    batch_size: int = 64
-    chat_template_kwargs: dict = field(default_factory=dict)
-    math_timeout: float = 10.0
-    code_timeout: float = 10.0
+    `trl-mintrl eval` makes one flag per field from this class (`cli/eval.py`): a field's metadata holds its help
+    and, where the command line spells it differently from the field (`k` as "1,8,32", a dict as JSON), its type.
+    """
+
+    model: str = field(
+        metadata={"help": "model folder or Hub id; with --all_checkpoints, a training output folder", "type": str}
+    )
+    temperature: float = field(default=0.6, metadata={"help": "sampling temperature (0: greedy)"})
+    top_p: float = field(default=0.95, metadata={"help": "nucleus sampling: keep the tokens of this probability mass"})
+    max_new_tokens: int = field(default=4096, metadata={"help": "tokens per sample at most"})
+    num_samples: int = field(default=32, metadata={"help": "samples per problem (n)"})
+    k: list[int] = field(
+        default_factory=lambda: [1, 8, 32],
+        metadata={"help": "comma-separated k values, each <= --num_samples", "type": str},
+    )
+    batch_size: int = field(default=64, metadata={"help": "samples per generation call"})
+    chat_template_kwargs: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "JSON passed to the chat template, e.g. '{\"enable_thinking\": false}' for Qwen3 without thinking",
+            "type": _json_object,
+        },
+    )
+    math_timeout: float = field(default=10.0, metadata={"help": "seconds per math answer check"})
+    code_timeout: float = field(default=10.0, metadata={"help": "seconds per program run (per test)"})
 
     def resume_key(self) -> dict:
         return {
@@ -55,18 +80,15 @@ class Scorer:
     """The reward of each task, created on first use (math starts worker processes, code a sandbox)."""
 
     def __init__(self, math_timeout: float, code_timeout: float):
-        self.math_timeout, self.code_timeout = math_timeout, code_timeout
+        self.timeouts = {"math": math_timeout, "code": code_timeout}
         self._rewards = {}
 
     def __call__(self, task: str, completions: list[str], rows: list[dict]) -> list[float | None]:
-        if task not in self._rewards:
-            from ..rewards import make_code_reward, make_math_reward
+        from ..rewards import REWARDS
 
-            if task == "math":
-                self._rewards[task] = make_math_reward(timeout=self.math_timeout)
-            else:
-                self._rewards[task] = make_code_reward(binary=False, timeout=self.code_timeout)
-        column = "solution" if task == "math" else "tests"
+        if task not in self._rewards:
+            self._rewards[task] = REWARDS[task].scorer(self.timeouts[task])
+        column = REWARDS[task].column
         return self._rewards[task](completions, **{column: [row[column] for row in rows]})
 
 
@@ -128,21 +150,12 @@ def build_engine(
             model_path, temperature=settings.temperature, top_p=settings.top_p, seed=seed, **(vllm_kwargs or {})
         )
         return engine, tokenizer
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
     from ..engines import TransformersEngine
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto").to(device).eval()
-    eos = model.generation_config.eos_token_id
-    eos_ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-    sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p}
-    config = GenerationConfig(**sampling) if settings.temperature > 0 else GenerationConfig(do_sample=False)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    return TransformersEngine(
-        model, pad_token_id=pad, eos_token_ids=sorted(eos_ids), generation_config=config
-    ), tokenizer
+    engine = TransformersEngine.from_model_path(
+        model_path, tokenizer=tokenizer, device=device, temperature=settings.temperature, top_p=settings.top_p
+    )
+    return engine, tokenizer
 
 
 def evaluate(benchmarks: dict, engine, tokenizer, output: Path, settings: SamplingSettings) -> dict[str, dict]:

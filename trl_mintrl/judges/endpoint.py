@@ -25,10 +25,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .. import __version__
-from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
+from .._version import __version__
+from .base import Correction, CorrectionRequest, ReviewRequest, Verdict
 from .parsing import parse_correction, parse_verdict
-from .templates import JudgeTemplates
+from .templated import TemplatedJudge
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class _AttemptError(Exception):
         self.retry_after = retry_after
 
 
-class EndpointJudge(Judge):
+class EndpointJudge(TemplatedJudge):
     """Reviews and corrects through `POST {base_url}/chat/completions`, with the `openai` client.
 
     Args:
@@ -164,10 +164,7 @@ class EndpointJudge(Judge):
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
-        self.temperature = temperature
-        self.templates = JudgeTemplates(review_template, correction_template)
-        self.max_review_tokens = max_review_tokens
-        self.max_correction_tokens = max_correction_tokens
+        super().__init__(review_template, correction_template, max_review_tokens, max_correction_tokens, temperature)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.extra_body = dict(extra_body or {})

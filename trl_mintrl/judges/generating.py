@@ -11,14 +11,14 @@ import logging
 
 from ..engines.base import Generation, GenerationEngine
 from ..text import NO_THINKING, chat_token_ids
-from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
+from .base import Correction, CorrectionRequest, ReviewRequest, Verdict
 from .parsing import parse_correction, parse_verdict
-from .templates import JudgeTemplates
+from .templated import TemplatedJudge
 
 logger = logging.getLogger(__name__)
 
 
-class GeneratingJudge(Judge):
+class GeneratingJudge(TemplatedJudge):
     """Renders judge prompts with the tokenizer's chat template and generates them in one batched engine call.
 
     Args:
@@ -59,17 +59,15 @@ class GeneratingJudge(Judge):
             raise ValueError(f"GeneratingJudge `temperature` must be >= 0 or None, got {temperature}")
         self.engine = engine
         self.tokenizer = tokenizer
-        self.templates = JudgeTemplates(review_template, correction_template)
-        self.max_review_tokens = max_review_tokens
-        self.max_correction_tokens = max_correction_tokens
-        self.temperature = temperature
+        super().__init__(review_template, correction_template, max_review_tokens, max_correction_tokens, temperature)
         self.chat_template_kwargs = dict(NO_THINKING if chat_template_kwargs is None else chat_template_kwargs)
 
     @classmethod
     def from_pretrained(
         cls, path: str, device: str | None = None, dtype: str = "auto", **judge_kwargs
     ) -> GeneratingJudge:
-        """Load a judge model and tokenizer (a local directory or a cached checkpoint) into a `TransformersEngine`.
+        """Load a judge model and tokenizer (a local directory or a cached checkpoint) into a `TransformersEngine`
+        (`TransformersEngine.from_model_path`), sampling with the checkpoint's generation config by default.
 
         Args:
             path: the model directory (or name, when the Hub is reachable).
@@ -77,22 +75,12 @@ class GeneratingJudge(Judge):
             dtype: the model's dtype ("auto" keeps the checkpoint's).
             judge_kwargs: the other `GeneratingJudge` arguments (templates, budgets, temperature).
         """
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from ..engines.transformers import TransformersEngine
 
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        eos = model.generation_config.eos_token_id
-        eos_ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-        if not eos_ids:
-            raise ValueError(f"judge model at {path!r} defines no EOS token (tokenizer or generation_config).")
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-        engine = TransformersEngine(
-            model, pad_token_id=pad, eos_token_ids=sorted(eos_ids), generation_config=model.generation_config
-        )
+        engine = TransformersEngine.from_model_path(path, tokenizer=tokenizer, device=device, dtype=dtype)
         return cls(engine, tokenizer, **judge_kwargs)
 
     def __repr__(self) -> str:

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from ..judges.templates import resolve_template
+from ..losses import ANCHORS as ANCHOR_VARIANTS
 from ..text import NO_THINKING, chat_template_kwargs_field
 
-ANCHORS = ("const", "proxy")
+ANCHORS = tuple(ANCHOR_VARIANTS)  # the variant table in losses.py
 JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
 
 

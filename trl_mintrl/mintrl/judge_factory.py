@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ..engines.base import GenerationEngine
+from ..engines import AdapterDisabledEngine
 from ..judges import EndpointJudge, GeneratingJudge, Judge
 from ..judges.endpoint import require_openai
 from .config import MInTRLConfig
@@ -45,22 +45,6 @@ def check_judge_votes(args: MInTRLConfig, judge: Judge | None) -> None:
             "the votes could never disagree. Set a sampling temperature > 0 (e.g. judge_temperature=0.7) or "
             "judge_votes=1."
         )
-
-
-class AdapterDisabledEngine(GenerationEngine):
-    """The policy's engine generating with its PEFT adapter disabled: the initial weights, same module, no copy."""
-
-    def __init__(self, policy_engine: GenerationEngine, peft_model):
-        super().__init__(policy_engine.eos_token_ids)
-        self.policy_engine = policy_engine
-        self.peft_model = peft_model
-
-    def _open_session(self):
-        return self.policy_engine.session()
-
-    def _generate(self, prompt_ids, max_new_tokens, temperature):
-        with self.peft_model.disable_adapter():
-            return self.policy_engine.generate(prompt_ids, max_new_tokens, temperature)
 
 
 def policy_model_path(trainer) -> str:

@@ -106,6 +106,20 @@ class InterventionRollout:
         return t.reviews < t.review_budget
 
     def _round(self, active: list[Trajectory], counts: RoundCounts) -> None:
+        """One lock-step round: one policy call for every active trajectory, one review call for the chunks with
+        steps to review, one correction call for the revised ones (each joined by every rank of a synchronized
+        engine, or skipped by all of them)."""
+        to_review = self._generate_chunks(active, counts)
+        if not self.policy.any_rank(bool(to_review)):
+            return
+        revise = self._review(to_review, counts)
+        if not self.policy.any_rank(bool(revise)):
+            return
+        self._correct(revise, counts)
+
+    def _generate_chunks(self, active: list[Trajectory], counts: RoundCounts) -> list[tuple]:
+        """Each trajectory's next chunk; a chunk that will not be reviewed is accepted at once. Returns the
+        (trajectory, chunk, its steps) to review."""
         counts.rounds += 1
         caps = [
             min(self.settings.chunk_size, self._remaining(t)) if self._reviewable(t) else self._remaining(t)
@@ -126,9 +140,11 @@ class InterventionRollout:
                 to_review.append((t, chunk, steps))
             else:
                 self._accept(t, chunk)
-        if not self.policy.any_rank(bool(to_review)):
-            return
+        return to_review
 
+    def _review(self, to_review: list[tuple], counts: RoundCounts) -> list[tuple]:
+        """The judge's verdicts on the chunks: kept ones are accepted. Returns the (trajectory, chunk, number of
+        chunk tokens kept before the wrong step) to correct."""
         votes = self.settings.judge_votes  # k copies of each request in the one call: sampled independently
         requests = [
             ReviewRequest(
@@ -159,9 +175,10 @@ class InterventionRollout:
             else:
                 kept_chars = sum(len(s) for s in steps[:wrong])
                 revise.append((t, chunk, cut_point(chunk.token_ids, kept_chars, self._decode)))
-        if not self.policy.any_rank(bool(revise)):
-            return
+        return revise
 
+    def _correct(self, revise: list[tuple], counts: RoundCounts) -> None:
+        """The judge's corrections, appended after the kept part of each revised chunk."""
         corrections = self.judge.correct(
             [
                 CorrectionRequest(

@@ -3,16 +3,18 @@
 The trainer only wires TRL's seams:
 - `rollout_func` runs `InterventionRollout` (controls and intervened rollouts in one batched state machine) and
   hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's `tool_mask`);
-- `_generate_and_score_completions` replaces TRL's group-normalised advantages by `r - mean(control rewards)`;
+- `_score_batch` (after TRL's `_generate_and_score_completions`) replaces TRL's group-normalised advantages by
+  `r - mean(control rewards)`;
 - `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included.
-`rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch`.
+`rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch`, in the batch's
+`GenerationBatch` record (`trainer_base.py`); `_score_batch` steps the schedule's controllers from it, then logs.
 """
 
 from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from trl import GRPOTrainer
@@ -21,7 +23,7 @@ from ..judges import Judge
 from ..losses import advantage_regression_loss, control_baseline_advantages, mintrl_anchors
 from ..model_card import ModelCardMixin
 from ..text import question_text
-from ..trainer_base import GRPOTrainerBase, check_reference_column
+from ..trainer_base import GRPOTrainerBase, check_reference_column, default_output_dir
 from .absorption import AbsorptionTracker, warn_not_absorbed
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
@@ -65,6 +67,29 @@ class RolloutBatch:
         return RolloutBatch(self.intervening, rows[:, 0].bool(), rows[:, 1:], rate)
 
 
+@dataclass(frozen=True)
+class RolloutMeasures:
+    """The numbers of one gathered batch that both the metrics and the schedule's controllers read."""
+
+    judge_token_share: float  # judge tokens / completion tokens
+    judge_failures: float  # unusable judge answers
+    reviews: float  # reviews made (each is `judge_votes` judge calls)
+    reward_control: float  # mean reward of the controls
+    reward_intervened: float | None  # mean reward of the intervened rollouts; None when there are none
+
+    @classmethod
+    def of(cls, rewards: torch.Tensor, rollout: RolloutBatch) -> RolloutMeasures:
+        intervened = rollout.stat("intervened").bool()
+        total_tokens = max(rollout.stat("completion_tokens").sum().item(), 1.0)
+        return cls(
+            judge_token_share=rollout.stat("judge_tokens").sum().item() / total_tokens,
+            judge_failures=rollout.stat("judge_failures").sum().item(),
+            reviews=rollout.stat("reviews").sum().item(),
+            reward_control=torch.nanmean(rewards[rollout.is_control]).item(),
+            reward_intervened=torch.nanmean(rewards[intervened]).item() if intervened.any() else None,
+        )
+
+
 class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
     """Minimal-Intervention RL. Used exactly like `GRPOTrainer`, plus an optional `judge` object (e.g. a
     `FunctionJudge`) that overrides `args.judge`."""
@@ -100,8 +125,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         **kwargs,
     ):
         if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = MInTRLConfig(f"{name.split('/')[-1]}-MInTRL")
+            args = MInTRLConfig(default_output_dir(model, "MInTRL"))
         if not isinstance(args, MInTRLConfig):
             raise TypeError(f"MInTRLTrainer needs args=MInTRLConfig(...), got {type(args).__name__}.")
         if kwargs.get("rollout_func") is not None:
@@ -139,7 +163,6 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         self.rollout_func = self._intervention_rollout
         self.judge = judge if judge is not None else build_judge(args, self)
         self.judge_failure_warning = JudgeFailureWarning(args, enabled=self.accelerator.is_main_process)
-        self.last_rollout: RolloutBatch | None = None  # set by rollout_func, read by the advantage code
         self.judge_failures_total = 0
         self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
         self.interventions_stopped_at: int | None = None
@@ -206,17 +229,11 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
                 review_budget=0 if control else args.max_reviews,
             )
             for prompt, ids, row, control in zip(
-                prompts, prompt_ids, self._batch_inputs, is_control.tolist(), strict=True
+                prompts, prompt_ids, self._batch.inputs, is_control.tolist(), strict=True
             )
         ]
-        settings = RolloutSettings(
-            chunk_size=args.chunk_size,
-            max_reviews=args.max_reviews,
-            max_correction_tokens=args.max_correction_tokens,
-            max_completion_length=args.max_completion_length,
-            judge_votes=args.judge_votes,
-            judge_min_agree=args.judge_min_agree,
-        )
+        # the rollout's settings are config fields of the same names
+        settings = RolloutSettings(**{f.name: getattr(args, f.name) for f in fields(RolloutSettings)})
         self.policy_engine.reset_cache_stats()
         InterventionRollout(self.policy_engine, self.judge, self.processing_class, settings).run(trajectories)
         stats = [
@@ -233,7 +250,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             ]
             for t in trajectories
         ]
-        self.last_rollout = RolloutBatch(
+        self._batch.rollout = RolloutBatch(
             intervening=intervening,
             is_control=is_control,
             stats=torch.tensor(stats, dtype=torch.float32, device=self.accelerator.device),
@@ -250,18 +267,29 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         }
 
     # ----- advantages -----
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        rollout = self.last_rollout.gathered(self.accelerator)
-        rewards = self._batch_rewards()
+    def _score_batch(self, output: dict, batch) -> None:
+        rollout = batch.rollout.gathered(self.accelerator)
+        rewards = batch.rewards(self.reward_weights)
         advantages = control_baseline_advantages(rewards, rollout.is_control, self._group_size())
-        output["advantages"] = advantages[self._process_slice(len(inputs))]
-        self._log_rollout_metrics(rewards, rollout)
-        return output
+        output["advantages"] = advantages[self._process_slice(len(batch.inputs))]
+        measured = RolloutMeasures.of(rewards, rollout)
+        self._log_rollout_metrics(rollout, measured)
+        if self._mode() == "train":
+            self._step_schedule(rollout, measured)
 
-    def _log_rollout_metrics(self, rewards: torch.Tensor, rollout: RolloutBatch) -> None:
-        """`rollout` and `rewards` are over the global rows: every process logs the same numbers."""
-        mode, is_control = self._mode(), rollout.is_control
+    def _step_schedule(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
+        """After a training batch: the judge-failure count and warning, one budget-controller step and the adaptive
+        switch-off. `rollout` and `measured` are over the global rows: every process takes the same decision."""
+        if self.intervention_budget is not None and rollout.intervening:
+            self._update_intervention_budget(measured.judge_token_share)
+        self.judge_failures_total += int(measured.judge_failures)
+        self.judge_failure_warning.update(measured.reviews * self.args.judge_votes, measured.judge_failures)
+        if measured.reward_intervened is not None:
+            self._update_adaptive_schedule(measured.reward_intervened - measured.reward_control)
+
+    def _log_rollout_metrics(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
+        """`rollout` and `measured` are over the global rows: every process logs the same numbers."""
+        mode = self._mode()
         stats = {name: rollout.stat(name) for name in rollout.STAT_COLUMNS}
         intervened = stats["intervened"].bool()
         n_intervened = max(int(intervened.sum()), 1)
@@ -269,11 +297,8 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         metrics["mintrl/interventions_active"].append(float(rollout.intervening))
         metrics["mintrl/intervention_rate"].append(stats["revised"][intervened].sum().item() / n_intervened)
         metrics["mintrl/reviews_per_rollout"].append(stats["reviews"][intervened].sum().item() / n_intervened)
-        total_tokens = max(stats["completion_tokens"].sum().item(), 1.0)
-        judge_token_share = stats["judge_tokens"].sum().item() / total_tokens
-        metrics["mintrl/judge_token_frac"].append(judge_token_share)
-        failures = stats["judge_failures"].sum().item()
-        metrics["mintrl/judge_failures"].append(failures)
+        metrics["mintrl/judge_token_frac"].append(measured.judge_token_share)
+        metrics["mintrl/judge_failures"].append(measured.judge_failures)
         if self.args.judge_votes > 1 and rollout.intervening:
             usable = stats["votes_usable"].sum().item()
             if usable > 0:  # share of the usable review votes that back the decision taken on their chunk
@@ -282,20 +307,12 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         if self.intervention_budget is not None and rollout.intervening and mode == "train":
             metrics["mintrl/judge_token_target"].append(self.args.judge_token_target)
             metrics["mintrl/intervention_share"].append(self.intervention_budget.share)  # the setting of this batch
-            self._update_intervention_budget(judge_token_share)
         if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
             metrics["mintrl/prefix_cache_hit_rate"].append(rollout.prefix_cache_hit_rate)
-        if mode == "train":
-            self.judge_failures_total += int(failures)
-            self.judge_failure_warning.update(stats["reviews"].sum().item() * self.args.judge_votes, failures)
-        reward_control = torch.nanmean(rewards[is_control]).item()
-        metrics["mintrl/reward_control"].append(reward_control)
-        if intervened.any():
-            reward_intervened = torch.nanmean(rewards[intervened]).item()
-            metrics["mintrl/reward_intervened"].append(reward_intervened)
-            metrics["mintrl/reward_gap"].append(reward_intervened - reward_control)
-            if mode == "train":
-                self._update_adaptive_schedule(reward_intervened - reward_control)
+        metrics["mintrl/reward_control"].append(measured.reward_control)
+        if measured.reward_intervened is not None:
+            metrics["mintrl/reward_intervened"].append(measured.reward_intervened)
+            metrics["mintrl/reward_gap"].append(measured.reward_intervened - measured.reward_control)
 
     # ----- loss -----
     def _compute_loss(self, model, inputs):

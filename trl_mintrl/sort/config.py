@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ..losses import REPAIR_WEIGHTINGS
 from ..text import chat_template_kwargs_field, check_template
 from .templates import PLAN_TEMPLATE, REQUIRED_FIELDS, TEACHER_TEMPLATE
 
@@ -108,7 +109,7 @@ class SORTConfig(GRPOConfig):
         metadata={
             "help": "'salience': the paper's plan-salience token weights. 'uniform': weight 1 on every reference "
             "token (plain SFT on references, no plan).",
-            "choices": ["salience", "uniform"],
+            "choices": list(REPAIR_WEIGHTINGS),
         },
     )
     repair_batch_size: int = field(
@@ -176,7 +177,10 @@ class SORTConfig(GRPOConfig):
             raise ValueError(f"`repair_loss_weight` must be >= 0, got {self.repair_loss_weight}.")
         if self.plan_temperature < 0:
             raise ValueError(f"`plan_temperature` must be >= 0 (0 is greedy), got {self.plan_temperature}.")
-        for name, choices in (("repair_update", ("separate", "joint")), ("repair_weighting", ("salience", "uniform"))):
+        for name, choices in (
+            ("repair_update", ("separate", "joint")),
+            ("repair_weighting", tuple(REPAIR_WEIGHTINGS)),
+        ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"`{name}` must be one of {list(choices)}, got {getattr(self, name)!r}.")
         self.plan_chat_template_kwargs = chat_template_kwargs_field(

@@ -1,0 +1,21 @@
+"""An engine view of the policy with its PEFT adapter disabled: the `base` judge's engine (SPEC 2.2)."""
+
+from __future__ import annotations
+
+from .base import GenerationEngine
+
+
+class AdapterDisabledEngine(GenerationEngine):
+    """The policy's engine generating with its PEFT adapter disabled: the initial weights, same module, no copy."""
+
+    def __init__(self, policy_engine: GenerationEngine, peft_model):
+        super().__init__(policy_engine.eos_token_ids)
+        self.policy_engine = policy_engine
+        self.peft_model = peft_model
+
+    def _open_session(self):
+        return self.policy_engine.session()
+
+    def _generate(self, prompt_ids, max_new_tokens, temperature):
+        with self.peft_model.disable_adapter():
+            return self.policy_engine.generate(prompt_ids, max_new_tokens, temperature)
