@@ -251,6 +251,26 @@ def test_resume_true_picks_the_last_complete_checkpoint_before_loading(tmp_path)
     assert recipe.training_args.resume_from_checkpoint is None
 
 
+@pytest.mark.parametrize("method", ["grpo", "sort"])  # plain GRPO is TRL's GRPOTrainer: the CLI guards it too
+def test_resuming_a_finished_run_trains_nothing_and_loads_nothing(tmp_path, capsys, monkeypatch, method):
+    out = tmp_path / "out"
+    folder = out / "checkpoint-12"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 12, "epoch": 0.75}))
+    (folder / "sort_buffer.json").write_text("{}")
+    started = []
+    monkeypatch.setattr("trl_mintrl.cli.train.run", started.append)
+    flags = ["--output_dir", str(out), "--resume_from_checkpoint", "true"]
+    main([method, "--config", CPU_RECIPES[method], *flags])  # the recipe's max_steps: 12
+    assert started == [] and folder.is_dir()
+    assert f"trl-mintrl train: Nothing to resume: {folder} is at step 12 (epoch 0.75), the end of the run " in (
+        capsys.readouterr().out
+    )
+    main([method, "--config", CPU_RECIPES[method], *flags, "--max_steps", "13"])  # more steps: it does resume
+    assert [recipe.training_args.resume_from_checkpoint for recipe in started] == [str(folder)]
+
+
 @pytest.mark.parametrize(
     "recipe_of, command, keys",
     [

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from ..input_checks import InputError, RewardFunctionError, check_code_sandbox
-from ..resume import resolve_resume_from_checkpoint
+from ..resume import finished_run, resolve_resume_from_checkpoint
 from ..text import check_template
 
 # method -> (module, config class, trainer class)
@@ -534,6 +534,13 @@ def main(argv: list[str] | None = None) -> None:
         check_environment(recipe)
     except ValueError as err:  # RecipeError and the configs' own __post_init__ checks
         sys.exit(f"trl-mintrl train: error: {err}")
+    args = recipe.training_args
+    if args.resume_from_checkpoint is not None:  # for every method, plain `grpo` (TRL's GRPOTrainer) included
+        finished = finished_run(args.resume_from_checkpoint, args.max_steps, args.num_train_epochs)
+        if finished:
+            if os.environ.get("RANK", "0") == "0":  # one line, not one per process
+                print(f"trl-mintrl train: {finished}")
+            return
     try:
         run(recipe)
     except (RecipeError, InputError, RewardFunctionError) as err:
