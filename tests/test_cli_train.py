@@ -91,11 +91,18 @@ def test_bad_command_line_is_named(flags, key):
         ("judge_function: benchmarks.toy.task.no_judge\n", "mintrl", "judge_function: cannot import"),
         ("push_to_hub: true\n", "grpo", "push_to_hub=true needs hub_model_id"),
         ("repair_beta: 2.0\n", "sort", "repair_beta"),
+        ("max_steps: -3\n", "sort", r"max_steps=-3: give a positive number of steps, or -1 to train for num_train"),
     ],
 )
 def test_bad_recipe_values_are_named(tmp_path, body, base, message):
     with pytest.raises(ValueError, match=message):
         parse_recipe([base, "--config", recipe_file(tmp_path, body, base)])
+
+
+def test_max_steps_minus_one_means_epochs_and_other_negatives_stop_before_loading(tmp_path):
+    assert parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--max_steps", "-1"]).training_args.max_steps == -1
+    with pytest.raises(SystemExit, match=r"^trl-mintrl train: error: max_steps=-3: give a positive number"):
+        main(["mintrl", "--config", CPU_RECIPES["mintrl"], "--max_steps", "-3", "--output_dir", str(tmp_path)])
 
 
 def test_method_and_config_file_are_checked():

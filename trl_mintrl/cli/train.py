@@ -324,6 +324,11 @@ def parse_recipe(argv: list[str]) -> Recipe:
 
     if not model_args.model_name_or_path:
         raise RecipeError("model_name_or_path is not set: give a Hub model id or a local folder.")
+    if training_args.max_steps < -1:  # transformers would silently train num_train_epochs instead
+        raise RecipeError(
+            f"max_steps={training_args.max_steps}: give a positive number of steps, or -1 to train for "
+            "num_train_epochs."
+        )
     _check_data(script_args)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     weights = training_args.reward_weights
