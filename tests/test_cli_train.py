@@ -105,6 +105,23 @@ def test_max_steps_minus_one_means_epochs_and_other_negatives_stop_before_loadin
         main(["mintrl", "--config", CPU_RECIPES["mintrl"], "--max_steps", "-3", "--output_dir", str(tmp_path)])
 
 
+@pytest.mark.parametrize(
+    "body, where, problem",
+    [
+        ("max_steps: 3\nreward_funcs: [toy\n", ":3:1", "while parsing a flow sequence, expected ',' or ']'"),
+        ("max_steps: 3\n  seed: 1\n", ":2:7", "mapping values are not allowed here"),
+    ],
+)
+def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, body, where, problem):
+    path = tmp_path / "broken.yaml"
+    path.write_text(body)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["mintrl", "--config", str(path)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"trl-mintrl train: error: --config {path}{where}: YAML syntax error ({problem}")
+    assert "\n" not in message
+
+
 def test_method_and_config_file_are_checked():
     with pytest.raises(RecipeError, match="one of \\['grpo', 'mintrl', 'sort', 'mintrl-sort'\\]"):
         parse_recipe(["ppo", "--config", CPU_RECIPES["grpo"]])

@@ -12,11 +12,11 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_process_group
 from safetensors.torch import load_file, save_file
 
 from trl_mintrl.cli.train import main
@@ -215,10 +215,10 @@ def chain(request, tiny_model_path, tmp_path_factory):
     for i, kill in enumerate([*KILLS, "none:0"]):
         resume = ["--resume_from_checkpoint", "true"] if i else []
         before = sorted(p.name for p in killed.glob("checkpoint-*"))
-        proc = subprocess.run(
+        proc = run_process_group(
             [sys.executable, str(ROOT / "tests" / "kill_point_train.py"), *train_args(method, tiny_model_path, killed),
              *resume],
-            cwd=ROOT, env={**env, "KILL_AT": kill}, capture_output=True, text=True, timeout=600,
+            cwd=ROOT, env={**env, "KILL_AT": kill}, timeout=600,
         )  # fmt: skip
         after = sorted(p.name for p in killed.glob("checkpoint-*"))
         runs.append({"kill": kill, "returncode": proc.returncode, "log": proc.stdout + proc.stderr, "before": before,

@@ -293,6 +293,25 @@ def _check_model_available(name: str, key: str) -> None:
         )
 
 
+def _check_yaml(path: str) -> None:
+    """The recipe exists and parses as YAML: a syntax error is one line naming the file, line and column, not the
+    PyYAML traceback TrlParser would raise."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise RecipeError(f"--config {path!r}: no such file.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        problem = ", ".join(str(p) for p in (getattr(err, "context", None), getattr(err, "problem", None)) if p)
+        raise RecipeError(
+            f"--config {where}: YAML syntax error ({problem or err}); fix the recipe at that line and column."
+        ) from None
+
+
 def parse_recipe(argv: list[str]) -> Recipe:
     """Parse `METHOD [--config RECIPE.yaml] [--field value ...]` and check everything that does not depend on this
     machine (keys, values, loader, rewards, judge, Hub id). Raises `RecipeError` or the configs' `ValueError`."""
@@ -301,8 +320,8 @@ def parse_recipe(argv: list[str]) -> Recipe:
         raise RecipeError(f"the first argument must be the method, one of {list(METHODS)} ({got}).")
     method, rest = argv[0], argv[1:]
     config_path = rest[rest.index("--config") + 1] if "--config" in rest[:-1] else None
-    if config_path is not None and not os.path.isfile(config_path):
-        raise RecipeError(f"--config {config_path!r}: no such file.")
+    if config_path is not None:
+        _check_yaml(config_path)
     module, config_name, _ = METHODS[method]
     config_cls = getattr(importlib.import_module(module), config_name)
     parser = RecipeParser(
@@ -523,7 +542,19 @@ def run(recipe: Recipe):
         trainer.push_to_hub(dataset_name=dataset_id)
         trainer.accelerator.print(f"pushed to https://huggingface.co/{trainer.hub_model_id}")
     trainer.accelerator.end_training()
+    _destroy_process_group()
     return trainer
+
+
+def _destroy_process_group() -> None:
+    """Tear the process group down while every rank is still here. Left to the interpreter's exit, gloo's
+    `ProcessGroupGloo` destructor joins its worker thread and a rank intermittently hangs there for good (2-process
+    CPU runs, after the last line was printed)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
