@@ -122,6 +122,17 @@ def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, bod
     assert "\n" not in message
 
 
+def test_data_without_our_columns_names_the_loader_flag_train_takes(tmp_path, tiny_model_path):
+    data = tmp_path / "raw.jsonl"
+    data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["grpo", "--config", CPU_RECIPES["grpo"], "--model_name_or_path", tiny_model_path, "--dataset_name",
+              str(data), "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    message = str(exit_info.value.code)
+    assert "dataset has columns ['answer', 'problem']: expected `prompt` plus `solution`" in message
+    assert "`--dataset_loader NAME` (recipe key `dataset_loader`) for `trl-mintrl train`" in message
+
+
 def test_method_and_config_file_are_checked():
     with pytest.raises(RecipeError, match="one of \\['grpo', 'mintrl', 'sort', 'mintrl-sort'\\]"):
         parse_recipe(["ppo", "--config", CPU_RECIPES["grpo"]])
