@@ -198,8 +198,35 @@ def test_main_exits_with_the_message_and_loads_nothing(tmp_path, capsys):
         main(["grpo", "--config", CPU_RECIPES["grpo"], "--output_dir", str(out), "--push_to_hub", "true"])
     assert "trl-mintrl train: error: push_to_hub=true needs hub_model_id" in str(exit_info.value.code)
     assert not out.exists()
-    main(["--help"])
-    assert "trl-mintrl train {grpo,mintrl,sort,mintrl-sort}" in capsys.readouterr().out
+
+
+def test_help_names_the_methods_and_the_flags_that_are_no_config_fields(capsys):
+    from trl_mintrl.cli import main as cli_main
+    from trl_mintrl.cli.launch import resolve_accelerate_config
+    from trl_mintrl.cli.train import OPTIONS_HELP
+
+    cli_main(["train", "--help"])  # through the dispatcher, which takes launcher flags off first
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: trl-mintrl train {grpo,mintrl,sort,mintrl-sort} [--config RECIPE.yaml]")
+    for expected in ("--accelerate_config NAME|PATH", "--num_processes N", "--main_process_port", "mintrl-sort   "):
+        assert expected in usage, expected
+    for name in re.search(r"\(e\.g\. ([\w, ]+)\)", OPTIONS_HELP).group(1).split(", "):
+        resolve_accelerate_config(name)  # every config name the help offers exists
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sort", "--help"])
+    assert exit_info.value.code == 0
+    fields = capsys.readouterr().out
+    assert OPTIONS_HELP in fields  # the command line's own flags, after the fields
+    assert re.search(r"--repair_beta REPAIR_BETA.*\(default: 0.5\)", fields, flags=re.S)  # fields show defaults
+
+
+def test_train_without_arguments_prints_usage_and_fails():
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert str(exit_info.value.code).startswith("usage: trl-mintrl train {grpo,mintrl,sort,mintrl-sort}")
+    assert str(exit_info.value.code).endswith(
+        "error: name the method, one of ['grpo', 'mintrl', 'sort', 'mintrl-sort']."
+    )
 
 
 def test_too_little_data_for_one_batch_fails_instead_of_training_zero_steps(tmp_path, tiny_model_path):

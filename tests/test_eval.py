@@ -275,3 +275,13 @@ def test_all_checkpoints_of_a_run_in_one_command(tiny_model_path, tmp_path, caps
     rows = [line for line in (out / "checkpoints.md").read_text().splitlines() if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in rows[1:]] == ["| 2", "| 4"]
     assert (out / "checkpoints.png").stat().st_size > 0
+
+
+def test_help_shows_the_sampling_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
+    for expected in ("sampling temperature (default: 0.6)", "top-p (default: 0.95)", "(default: 4096)",
+                     "samples per problem (n) (default: 32)", "(default: 1,8,32)", "sampling seed (default: 0)"):  # fmt: skip
+        assert expected in text, expected

@@ -46,7 +46,10 @@ _json_object.__name__ = "JSON object"  # argparse names the type in its error: "
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
-        prog="trl-mintrl eval", description="pass@k evaluation on math/code benchmarks", allow_abbrev=False
+        prog="trl-mintrl eval",
+        description="pass@k evaluation on math/code benchmarks",
+        allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # the run's sampling settings are visible
     )
     parser.add_argument("--config", help="YAML file whose keys are these flags' names; flags given here win")
     parser.add_argument("--model", help="model folder or Hub id; with --all_checkpoints, a training output folder")
@@ -64,19 +67,19 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--output", help="folder for samples, summary.json and run.json")
     parser.add_argument("--num_samples", type=int, default=32, help="samples per problem (n)")
     parser.add_argument("--k", default="1,8,32", help="comma-separated k values, each <= --num_samples")
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--top_p", type=float, default=0.95)
-    parser.add_argument("--max_new_tokens", type=int, default=4096)
+    parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
+    parser.add_argument("--top_p", type=float, default=0.95, help="nucleus sampling: top-p")
+    parser.add_argument("--max_new_tokens", type=int, default=4096, help="tokens per sample at most")
     parser.add_argument(
         "--chat_template_kwargs",
         type=_json_object,
         default={},
         help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}' for Qwen3 without thinking",
     )
-    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers", help="generation")
     parser.add_argument("--batch_size", type=int, default=64, help="samples per generation call")
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (smoke tests)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--device", default=None, help="transformers backend: cuda if available, else cpu")
     parser.add_argument("--math_timeout", type=float, default=10.0, help="seconds per math answer check")
     parser.add_argument("--code_timeout", type=float, default=10.0, help="seconds per program run (per test)")

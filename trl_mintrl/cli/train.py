@@ -41,6 +41,41 @@ REWARD_FUNCS = {
 }
 
 
+# what `trl-mintrl train --help` prints; its options part also ends `train METHOD --help`, whose fields come from
+# the configs while the command line's own flags (--config, the launcher's) are not config fields
+OPTIONS_HELP = """options:
+  --config RECIPE.yaml   the recipe (recipes/, recipes/cpu/): its keys are fields of the method's config, TRL's
+                         ModelConfig and the script arguments; flags given on the command line win
+  --accelerate_config NAME|PATH
+                         relaunch through `accelerate launch` with this config: a file, or a name shipped with
+                         trl-mintrl or TRL (e.g. cpu, cpu_ddp2, cpu_zero2, single_gpu, multi_gpu, zero2, zero3)
+  --num_processes N      processes of that launch; --main_process_port, --num_machines, --machine_rank,
+                         --main_process_ip, --gpu_ids and --rdzv_backend pass through to accelerate too
+  --FIELD VALUE          any field, e.g. --max_steps 20 --output_dir outputs/run; `trl-mintrl train METHOD --help`
+                         lists them with their defaults"""
+USAGE = f"""usage: trl-mintrl train {{{",".join(METHODS)}}} [--config RECIPE.yaml] [--accelerate_config NAME|PATH]
+                        [--num_processes N] [--FIELD VALUE ...]
+
+Train with TRL's GRPO, MInTRL or SORT from a TRL-style YAML recipe.
+
+methods:
+  grpo          TRL's GRPOTrainer (GRPOConfig), the baseline
+  mintrl        MInTRLTrainer (MInTRLConfig): judge interventions and advantage regression
+  sort          SORTTrainer (SORTConfig): GRPO plus repair from reference solutions
+  mintrl-sort   MInTRLSORTTrainer (MInTRLSORTConfig): both
+
+{OPTIONS_HELP}
+
+examples:
+  trl-mintrl train mintrl --config recipes/cpu/mintrl.yaml
+  trl-mintrl train sort --config recipes/cpu/sort.yaml --accelerate_config cpu_ddp2
+  trl-mintrl train mintrl --config recipes/cpu/mintrl.yaml --resume_from_checkpoint true"""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Fields with their defaults (as TRL's parser shows them), the epilog (OPTIONS_HELP) as written."""
+
+
 class RecipeError(ValueError):
     """A recipe or command line that cannot run; the message names the key and how to fix it."""
 
@@ -328,6 +363,8 @@ def parse_recipe(argv: list[str]) -> Recipe:
         (TrainScriptArguments, config_cls, ModelConfig),
         prog=f"trl-mintrl train {method}",
         allow_abbrev=False,
+        formatter_class=HelpFormatter,
+        epilog=OPTIONS_HELP,
         method=method,
     )
     script_args, training_args, model_args, remaining = parser.parse_args_and_config(
@@ -559,11 +596,10 @@ def _destroy_process_group() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(
-            f"usage: trl-mintrl train {{{','.join(METHODS)}}} --config RECIPE.yaml [--field value ...]\n\n"
-            "Recipes: recipes/ (paper setups) and recipes/cpu/ (CPU demos). Fields: trl-mintrl train METHOD --help"
-        )
+    if not argv:
+        sys.exit(f"{USAGE}\n\ntrl-mintrl train: error: name the method, one of {list(METHODS)}.")
+    if argv[0] in ("-h", "--help"):
+        print(USAGE)
         return
     try:
         recipe = parse_recipe(argv)
