@@ -41,26 +41,54 @@ def test_config_names_resolve_from_any_folder(tmp_path, monkeypatch):
         resolve_accelerate_config("zero9")
 
 
+def _two_process_command(model: str, out: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "trl_mintrl.cli", "train", "grpo", "--config", "recipes/cpu/grpo.yaml",
+            "--accelerate_config", "cpu_ddp2", "--main_process_port", "0", "--model_name_or_path", model,
+            "--output_dir", str(out), *flags]  # fmt: skip
+
+
+NOISE = (
+    "`gradient_checkpointing` is deprecated",  # transformers, for TRL's default when a recipe sets the old name
+    "`is_gradient_checkpointing` is deprecated",  # transformers, called by TRL's generation
+    "`--num_cpu_threads_per_process` was set",  # accelerate, when it picks the CPU threads itself
+    "find_unused_parameters=True was specified",  # DDP, when no parameter is unused
+)
+
+
 @pytest.mark.slow
 def test_train_launches_two_processes_by_config_name(tiny_model_path, tmp_path):
     out = tmp_path / "grpo-2proc"
-    command = [
-        sys.executable, "-m", "trl_mintrl.cli", "train", "grpo", "--config", "recipes/cpu/grpo.yaml",
-        "--accelerate_config", "cpu_ddp2", "--main_process_port", "0",
-        "--model_name_or_path", tiny_model_path, "--output_dir", str(out), "--max_steps", "1", "--save_steps", "1",
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    flags = ["--num_processes", "2", "--max_steps", "1", "--save_steps", "1"]
+    command = _two_process_command(tiny_model_path, out, *flags)
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}  # as a user's shell
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     result = run_process_group(command, cwd=REPO, env=env, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "(trained on 2 processes)" in output
     assert (out / "checkpoint-1" / "model.safetensors").is_file()
+    assert not [line for line in output.splitlines() if any(noise in line for noise in NOISE)]
+    assert "1/1 [" in result.stderr  # the CPU recipes keep TRL's progress bar
+    card_command = "--save_steps 1 --accelerate_config cpu_ddp2 --main_process_port 0 --num_processes 2\n```"
+    for folder in (out, out / "checkpoint-1"):
+        assert card_command in (folder / "README.md").read_text()  # the command as typed, launcher flags too
 
 
-def _two_process_command(model: str, out: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "trl_mintrl.cli", "train", "grpo", "--config", "recipes/cpu/grpo.yaml",
-            "--accelerate_config", "cpu_ddp2", "--main_process_port", "0", "--model_name_or_path", model,
-            "--output_dir", str(out), *flags]  # fmt: skip
+def test_cpu_launches_set_the_threads_accelerate_would_announce(monkeypatch):
+    import psutil
+
+    from trl_mintrl.cli.launch import accelerate_launch_args
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = str(max(1, psutil.cpu_count(logical=False) // 2))
+    ddp2 = accelerate_launch_args(["--accelerate_config", "cpu_ddp2"])
+    assert ddp2[0] == "--config_file" and ddp2[2:] == ["--num_cpu_threads_per_process", threads]
+    assert accelerate_launch_args(["--accelerate_config", "cpu", "--num_processes", "2"])[-1] == threads
+    assert "--num_cpu_threads_per_process" not in accelerate_launch_args(["--accelerate_config", "multi_gpu"])
+    given = ["--accelerate_config", "cpu", "--num_cpu_threads_per_process", "3"]
+    assert accelerate_launch_args(given)[2:] == ["--num_cpu_threads_per_process", "3"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert "--num_cpu_threads_per_process" not in accelerate_launch_args(["--accelerate_config", "cpu_ddp2"])
 
 
 @pytest.mark.slow

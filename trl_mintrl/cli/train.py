@@ -14,7 +14,9 @@ import dataclasses
 import difflib
 import importlib
 import os
+import shlex
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
@@ -405,7 +407,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
             "push_to_hub=true needs hub_model_id (e.g. `hub_model_id: your-name/Qwen3-1.7B-MInTRL`); set it in the "
             "recipe or pass --hub_model_id, or set push_to_hub: false."
         )
-    command = _masked_command(method, rest)
+    command = _masked_command(method, [*rest, *launched_with()])
     return Recipe(method, script_args, training_args, model_args, reward_funcs, config_path, command)
 
 
@@ -462,6 +464,14 @@ def check_environment(recipe: Recipe) -> None:
             )
 
 
+def launched_with() -> list[str]:
+    """`--accelerate_config NAME --num_processes N ...` when `trl-mintrl train` relaunched itself through accelerate
+    (cli/launch.py), so that the card's command is the one the user typed."""
+    from .launch import LAUNCH_FLAGS_ENV
+
+    return shlex.split(os.environ.get(LAUNCH_FLAGS_ENV, ""))
+
+
 def _masked_command(method: str, argv: list[str]) -> str:
     """The command line for the model card, with the value of any token/key flag hidden."""
     shown, hide_next = [], False
@@ -515,6 +525,8 @@ def run(recipe: Recipe):
     from ..model_card import with_model_card
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
+    # TRL's generation calls transformers' deprecated `is_gradient_checkpointing` every step: nothing a user can change
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     if script_args.build_tiny_model:
         with PartialState().main_process_first():
             if not os.path.isfile(os.path.join(model_args.model_name_or_path, "config.json")):
