@@ -93,6 +93,17 @@ def test_resolve_true_false_and_folders(tmp_path):
         resolve_resume_from_checkpoint(str(tmp_path / "checkpoint-7"), str(tmp_path))
 
 
+def test_a_run_is_finished_at_max_steps_or_else_after_its_last_epoch(tmp_path):
+    from trl_mintrl.resume import finished_run
+
+    folder = fake_checkpoint(tmp_path / "checkpoint-8", 8)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 8, "epoch": 2.0}))
+    assert "Nothing to resume" in finished_run(str(folder), max_steps=8, num_train_epochs=3)  # max_steps wins
+    assert finished_run(str(folder), max_steps=9, num_train_epochs=1) is None
+    assert "(num_train_epochs=2)" in finished_run(str(folder), max_steps=-1, num_train_epochs=2)
+    assert finished_run(str(folder), max_steps=-1, num_train_epochs=3) is None
+
+
 def test_trainer_train_true_skips_a_checkpoint_cut_short(tiny_model_path, cpu_args, toy_dataset, caplog):
     from conftest import digit_count_reward
 
