@@ -52,7 +52,8 @@ OPTIONS_HELP = """options:
                          relaunch through `accelerate launch` with this config: a file, or a name shipped with
                          trl-mintrl or TRL (e.g. cpu, cpu_ddp2, cpu_zero2, single_gpu, multi_gpu, zero2, zero3)
   --num_processes N      processes of that launch; --main_process_port, --num_machines, --machine_rank,
-                         --main_process_ip, --gpu_ids and --rdzv_backend pass through to accelerate too
+                         --main_process_ip, --gpu_ids, --rdzv_backend and --num_cpu_threads_per_process pass
+                         through to accelerate too
   --FIELD VALUE          any field, e.g. --max_steps 20 --output_dir outputs/run; `trl-mintrl train METHOD --help`
                          lists them with their defaults"""
 USAGE = f"""usage: trl-mintrl train {{{",".join(METHODS)}}} [--config RECIPE.yaml] [--accelerate_config NAME|PATH]
