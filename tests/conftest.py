@@ -12,11 +12,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+import contextlib  # noqa: E402
 import copy  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -51,13 +53,36 @@ def assert_resume_refuses(make_trainer, checkpoint: Path, file_name: str, cases:
             trainer.train(resume_from_checkpoint=str(folder))
 
 
+def run_process_group(command: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True, timeout=timeout)` for commands that start processes
+    of their own (torchrun, accelerate launch and their ranks): the command runs in a session of its own, and its
+    whole process group is SIGKILLed when it times out, when the test is interrupted, and after it exits (a rank
+    left behind), so that no process it started outlives the test."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
+    finally:
+        _kill_group(proc)
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def run_on_two_processes(script: str, *args: str, out: Path) -> list[dict]:
     """`tests/<script> *args` under `torchrun --nproc_per_node=2` (CPU, gloo); each rank's `out/rank{R}.json`."""
     tests = Path(__file__).parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tests.parent)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(tests / script), *args]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    result = run_process_group(command, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 

@@ -103,11 +103,46 @@ def test_bad_command_line_is_named(flags, key):
         ("judge_function: benchmarks.toy.task.no_judge\n", "mintrl", "judge_function: cannot import"),
         ("push_to_hub: true\n", "grpo", "push_to_hub=true needs hub_model_id"),
         ("repair_beta: 2.0\n", "sort", "repair_beta"),
+        ("max_steps: -3\n", "sort", r"max_steps=-3: give a positive number of steps, or -1 to train for num_train"),
     ],
 )
 def test_bad_recipe_values_are_named(tmp_path, body, base, message):
     with pytest.raises(ValueError, match=message):
         parse_recipe([base, "--config", recipe_file(tmp_path, body, base)])
+
+
+def test_max_steps_minus_one_means_epochs_and_other_negatives_stop_before_loading(tmp_path):
+    assert parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--max_steps", "-1"]).training_args.max_steps == -1
+    with pytest.raises(SystemExit, match=r"^trl-mintrl train: error: max_steps=-3: give a positive number"):
+        main(["mintrl", "--config", CPU_RECIPES["mintrl"], "--max_steps", "-3", "--output_dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    "body, where, problem",
+    [
+        ("max_steps: 3\nreward_funcs: [toy\n", ":3:1", "while parsing a flow sequence, expected ',' or ']'"),
+        ("max_steps: 3\n  seed: 1\n", ":2:7", "mapping values are not allowed here"),
+    ],
+)
+def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, body, where, problem):
+    path = tmp_path / "broken.yaml"
+    path.write_text(body)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["mintrl", "--config", str(path)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"trl-mintrl train: error: --config {path}{where}: YAML syntax error ({problem}")
+    assert "\n" not in message
+
+
+def test_data_without_our_columns_names_the_loader_flag_train_takes(tmp_path, tiny_model_path):
+    data = tmp_path / "raw.jsonl"
+    data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["grpo", "--config", CPU_RECIPES["grpo"], "--model_name_or_path", tiny_model_path, "--dataset_name",
+              str(data), "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    message = str(exit_info.value.code)
+    assert "dataset has columns ['answer', 'problem']: expected `prompt` plus `solution`" in message
+    assert "`--dataset_loader NAME` (recipe key `dataset_loader`) for `trl-mintrl train`" in message
 
 
 def test_method_and_config_file_are_checked():
@@ -175,8 +210,35 @@ def test_main_exits_with_the_message_and_loads_nothing(tmp_path, capsys):
         main(["grpo", "--config", CPU_RECIPES["grpo"], "--output_dir", str(out), "--push_to_hub", "true"])
     assert "trl-mintrl train: error: push_to_hub=true needs hub_model_id" in str(exit_info.value.code)
     assert not out.exists()
-    main(["--help"])
-    assert "trl-mintrl train {grpo,mintrl,sort,mintrl-sort}" in capsys.readouterr().out
+
+
+def test_help_names_the_methods_and_the_flags_that_are_no_config_fields(capsys):
+    from trl_mintrl.cli import main as cli_main
+    from trl_mintrl.cli.launch import resolve_accelerate_config
+    from trl_mintrl.cli.train import OPTIONS_HELP
+
+    cli_main(["train", "--help"])  # through the dispatcher, which takes launcher flags off first
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: trl-mintrl train {grpo,mintrl,sort,mintrl-sort} [--config RECIPE.yaml]")
+    for expected in ("--accelerate_config NAME|PATH", "--num_processes N", "--main_process_port", "mintrl-sort   "):
+        assert expected in usage, expected
+    for name in re.search(r"\(e\.g\. ([\w, ]+)\)", OPTIONS_HELP).group(1).split(", "):
+        resolve_accelerate_config(name)  # every config name the help offers exists
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sort", "--help"])
+    assert exit_info.value.code == 0
+    fields = capsys.readouterr().out
+    assert OPTIONS_HELP in fields  # the command line's own flags, after the fields
+    assert re.search(r"--repair_beta REPAIR_BETA.*\(default: 0.5\)", fields, flags=re.S)  # fields show defaults
+
+
+def test_train_without_arguments_prints_usage_and_fails():
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert str(exit_info.value.code).startswith("usage: trl-mintrl train {grpo,mintrl,sort,mintrl-sort}")
+    assert str(exit_info.value.code).endswith(
+        "error: name the method, one of ['grpo', 'mintrl', 'sort', 'mintrl-sort']."
+    )
 
 
 def test_too_little_data_for_one_batch_fails_instead_of_training_zero_steps(tmp_path, tiny_model_path):
@@ -261,6 +323,26 @@ def test_resume_true_picks_the_last_complete_checkpoint_before_loading(tmp_path)
     recipe = parse_recipe(["sort", "--config", CPU_RECIPES["sort"], "--resume_from_checkpoint", "false"])
     check_environment(recipe)
     assert recipe.training_args.resume_from_checkpoint is None
+
+
+@pytest.mark.parametrize("method", ["grpo", "sort"])  # plain GRPO is TRL's GRPOTrainer: the CLI guards it too
+def test_resuming_a_finished_run_trains_nothing_and_loads_nothing(tmp_path, capsys, monkeypatch, method):
+    out = tmp_path / "out"
+    folder = out / "checkpoint-12"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 12, "epoch": 0.75}))
+    (folder / "sort_buffer.json").write_text("{}")
+    started = []
+    monkeypatch.setattr("trl_mintrl.cli.train.run", started.append)
+    flags = ["--output_dir", str(out), "--resume_from_checkpoint", "true"]
+    main([method, "--config", CPU_RECIPES[method], *flags])  # the recipe's max_steps: 12
+    assert started == [] and folder.is_dir()
+    assert f"trl-mintrl train: Nothing to resume: {folder} is at step 12 (epoch 0.75), the end of the run " in (
+        capsys.readouterr().out
+    )
+    main([method, "--config", CPU_RECIPES[method], *flags, "--max_steps", "13"])  # more steps: it does resume
+    assert [recipe.training_args.resume_from_checkpoint for recipe in started] == [str(folder)]
 
 
 @pytest.mark.parametrize(

@@ -173,3 +173,22 @@ def test_api_reference_has_a_parameter_row_for_every_config_field(site):
         rows = set(re.findall(r'<tr class="doc-section-item">\s*<td>\s*<code>(\w+)</code>', section))
         missing = own_fields(config) - rows
         assert not missing, f"API reference: no parameter row for {config.__name__} fields {sorted(missing)}"
+
+
+def test_readme_says_what_the_python_quick_start_needs_on_cpu(tmp_path):
+    """The fields the README tells CPU users to add make a config construct here; without them, on a machine with
+    no GPU, TRL's bf16 default stops it (the error the README quotes)."""
+    import torch
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    added = re.search(r"On a machine without a GPU, add `([^`]+)` to either config", readme).group(1)
+    fields = eval(f"dict({added})")  # noqa: S307 - the README's own text
+    assert fields == {"use_cpu": True, "bf16": False}
+    group = {MInTRLConfig: dict(num_control_generations=4, num_intervened_generations=4), SORTConfig: {}}
+    for config in CONFIGS:
+        args = config(str(tmp_path), num_generations=8, **group[config], **fields)
+        assert args.device.type == "cpu" and not args.bf16
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="Your setup doesn't support bf16/gpu"):
+            SORTConfig(str(tmp_path), num_generations=8)
+        assert "Your setup doesn't support bf16/gpu" in readme

@@ -245,7 +245,7 @@ def test_best_checkpoint_and_table_over_steps():
     assert best_checkpoint({s: r for s, r in results.items() if s < 40}, "pass@1") == (20, 0.5)
     assert best_checkpoint(results, "pass@1") == (40, 1.0)
     lines = steps_table(results, [1]).splitlines()
-    assert lines[0] == "| step | a pass@1 | b pass@1 | mean pass@1 |"
+    assert lines[0] == "| step | a pass@1 (%) | b pass@1 (%) | mean pass@1 (%) |"  # percent, labelled
     assert lines[3] == "| 20 | 75.0 | 25.0 | 50.0 |"
     assert lines[5] == "| 40 | 100.0 | - | 100.0 |"
     assert best_checkpoint({10: {"a": {"pass@1": None}}}, "pass@1") is None
@@ -272,6 +272,19 @@ def test_all_checkpoints_of_a_run_in_one_command(tiny_model_path, tmp_path, caps
     scores = {int(s): v["aime24"]["pass@1"] for s, v in report["checkpoints"].items()}
     best = max(sorted(scores), key=lambda s: (scores[s], -s))
     assert report["best"]["step"] == best and f"best checkpoint: checkpoint-{best}" in printed
-    rows = [line for line in (out / "checkpoints.md").read_text().splitlines() if line.startswith("| ")]
+    table = (out / "checkpoints.md").read_text()
+    assert f"(pass@1 {100 * scores[best]:.1f}%, mean over benchmarks)" in table  # the JSON's fraction, in percent
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| step | aime24 pass@1 (%) | aime24 pass@2 (%) | mean pass@1 (%) | mean pass@2 (%) |"
     assert [row.split(" | ")[0] for row in rows[1:]] == ["| 2", "| 4"]
     assert (out / "checkpoints.png").stat().st_size > 0
+
+
+def test_help_shows_the_sampling_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
+    for expected in ("sampling temperature (default: 0.6)", "top-p (default: 0.95)", "(default: 4096)",
+                     "samples per problem (n) (default: 32)", "(default: 1,8,32)", "sampling seed (default: 0)"):  # fmt: skip
+        assert expected in text, expected

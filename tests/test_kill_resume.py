@@ -12,11 +12,11 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_process_group
 from safetensors.torch import load_file, save_file
 
 from trl_mintrl.cli.train import main
@@ -93,6 +93,17 @@ def test_resolve_true_false_and_folders(tmp_path):
         resolve_resume_from_checkpoint(str(tmp_path / "checkpoint-7"), str(tmp_path))
 
 
+def test_a_run_is_finished_at_max_steps_or_else_after_its_last_epoch(tmp_path):
+    from trl_mintrl.resume import finished_run
+
+    folder = fake_checkpoint(tmp_path / "checkpoint-8", 8)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 8, "epoch": 2.0}))
+    assert "Nothing to resume" in finished_run(str(folder), max_steps=8, num_train_epochs=3)  # max_steps wins
+    assert finished_run(str(folder), max_steps=9, num_train_epochs=1) is None
+    assert "(num_train_epochs=2)" in finished_run(str(folder), max_steps=-1, num_train_epochs=2)
+    assert finished_run(str(folder), max_steps=-1, num_train_epochs=3) is None
+
+
 def test_trainer_train_true_skips_a_checkpoint_cut_short(tiny_model_path, cpu_args, toy_dataset, caplog):
     from conftest import digit_count_reward
 
@@ -111,6 +122,77 @@ def test_trainer_train_true_skips_a_checkpoint_cut_short(tiny_model_path, cpu_ar
     assert f"Skipping {out / 'checkpoint-2'}: incomplete (trainer_state.json is not valid JSON" in caplog.text
     assert resumed.state.global_step == 3
     assert [h["step"] for h in resumed.state.log_history if "loss" in h] == [1, 2, 3]  # 1 from checkpoint-1
+
+
+@pytest.fixture
+def transformers_warnings(caplog):
+    """caplog, also receiving transformers' own log records (its library logger does not propagate)."""
+    trainer_logger = logging.getLogger("transformers.trainer")
+    trainer_logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        trainer_logger.removeHandler(caplog.handler)
+
+
+def test_a_finished_run_resumes_to_nothing_and_keeps_its_checkpoint(
+    tiny_model_path, cpu_args, toy_dataset, transformers_warnings
+):
+    from conftest import digit_count_reward
+
+    from trl_mintrl.sort import SORTConfig, SORTTrainer
+
+    def trainer() -> SORTTrainer:
+        args = SORTConfig(**{**cpu_args, "save_strategy": "steps", "save_steps": 1, "save_total_limit": 1})
+        return SORTTrainer(tiny_model_path, digit_count_reward, args, train_dataset=toy_dataset)
+
+    trainer().train()
+    out = Path(cpu_args["output_dir"])
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    resumed = trainer()
+    with transformers_warnings.at_level(logging.WARNING):
+        result = resumed.train(resume_from_checkpoint=True)  # transformers alone: trains step 3, deletes checkpoint-2
+    assert f"Nothing to resume: {out / 'checkpoint-2'} is at step 2 (epoch" in transformers_warnings.text
+    assert "no step is trained and no checkpoint is removed" in transformers_warnings.text
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert result.global_step == resumed.state.global_step == 2
+    assert [h["step"] for h in resumed.state.log_history if "loss" in h] == [1, 2]
+    saved = load_file(out / "checkpoint-2" / "model.safetensors")
+    weights = resumed.model.state_dict()
+    assert all(weights[name].equal(tensor) for name, tensor in saved.items())  # the finished run's weights
+    model = resumed.model
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # the tied output layer came along
+    assert saved["model.embed_tokens.weight"].equal(model.lm_head.weight)
+    assert "missing keys" not in transformers_warnings.text  # lm_head.weight: filled through the tie
+
+
+def test_only_tied_keys_are_dropped_from_the_missing_keys_warning(
+    tiny_model_path, cpu_args, toy_dataset, transformers_warnings
+):
+    from conftest import digit_count_reward
+    from torch.nn.modules.module import _IncompatibleKeys
+
+    from trl_mintrl.sort import SORTConfig, SORTTrainer
+
+    trainer = SORTTrainer(tiny_model_path, digit_count_reward, SORTConfig(**cpu_args), train_dataset=toy_dataset)
+    with transformers_warnings.at_level(logging.WARNING):
+        trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight"], []))
+        assert "missing keys" not in transformers_warnings.text
+        trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight", "model.norm.weight"], []))
+    assert "missing keys in the checkpoint model loaded: ['model.norm.weight']" in transformers_warnings.text
+
+
+def test_the_documented_upstream_reproduction_still_reproduces(tmp_path, monkeypatch, capsys):
+    """docs/training.md's plain-transformers script (no TRL): a finished run resumed trains step 5 and rotates out
+    checkpoint-4. When this fails, transformers fixed it: update the known-issues section."""
+    import re
+
+    page = (ROOT / "docs" / "training.md").read_text().split("## Known issues (upstream)")[1]
+    script = re.search(r"^```python\n(.*?)^```", page, flags=re.M | re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(script, "docs/training.md known issue", "exec"), {})
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("['")]  # not the logs
+    assert printed == ["['checkpoint-4']", "['checkpoint-5'] 5"]
 
 
 # ----- real runs killed with SIGKILL and resumed -----
@@ -144,10 +226,10 @@ def chain(request, tiny_model_path, tmp_path_factory):
     for i, kill in enumerate([*KILLS, "none:0"]):
         resume = ["--resume_from_checkpoint", "true"] if i else []
         before = sorted(p.name for p in killed.glob("checkpoint-*"))
-        proc = subprocess.run(
+        proc = run_process_group(
             [sys.executable, str(ROOT / "tests" / "kill_point_train.py"), *train_args(method, tiny_model_path, killed),
              *resume],
-            cwd=ROOT, env={**env, "KILL_AT": kill}, capture_output=True, text=True, timeout=600,
+            cwd=ROOT, env={**env, "KILL_AT": kill}, timeout=600,
         )  # fmt: skip
         after = sorted(p.name for p in killed.glob("checkpoint-*"))
         runs.append({"kill": kill, "returncode": proc.returncode, "log": proc.stdout + proc.stderr, "before": before,

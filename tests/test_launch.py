@@ -3,12 +3,11 @@ and DeepSpeed ZeRO-2, each with the repository's accelerate configs, as users la
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port, requires_deepspeed
+from conftest import free_port, requires_deepspeed, run_process_group
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -23,7 +22,7 @@ def launch(accelerate_config: str, method: str, model: str, out: Path, *flags: s
         "--model_name_or_path", model, "--output_dir", str(out), "--max_steps", "2", "--save_steps", "2", *flags,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    result = run_process_group(command, cwd=REPO, env=env, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     return output

@@ -2,6 +2,7 @@
 hyperparameters (MInTRL Table 6, SORT's GRPO and repair settings)."""
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,9 @@ def test_training_recipe_parses_and_documents_its_own_launch(path):
     assert len({method for method, _ in commands}) == 1
     for config_file in re.findall(r"--config_file (\S+)", path.read_text()):
         assert (REPO / config_file).is_file(), config_file
-    recipe = parse(path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="`gradient_checkpointing` is deprecated")  # the old name warns
+        recipe = parse(path)
     assert recipe.training_args.output_dir.startswith("outputs/")
     assert recipe.script_args.dataset_loader and recipe.reward_funcs
 
@@ -87,6 +90,8 @@ def test_cpu_recipes_need_nothing_from_the_hub(method):
     check_environment(recipe)  # data shipped in the repo, tiny model built on the fly, no report_to
     args = recipe.training_args
     assert recipe.script_args.build_tiny_model and args.use_cpu and not args.bf16 and args.report_to == []
+    assert not args.disable_tqdm  # a user at a terminal sees the progress bar
+    assert args.activation_checkpointing is False and args.ddp_find_unused_parameters is False  # no DDP warning
 
 
 def paper_recipes(folder: str) -> list[Path]:

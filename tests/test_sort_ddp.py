@@ -5,13 +5,12 @@ single-process repair does."""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, requires_deepspeed
+from conftest import free_port, requires_deepspeed, run_process_group
 from sort_ddp_script import run
 
 SCRIPT = Path(__file__).with_name("sort_ddp_script.py")
@@ -23,7 +22,7 @@ def launch(launcher: list[str], model: str, out: Path, repair_update: str) -> li
     """Run the script on 2 processes; returns each process's record."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     script = [str(SCRIPT), "--model", model, "--out", str(out), "--repair-update", repair_update]
-    proc = subprocess.run([*launcher, *script], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    proc = run_process_group([*launcher, *script], cwd=REPO, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 

@@ -6,6 +6,10 @@ reads is there and whole: TRL's `trainer_state.json`, written last, parses and n
 present and every `.safetensors` file is as long as its header says; and the trainer's extra state file (MInTRL's
 schedule, SORT's buffer, written before TRL's files) parses. Used by `trl-mintrl train --resume_from_checkpoint true`
 and by `MInTRLTrainer` / `SORTTrainer.train(resume_from_checkpoint=True)`.
+
+A checkpoint of a run that already finished is resumed to nothing (`finished_run`): transformers' `Trainer` would
+train one step past the end and, with `save_total_limit`, delete the checkpoint it resumed from (docs/training.md,
+"Known issues").
 """
 
 from __future__ import annotations
@@ -128,3 +132,23 @@ def resolve_resume_from_checkpoint(
             "resume_from_checkpoint=true to pick the last complete one."
         )
     return value
+
+
+def finished_run(checkpoint: str, max_steps: int, num_train_epochs: float) -> str | None:
+    """A line saying there is nothing left to train when `checkpoint` is already at the end of the run that
+    `max_steps` (> 0) or else `num_train_epochs` describes; None when training goes on from it."""
+    with open(os.path.join(checkpoint, TRAINER_STATE), encoding="utf-8") as f:
+        state = json.load(f)
+    step, epoch = state.get("global_step", 0), state.get("epoch") or 0.0
+    if max_steps > 0:
+        if step < max_steps:
+            return None
+        end = f"max_steps={max_steps}"
+    elif epoch >= num_train_epochs - 1e-6:  # the epoch is step / steps_in_epoch, a float
+        end = f"num_train_epochs={num_train_epochs:g}"
+    else:
+        return None
+    return (
+        f"Nothing to resume: {checkpoint} is at step {step} (epoch {epoch:g}), the end of the run ({end}), so no "
+        "step is trained and no checkpoint is removed. Raise max_steps (or num_train_epochs) to train further."
+    )

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from .engines import GenerationEngine, engine_for_trainer
 from .input_checks import check_trainer_inputs
-from .resume import resolve_resume_from_checkpoint
+from .resume import TRAINER_STATE, finished_run, resolve_resume_from_checkpoint
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,12 +117,48 @@ class GRPOTrainerBase(GRPOTrainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`resume_from_checkpoint=True` resumes from the last *complete* checkpoint, skipping (with a warning) a
-        newer folder a crash cut short; transformers would pick that one by number alone and fail."""
+        newer folder a crash cut short; transformers would pick that one by number alone and fail. A checkpoint at
+        the end of the run resumes to nothing: transformers would train one step past `max_steps` and, with
+        `save_total_limit`, delete the very checkpoint it resumed from."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = resolve_resume_from_checkpoint(
                 True, self.args.output_dir, [self.extra_state_file]
             )
+        if isinstance(resume_from_checkpoint, str):
+            finished = finished_run(resume_from_checkpoint, self.args.max_steps, self.args.num_train_epochs)
+            if finished:
+                return self._restore_finished_run(resume_from_checkpoint, finished)
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _restore_finished_run(self, checkpoint: str, message: str) -> TrainOutput:
+        """The trainer as the finished run left it (weights, trainer state, extra state), without training a step.
+        DeepSpeed and FSDP load their weight shards inside the training loop only: there the model keeps its
+        current weights, and the finished ones stay in `checkpoint`."""
+        if self.accelerator.is_main_process:
+            logger.warning(message)
+        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            self._load_from_checkpoint(checkpoint)
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
+        self._load_extra_state_from(checkpoint)
+        losses = [entry["train_loss"] for entry in self.state.log_history if "train_loss" in entry]
+        return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """transformers warns `missing keys in the checkpoint model loaded: ['lm_head.weight']` for a model whose
+        output layer is tied to its embeddings: the checkpoint stores the shared tensor once, under the embedding's
+        name, and loading it fills both. Only such tied keys are dropped from the warning; any other still warns."""
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        missing = [key for key in load_result.missing_keys if not self._loaded_through_tie(key, tied.get(key))]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
+    def _loaded_through_tie(self, key: str, source: str | None) -> bool:
+        """`key` is the same tensor as `source`, which the checkpoint holds."""
+        if source is None:
+            return False
+        try:
+            return self.model.get_parameter(key) is self.model.get_parameter(source)
+        except AttributeError:
+            return False
 
     def _checkpoint_folder(self, trial) -> str:
         """The folder TRL's `_save_checkpoint` writes for the current step."""
@@ -134,8 +174,10 @@ class GRPOTrainerBase(GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
+        if checkpoint is not None:
+            self._load_extra_state_from(checkpoint)
+
+    def _load_extra_state_from(self, checkpoint: str) -> None:
         path = os.path.join(checkpoint, self.extra_state_file)
         state = read_extra_state(path, expected_keys=set(self._extra_state()) - self.optional_extra_state_keys)
         try:

@@ -267,7 +267,7 @@ def main(argv: list[str]) -> None:
     }
     (output / "checkpoints.json").write_text(json.dumps(report, indent=2))
     best_line = "no checkpoint could be scored" if best is None else (
-        f"best checkpoint: checkpoint-{best[0]} ({args.select_metric} {100 * best[1]:.1f}, mean over benchmarks)"
+        f"best checkpoint: checkpoint-{best[0]} ({args.select_metric} {100 * best[1]:.1f}%, mean over benchmarks)"
     )  # fmt: skip
     (output / "checkpoints.md").write_text(f"{table}\n\n{best_line}\n")
     plot = plot_steps(results, args.k, output / "checkpoints.png")

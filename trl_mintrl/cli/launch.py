@@ -8,6 +8,8 @@ this package (`trl_mintrl/accelerate_configs`, linked from `recipes/accelerate`)
 from __future__ import annotations
 
 import importlib.resources as resources
+import os
+import shlex
 from pathlib import Path
 
 # accelerate launch flags accepted on the `train` command line (value-taking); none is a training config field
@@ -20,7 +22,12 @@ LAUNCH_FLAGS = (
     "--main_process_port",
     "--gpu_ids",
     "--rdzv_backend",
+    "--num_cpu_threads_per_process",
 )
+
+
+# the launcher flags, for the model card's command: each process accelerate starts sees only the training arguments
+LAUNCH_FLAGS_ENV = "TRL_MINTRL_LAUNCH_FLAGS"
 
 
 def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -66,15 +73,33 @@ def resolve_accelerate_config(name_or_path: str) -> Path:
     return configs[name_or_path]
 
 
+def accelerate_launch_args(launch: list[str]) -> list[str]:
+    """The launcher flags as `accelerate launch` takes them. On CPU, without OMP_NUM_THREADS or
+    `--num_cpu_threads_per_process`, the threads per process accelerate would pick (physical cores / processes) are
+    passed explicitly, which keeps its notice that it set them out of every run."""
+    import psutil
+    import yaml
+
+    args, config = [], {}
+    for flag, value in zip(launch[::2], launch[1::2], strict=True):
+        if flag == "--accelerate_config":
+            path = resolve_accelerate_config(value)
+            config = yaml.safe_load(path.read_text()) or {}
+            args += ["--config_file", str(path)]
+        else:
+            args += [flag, value]
+    if config.get("use_cpu") and "OMP_NUM_THREADS" not in os.environ and "--num_cpu_threads_per_process" not in args:
+        processes = int(args[args.index("--num_processes") + 1]) if "--num_processes" in args else None
+        processes = processes or config.get("num_processes") or 1
+        threads = max(1, (psutil.cpu_count(logical=False) or 1) // processes)
+        args += ["--num_cpu_threads_per_process", str(threads)]
+    return args
+
+
 def launch_training(launch: list[str], train_argv: list[str]) -> None:
     """Run `accelerate launch [--config_file F] [flags] -m trl_mintrl.cli train TRAIN_ARGV` in this process."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    args = []
-    for flag, value in zip(launch[::2], launch[1::2], strict=True):
-        args += (
-            ["--config_file", str(resolve_accelerate_config(value))]
-            if flag == "--accelerate_config"
-            else [flag, value]
-        )
+    args = accelerate_launch_args(launch)
+    os.environ[LAUNCH_FLAGS_ENV] = shlex.join(launch)  # accelerate passes this process's environment on
     launch_command(launch_command_parser().parse_args([*args, "-m", "trl_mintrl.cli", "train", *train_argv]))

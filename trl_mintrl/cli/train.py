@@ -14,13 +14,15 @@ import dataclasses
 import difflib
 import importlib
 import os
+import shlex
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from ..input_checks import InputError, RewardFunctionError, check_code_sandbox
-from ..resume import resolve_resume_from_checkpoint
+from ..resume import finished_run, resolve_resume_from_checkpoint
 from ..rewards import REWARDS  # `reward_funcs` short names; any other entry must be a dotted import path
 from ..text import check_template
 
@@ -33,6 +35,42 @@ METHODS = {
 }
 JUDGED = ("mintrl", "mintrl-sort")  # methods with a judge
 REPAIRED = ("sort", "mintrl-sort")  # methods that read the reference column for their repair
+
+
+# what `trl-mintrl train --help` prints; its options part also ends `train METHOD --help`, whose fields come from
+# the configs while the command line's own flags (--config, the launcher's) are not config fields
+OPTIONS_HELP = """options:
+  --config RECIPE.yaml   the recipe (recipes/, recipes/cpu/): its keys are fields of the method's config, TRL's
+                         ModelConfig and the script arguments; flags given on the command line win
+  --accelerate_config NAME|PATH
+                         relaunch through `accelerate launch` with this config: a file, or a name shipped with
+                         trl-mintrl or TRL (e.g. cpu, cpu_ddp2, cpu_zero2, single_gpu, multi_gpu, zero2, zero3)
+  --num_processes N      processes of that launch; --main_process_port, --num_machines, --machine_rank,
+                         --main_process_ip, --gpu_ids, --rdzv_backend and --num_cpu_threads_per_process pass
+                         through to accelerate too
+  --FIELD VALUE          any field, e.g. --max_steps 20 --output_dir outputs/run; `trl-mintrl train METHOD --help`
+                         lists them with their defaults"""
+USAGE = f"""usage: trl-mintrl train {{{",".join(METHODS)}}} [--config RECIPE.yaml] [--accelerate_config NAME|PATH]
+                        [--num_processes N] [--FIELD VALUE ...]
+
+Train with TRL's GRPO, MInTRL or SORT from a TRL-style YAML recipe.
+
+methods:
+  grpo          TRL's GRPOTrainer (GRPOConfig), the baseline
+  mintrl        MInTRLTrainer (MInTRLConfig): judge interventions and advantage regression
+  sort          SORTTrainer (SORTConfig): GRPO plus repair from reference solutions
+  mintrl-sort   MInTRLSORTTrainer (MInTRLSORTConfig): both
+
+{OPTIONS_HELP}
+
+examples:
+  trl-mintrl train mintrl --config recipes/cpu/mintrl.yaml
+  trl-mintrl train sort --config recipes/cpu/sort.yaml --accelerate_config cpu_ddp2
+  trl-mintrl train mintrl --config recipes/cpu/mintrl.yaml --resume_from_checkpoint true"""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Fields with their defaults (as TRL's parser shows them), the epilog (OPTIONS_HELP) as written."""
 
 
 class RecipeError(ValueError):
@@ -287,6 +325,25 @@ def _check_model_available(name: str, key: str) -> None:
         )
 
 
+def _check_yaml(path: str) -> None:
+    """The recipe exists and parses as YAML: a syntax error is one line naming the file, line and column, not the
+    PyYAML traceback TrlParser would raise."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise RecipeError(f"--config {path!r}: no such file.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        problem = ", ".join(str(p) for p in (getattr(err, "context", None), getattr(err, "problem", None)) if p)
+        raise RecipeError(
+            f"--config {where}: YAML syntax error ({problem or err}); fix the recipe at that line and column."
+        ) from None
+
+
 def parse_recipe(argv: list[str]) -> Recipe:
     """Parse `METHOD [--config RECIPE.yaml] [--field value ...]` and check everything that does not depend on this
     machine (keys, values, loader, rewards, judge, Hub id). Raises `RecipeError` or the configs' `ValueError`."""
@@ -295,14 +352,16 @@ def parse_recipe(argv: list[str]) -> Recipe:
         raise RecipeError(f"the first argument must be the method, one of {list(METHODS)} ({got}).")
     method, rest = argv[0], argv[1:]
     config_path = rest[rest.index("--config") + 1] if "--config" in rest[:-1] else None
-    if config_path is not None and not os.path.isfile(config_path):
-        raise RecipeError(f"--config {config_path!r}: no such file.")
+    if config_path is not None:
+        _check_yaml(config_path)
     module, config_name, _ = METHODS[method]
     config_cls = getattr(importlib.import_module(module), config_name)
     parser = RecipeParser(
         (TrainScriptArguments, config_cls, ModelConfig),
         prog=f"trl-mintrl train {method}",
         allow_abbrev=False,
+        formatter_class=HelpFormatter,
+        epilog=OPTIONS_HELP,
         method=method,
     )
     script_args, training_args, model_args, remaining = parser.parse_args_and_config(
@@ -318,6 +377,11 @@ def parse_recipe(argv: list[str]) -> Recipe:
 
     if not model_args.model_name_or_path:
         raise RecipeError("model_name_or_path is not set: give a Hub model id or a local folder.")
+    if training_args.max_steps < -1:  # transformers would silently train num_train_epochs instead
+        raise RecipeError(
+            f"max_steps={training_args.max_steps}: give a positive number of steps, or -1 to train for "
+            "num_train_epochs."
+        )
     _check_data(script_args)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     weights = training_args.reward_weights
@@ -338,7 +402,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
             "push_to_hub=true needs hub_model_id (e.g. `hub_model_id: your-name/Qwen3-1.7B-MInTRL`); set it in the "
             "recipe or pass --hub_model_id, or set push_to_hub: false."
         )
-    command = _masked_command(method, rest)
+    command = _masked_command(method, [*rest, *launched_with()])
     return Recipe(method, script_args, training_args, model_args, reward_funcs, config_path, command)
 
 
@@ -395,6 +459,14 @@ def check_environment(recipe: Recipe) -> None:
             )
 
 
+def launched_with() -> list[str]:
+    """`--accelerate_config NAME --num_processes N ...` when `trl-mintrl train` relaunched itself through accelerate
+    (cli/launch.py), so that the card's command is the one the user typed."""
+    from .launch import LAUNCH_FLAGS_ENV
+
+    return shlex.split(os.environ.get(LAUNCH_FLAGS_ENV, ""))
+
+
 def _masked_command(method: str, argv: list[str]) -> str:
     """The command line for the model card, with the value of any token/key flag hidden."""
     shown, hide_next = [], False
@@ -444,6 +516,8 @@ def _prepare_model(recipe: Recipe) -> None:
     from accelerate import PartialState
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
+    # TRL's generation calls transformers' deprecated `is_gradient_checkpointing` every step: nothing a user can change
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     if script_args.build_tiny_model:
         with PartialState().main_process_first():
             if not os.path.isfile(os.path.join(model_args.model_name_or_path, "config.json")):
@@ -525,22 +599,40 @@ def run(recipe: Recipe):
         trainer.push_to_hub(dataset_name=dataset_id)
         trainer.accelerator.print(f"pushed to https://huggingface.co/{trainer.hub_model_id}")
     trainer.accelerator.end_training()
+    _destroy_process_group()
     return trainer
+
+
+def _destroy_process_group() -> None:
+    """Tear the process group down while every rank is still here. Left to the interpreter's exit, gloo's
+    `ProcessGroupGloo` destructor joins its worker thread and a rank intermittently hangs there for good (2-process
+    CPU runs, after the last line was printed)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(
-            f"usage: trl-mintrl train {{{','.join(METHODS)}}} --config RECIPE.yaml [--field value ...]\n\n"
-            "Recipes: recipes/ (paper setups) and recipes/cpu/ (CPU demos). Fields: trl-mintrl train METHOD --help"
-        )
+    if not argv:
+        sys.exit(f"{USAGE}\n\ntrl-mintrl train: error: name the method, one of {list(METHODS)}.")
+    if argv[0] in ("-h", "--help"):
+        print(USAGE)
         return
     try:
         recipe = parse_recipe(argv)
         check_environment(recipe)
     except ValueError as err:  # RecipeError and the configs' own __post_init__ checks
         sys.exit(f"trl-mintrl train: error: {err}")
+    args = recipe.training_args
+    if args.resume_from_checkpoint is not None:  # for every method, plain `grpo` (TRL's GRPOTrainer) included
+        finished = finished_run(args.resume_from_checkpoint, args.max_steps, args.num_train_epochs)
+        if finished:
+            if os.environ.get("RANK", "0") == "0":  # one line, not one per process
+                print(f"trl-mintrl train: {finished}")
+            return
     try:
         run(recipe)
     except (RecipeError, InputError, RewardFunctionError) as err:

@@ -140,7 +140,9 @@ def dataset_task(dataset) -> str:
         return "math"
     raise ValueError(
         f"dataset has columns {sorted(columns)}: expected `prompt` plus `solution` (math) or `tests` (code); "
-        f"convert it with one of the loaders ({', '.join(LOADERS)}) via NAME=PATH"
+        f"convert it with one of the loaders ({', '.join(n for n in LOADERS if n != 'prepared')}): "
+        "`--dataset_loader NAME` (recipe key `dataset_loader`) for `trl-mintrl train`, `--dataset NAME=PATH` for "
+        "`trl-mintrl eval`"
     )
 
 

@@ -37,10 +37,11 @@ def best_checkpoint(results: dict[int, dict[str, dict]], metric: str) -> tuple[i
 
 
 def steps_table(results: dict[int, dict[str, dict]], ks: list[int]) -> str:
-    """Markdown table: one row per checkpoint step, one column per benchmark x pass@k, plus the mean."""
+    """Markdown table: one row per checkpoint step, one column per benchmark x pass@k, plus the mean, in percent
+    (the headers say so: checkpoints.json holds the same values as fractions)."""
     benchmarks = sorted({name for summaries in results.values() for name in summaries})
     columns = [(name, k) for name in benchmarks for k in ks]
-    header = ["step", *(f"{name} pass@{k}" for name, k in columns), *(f"mean pass@{k}" for k in ks)]
+    header = ["step", *(f"{name} pass@{k} (%)" for name, k in columns), *(f"mean pass@{k} (%)" for k in ks)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for step, summaries in sorted(results.items()):
         cells = [_percent(summaries.get(name, {}).get(f"pass@{k}")) for name, k in columns]
