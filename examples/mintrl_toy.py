@@ -78,7 +78,7 @@ def train_and_evaluate(method: str, args, heldout) -> dict:
     return scores
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--prompts-per-step", type=int, default=8)
@@ -86,7 +86,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-grpo", dest="grpo", action="store_false", help="skip the GRPO comparison run")
     parser.add_argument("--output-dir", default="outputs/mintrl-toy")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def demo_arm(args: argparse.Namespace) -> dict:
+    """The settings `committed_comparison` matches against the benchmark's runs."""
+    return dict(
+        steps=args.steps, prompts_per_step=args.prompts_per_step, final_prompts=args.eval_problems, seed=args.seed
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(1)
 
     regime = REGIMES[REGIME]
@@ -116,10 +127,7 @@ def main() -> None:
             f"pass@8 {100 * (mintrl['pass@8'] - grpo['pass@8']):+.1f} points. One seed cannot resolve a difference "
             "between the methods; over several seeds:"
         )
-    demo = dict(
-        steps=args.steps, prompts_per_step=args.prompts_per_step, final_prompts=args.eval_problems, seed=args.seed
-    )
-    print(committed_comparison(load_results(), demo, regime=REGIME, label="mintrl-const", baseline="grpo"))
+    print(committed_comparison(load_results(), demo_arm(args), regime=REGIME, label="mintrl-const", baseline="grpo"))
 
 
 if __name__ == "__main__":
