@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from trl_mintrl.eval import pass_at_k
 
-from .task import Problem, toy_reward
+from .task import OFFSETS, Problem, toy_reward
 
-_STEP = re.compile(r"\d+\s*[-+#]\s*\d+\s*=")
+_STEP = re.compile(rf"\d+\s*[-+{''.join(OFFSETS)}]\s*\d+\s*=")
 
 
 def sample_completions(
