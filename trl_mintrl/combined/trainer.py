@@ -14,6 +14,7 @@ is `r - V(x) = 0`); SORT's repair trains on its reference instead. The trainer i
 from __future__ import annotations
 
 from ..mintrl.trainer import MInTRLTrainer
+from ..sort.planner import check_planner
 from ..sort.trainer import ReferenceRepair, SORTTrainer
 from .config import MInTRLSORTConfig
 
@@ -23,7 +24,8 @@ STATE_FILE = "mintrl_sort_state.json"
 class MInTRLSORTTrainer(ReferenceRepair, MInTRLTrainer):
     """MInTRL + SORT. Used exactly like [`MInTRLTrainer`] (same arguments, optional `judge` object) with a
     [`MInTRLSORTConfig`]; the train dataset must have the `reference_column`, which both the judge and the repair
-    read."""
+    read. `planner` (a `trl_mintrl.sort.Planner`) writes the repair plans instead of the policy, as in
+    `SORTTrainer`."""
 
     extra_state_file = STATE_FILE
     _tag_names = ["trl", "mintrl", "sort"]
@@ -34,13 +36,23 @@ class MInTRLSORTTrainer(ReferenceRepair, MInTRLTrainer):
         "citation": f"{MInTRLTrainer._paper['citation']}\n\n{SORTTrainer._paper['citation']}",
     }
 
-    def __init__(self, model, reward_funcs, args: MInTRLSORTConfig | None = None, train_dataset=None, *rest, **kwargs):
+    def __init__(
+        self,
+        model,
+        reward_funcs,
+        args: MInTRLSORTConfig | None = None,
+        train_dataset=None,
+        *rest,
+        planner=None,
+        **kwargs,
+    ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = MInTRLSORTConfig(f"{name.split('/')[-1]}-MInTRL-SORT")
         if not isinstance(args, MInTRLSORTConfig):
             raise TypeError(f"MInTRLSORTTrainer needs args=MInTRLSORTConfig(...), got {type(args).__name__}.")
         self._check_repair_inputs(args, reward_funcs, train_dataset)
+        self.sort_planner = check_planner(planner)
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
         self._init_repair()
 

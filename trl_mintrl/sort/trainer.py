@@ -40,6 +40,7 @@ from ..text import fill_template, opens_thinking, outside_thinking, question_tex
 from ..trainer_base import GRPOTrainerBase, check_reference_column
 from .buffer import BUFFER_FILE, RepairBuffer, RepairItem, classify_groups, correctness_scores, resolve_reward_funcs
 from .config import SORTConfig
+from .planner import Planner, PlanRequest, check_planner
 
 logger = get_logger(__name__)
 
@@ -63,6 +64,7 @@ class ReferenceRepair:
     """
 
     sort_buffer: RepairBuffer
+    sort_planner: Planner | None  # None: the policy writes the plans (set by the trainer's constructor)
 
     def _check_repair_inputs(self, args, reward_funcs, train_dataset) -> None:
         """Checks that need no model, run before `super().__init__()`: the reference column and the correctness
@@ -267,14 +269,20 @@ class ReferenceRepair:
         return _Reference([*ids, self._tokenizer.eos_token_id], reference, truncated=False)
 
     def _write_plans(self, items: list[RepairItem], references: list[_Reference]) -> tuple[list[str], list[bool]]:
-        """The policy's plan per item, from one batched call of the trainer's generation engine (transformers or
-        vLLM), and whether each failed.
+        """The plan per item and whether each failed: from the trainer's `planner` when it has one (a failed plan is
+        empty), else the policy's, from one batched call of the trainer's generation engine (transformers or vLLM).
 
         A plan fails when it hits `max_plan_tokens` without ending or leaves a thinking block open. A failed item is
         still repaired, with what the plan has outside thinking (an empty plan when it only thought): the item was
         popped from the buffer, its reference is still worth learning, and an empty plan only takes the plan's
         salience out of its weights.
         """
+        if self.sort_planner is not None:
+            requests = [PlanRequest(question_text(i.prompt), r.text) for i, r in zip(items, references, strict=True)]
+            written = self.sort_planner.plan(requests)
+            if len(written) != len(requests):
+                raise ValueError(f"{self.sort_planner!r} returned {len(written)} plans for {len(requests)} requests")
+            return [p.text.strip() for p in written], [p.failed for p in written]
         texts = [
             fill_template(self.args.plan_template, {"question": question_text(item.prompt), "reference": ref.text})
             for item, ref in zip(items, references, strict=True)
@@ -347,7 +355,8 @@ class ReferenceRepair:
 class SORTTrainer(ReferenceRepair, ModelCardMixin, GRPOTrainerBase):
     """Selective Off-policy Reference Tuning: GRPO whose all-wrong prompts are repaired later from their references.
 
-    Used exactly like [`~trl.GRPOTrainer`] (same arguments) with a [`SORTConfig`]. The train dataset must have the
+    Used exactly like [`~trl.GRPOTrainer`] (same arguments, plus an optional `planner`: a `trl_mintrl.sort.Planner`
+    that writes the repair plans instead of the policy) with a [`SORTConfig`]. The train dataset must have the
     `reference_column` (default `"solution"`). The repair items of a step are dealt round-robin across processes;
     each process scores its share and the loss is normalised by the global token count, so the gradient averaged over
     processes is that of the repair over all items, as in a single process.
@@ -369,13 +378,23 @@ class SORTTrainer(ReferenceRepair, ModelCardMixin, GRPOTrainerBase):
             }"""),
     }
 
-    def __init__(self, model, reward_funcs=None, args: SORTConfig | None = None, train_dataset=None, *rest, **kwargs):
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: SORTConfig | None = None,
+        train_dataset=None,
+        *rest,
+        planner=None,
+        **kwargs,
+    ):
         if args is None:
             model_id = model if isinstance(model, str) else get_config_model_id(model.config)
             args = SORTConfig(f"{model_id.split('/')[-1]}-SORT")
         if not isinstance(args, SORTConfig):
             raise TypeError(f"SORTTrainer needs `args` to be a SORTConfig, got {type(args).__name__}.")
         self._check_repair_inputs(args, reward_funcs, train_dataset)
+        self.sort_planner = check_planner(planner)
         check_vllm_mode_supported(args)
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
         self._init_repair()
