@@ -103,7 +103,7 @@ MODES = {
         seeds=[0, 1, 2, 3, 4],
         final_prompts=96,
         curve_prompts=32,
-        curve_points=12,
+        curve_points=8,
         calibration_samples=64,
         plan={
             "out-of-reach": ["grpo", "grpo-2x", *NOTATION_ARMS, "mintrl-off", "sort", "sort-uniform"],
@@ -145,15 +145,18 @@ def run_job(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from benchmarks.toy import WARM_START_DIR, evaluate, rule_judge
+    from benchmarks.toy import WARM_START_DIR, evaluate, rule_judge, sample_completions
+    from benchmarks.toy.evaluate import scores_of
     from benchmarks.toy.training import REGIMES, build_trainer, rl_config
 
     torch.set_num_threads(1)
     regime = REGIMES[job["regime"]]
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
-    curve_problems = regime.problems(job["curve_prompts"], seed=HELDOUT_SEED)
     final_problems = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
+    curve_problems = final_problems[
+        : job["curve_prompts"]
+    ]  # = regime.problems(curve_prompts): problems are drawn in order
     train = regime.dataset(job["steps"] * job["prompts_per_step"], seed=TRAIN_SEED + job["seed"])
     curve, eval_seconds = {}, 0.0
 
@@ -191,8 +194,11 @@ def run_job(job: dict) -> dict:
     start = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - start - eval_seconds
-    final = evaluate(trainer.model, tokenizer, final_problems, 8, ks=(1, 8))
-    curve[job["steps"]] = _curve_point(evaluate(trainer.model, tokenizer, curve_problems, 8))
+    # the curve set is a prefix of the held-out set: its last point comes from the final samples
+    completions = sample_completions(trainer.model, tokenizer, final_problems, 8)
+    final = scores_of(final_problems, completions, ks=(1, 8))
+    n_curve = len(curve_problems)
+    curve[job["steps"]] = _curve_point(scores_of(curve_problems, completions[:n_curve]))
     logs = [
         {"step": entry["step"], **{k: entry[k] for k in LOGGED if k in entry}}
         for entry in trainer.state.log_history

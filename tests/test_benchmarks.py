@@ -193,3 +193,12 @@ def test_cost_readme_block_is_computed_from_the_saved_rounds():
     row = next(line for line in readme_block(saved).splitlines() if line.startswith("| mintrl_interventions"))
     # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25
     assert row == "| mintrl_interventions | 1.25 [-1.93, 4.43] | 1.10 | 1.50 | 4.0% |"
+
+
+def test_curve_sets_are_prefixes_of_the_held_out_sets():
+    """learning.py scores a run's last curve point on the first `curve_prompts` of the final held-out samples, and
+    the warm start's step 0 on `problems(curve_prompts)`: both must be the same problems."""
+    from benchmarks.toy.training import REGIMES
+
+    for regime in REGIMES.values():
+        assert regime.problems(32, seed=999) == regime.problems(96, seed=999)[:32]
