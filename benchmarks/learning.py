@@ -145,7 +145,7 @@ def run_job(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from benchmarks.toy import WARM_START_DIR, evaluate, rule_judge, sample_completions
+    from benchmarks.toy import WARM_START_DIR, evaluate, sample_completions
     from benchmarks.toy.evaluate import scores_of
     from benchmarks.toy.training import REGIMES, build_trainer, rl_config
 
@@ -170,9 +170,8 @@ def run_job(job: dict) -> dict:
                 curve[state.global_step] = _curve_point(evaluate(model, tokenizer, curve_problems, 8))
                 eval_seconds += time.perf_counter() - start
 
-    overrides = dict(job["overrides"])
-    rollouts = 8 * overrides.pop("_batch_factor", 1)
-    notation = overrides.pop("_judge_notation", "far")
+    overrides = {k: v for k, v in job["overrides"].items() if not k.startswith("_")}
+    rollouts = 8 * job["overrides"].get("_batch_factor", 1)
     overrides["per_device_train_batch_size"] = job["prompts_per_step"] * rollouts
     args = rl_config(
         job["method"],
@@ -182,14 +181,9 @@ def run_job(job: dict) -> dict:
         regime=job["regime"],
         **overrides,
     )
-    judge = rule_judge(
-        job["judge_steps"],
-        error_rate=job.get("judge_error_rate", 0.0),
-        seed=job["seed"],
-        from_start=job.get("judge_from_start", False),
-        notation=notation,
+    trainer = build_trainer(
+        job["method"], model, tokenizer, train, args, judge=job_judge(job), callbacks=[CurveCallback()]
     )
-    trainer = build_trainer(job["method"], model, tokenizer, train, args, judge=judge, callbacks=[CurveCallback()])
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
@@ -205,6 +199,19 @@ def run_job(job: dict) -> dict:
         if "reward" in entry
     ]
     return {**job, "final": final, "curve": curve, "logs": logs, "train_seconds": train_seconds}
+
+
+def job_judge(job: dict):
+    """The rule judge of a job: its steps per correction, error rate, from-start and notation settings."""
+    from benchmarks.toy import rule_judge
+
+    return rule_judge(
+        job["judge_steps"],
+        error_rate=job.get("judge_error_rate", 0.0),
+        seed=job["seed"],
+        from_start=job.get("judge_from_start", False),
+        notation=job["overrides"].get("_judge_notation", "far"),
+    )
 
 
 def _curve_point(scores: dict) -> dict:

@@ -202,3 +202,27 @@ def test_curve_sets_are_prefixes_of_the_held_out_sets():
 
     for regime in REGIMES.values():
         assert regime.problems(32, seed=999) == regime.problems(96, seed=999)[:32]
+
+
+def test_learning_jobs_carry_each_arms_judge_notation_and_config():
+    """Each MInTRL arm's job builds the rule judge of its label (the near arms correct in the policy's notation; the
+    unsuffixed and the far arms in the reference's), the sweep runs the near judge, and the SORT beta labels set
+    `repair_beta`."""
+    from benchmarks.learning import LABELS, MODES, job_judge, plan_jobs
+
+    question = "Compute 4-3@2 ="
+    settings = {**MODES["full"], "plan": {"out-of-reach": [*LABELS]}}
+    jobs = {job["label"]: job for job in plan_jobs(settings) if job["seed"] == 0}
+    for label, correction in [
+        ("mintrl-const-near", "1+2=10\n\n"),
+        ("mintrl-proxy-near", "1+2=10\n\n"),
+        ("mintrl-const-far", "1@2=10\n\n"),
+        ("mintrl-proxy-far", "1@2=10\n\n"),
+        ("mintrl-const", "1@2=10\n\n"),
+        ("sweep:reviews-1", "1+2=10\n\n"),
+    ]:
+        assert job_judge(jobs[label]).correct_fn(question, "4-3=1\n\n", None) == correction, label
+    assert jobs["mintrl-proxy-near"]["method"] == "mintrl-proxy"
+    assert jobs["sort-beta0"]["overrides"] == {"repair_beta": 0.0}
+    assert jobs["sort-beta1"]["overrides"] == {"repair_beta": 1.0}
+    assert jobs["grpo"]["eval_every"] == 96 // 8
