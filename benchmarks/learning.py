@@ -602,7 +602,9 @@ def render(results: dict, out: Path, plots: bool = True) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 3 methods, no sweep (< 3 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 seed, 6 steps, 4 arms on out-of-reach, no sweep (< 5 min)"
+    )
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 2 methods (the test)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
     parser.add_argument("--out", type=Path, default=None)
