@@ -181,33 +181,38 @@ def test_a_chunk_is_reviewed_while_the_policy_generates_for_others(tiny_tokenize
     assert max(len(t.completion_ids) for t in controls) > SETTINGS["chunk_size"]  # longer than a chunk
 
 
-class SelfJudge(Judge):
-    """Like the self-judge: generates with the policy engine (from the judge's worker thread in the continuous
-    rollout) and derives its answers from the tokens, so routing through the stream must give the same tokens."""
+class EngineJudge(Judge):
+    """Like `GeneratingJudge`: generates with `engine` (from the judge's worker thread in the continuous rollout)
+    and derives its answers from the tokens, so routing through a stream must give the same tokens."""
 
-    def __init__(self, lm: FakeLM):
-        self.lm = lm
+    def __init__(self, engine: FakeLM):
+        self.engine = engine
 
     def review(self, requests):
-        outs = self.lm.generate([[5 + len(r.prefix) % 50, *range(6, 6 + len(r.steps))] for r in requests], 4, 0)
+        outs = self.engine.generate([[5 + len(r.prefix) % 50, *range(6, 6 + len(r.steps))] for r in requests], 4, 0)
         picks = [(_hash(o.token_ids) % (len(r.steps) + 2), len(r.steps)) for r, o in zip(requests, outs, strict=True)]
         return [Verdict(pick if pick < steps else None) for pick, steps in picks]
 
     def correct(self, requests):
-        outs = self.lm.generate([[7 + len(r.prefix) % 50] for r in requests], 3, 0)
+        outs = self.engine.generate([[7 + len(r.prefix) % 50] for r in requests], 3, 0)
         return [Correction(f"c{o.token_ids[0]}\n\n") for o in outs]
 
 
-def test_self_judge_requests_share_the_policy_stream(tiny_tokenizer):
+@pytest.mark.parametrize("own_engine", [False, True])
+def test_judge_engine_requests_go_through_a_stream(tiny_tokenizer, own_engine):
+    """The self-judge's requests join the policy's stream; a judge with its own streaming engine (a second
+    in-process vLLM) gets its own stream, stepped by the rollout's thread."""
     tok = tiny_tokenizer
     settings = RolloutSettings(**SETTINGS)
     barrier_lm, lm = FakeLM(tok), FakeLM(tok)
+    barrier_judge_lm, judge_lm = (FakeLM(tok), FakeLM(tok)) if own_engine else (barrier_lm, lm)
     barrier, continuous = trajectories(12), trajectories(12)
-    InterventionRollout(barrier_lm, SelfJudge(barrier_lm), tok, settings).run(barrier)
-    ContinuousRollout(lm, SelfJudge(lm), tok, settings).run(continuous)
+    InterventionRollout(barrier_lm, EngineJudge(barrier_judge_lm), tok, settings).run(barrier)
+    ContinuousRollout(lm, EngineJudge(judge_lm), tok, settings).run(continuous)
     assert_same(barrier, continuous)
     assert sum(t.revisions for t in barrier) >= 2
-    assert lm.blocking_calls == 0 and lm.num_calls > 0  # the judge's generate calls were served by the stream
+    assert judge_lm.num_calls > 0 and judge_lm.blocking_calls == 0 and judge_lm.sessions == 1
+    assert lm.blocking_calls == 0
 
 
 def test_a_judge_that_raises_stops_the_rollout_and_leaves_no_thread(tiny_tokenizer):

@@ -198,7 +198,7 @@ class GenerationStream(ABC):
         with self._lock:
             admitted, self._inbox = self._inbox, []
         for future, prompt, cap, temperature in admitted:
-            request_id = str(self._next_id)
+            request_id = f"mintrl-stream-{self._next_id}"  # distinct from the ids of the backend's own calls
             self._next_id += 1
             self._running[request_id] = (future, cap)
             self._add(request_id, prompt, cap, temperature)

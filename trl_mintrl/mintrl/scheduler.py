@@ -20,6 +20,7 @@ import queue
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 
 from ..engines.base import Generation
 from ..judges.base import Judge
@@ -94,27 +95,37 @@ class ContinuousRollout(InterventionRollout):
         self.events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.unfinished = len(trajectories)
         workers = 1 if self.judge is None else max(1, self.judge.concurrent_batches)
-        # Exit order matters: the stream closes first (failing any judge request still waiting on the policy), then
+        wake = lambda: self.events.put(lambda: None)  # noqa: E731 (a request from a judge thread: go step it)
+        # Exit order matters: the streams close first (failing any judge request still waiting on an engine), then
         # the pool joins its threads; nothing started here outlives `run`.
-        with (
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mintrl-judge") as pool,
-            self.policy.stream(wake=lambda: self.events.put(lambda: None)) as stream,
-        ):
-            self.stream = stream
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mintrl-judge") as pool, ExitStack() as open_:
+            streams = [open_.enter_context(engine.stream(wake)) for engine in self._streaming_engines()]
+            self.stream = streams[0]
             self.judges = None if self.judge is None else JudgeQueue(self.judge, pool, self.events.put)
             for t in trajectories:
                 self._next_chunk(t)
             while self.unfinished:
-                if stream.has_work():
+                busy = [stream for stream in streams if stream.has_work()]
+                for stream in busy:
                     stream.step()
-                else:  # only the judge is working: wait for its answer (or a request it sends to the policy)
+                if not busy:  # only the judge is working: wait for its answer (or a request it sends an engine)
                     self.events.get()()
                 self._drain()
-            self.policy_busy_seconds = stream.busy_seconds
+            self.policy_busy_seconds = self.stream.busy_seconds
         if self.judges is not None:
             self.counts.review_calls = self.judges.calls["review"]
             self.counts.correction_calls = self.judges.calls["correct"]
         return self.counts
+
+    def _streaming_engines(self) -> list:
+        """The policy engine, and a judge's own engine (`GeneratingJudge.engine`, e.g. a second in-process vLLM)
+        when it batches continuously: its requests, sent from the judge's thread, are stepped on this thread too,
+        because in-process vLLM engines must not run forward passes from two threads at once (one global forward
+        context). A judge engine without streaming (`transformers`) generates on the judge's thread."""
+        judge_engine = getattr(self.judge, "engine", None)
+        if judge_engine is not None and judge_engine is not self.policy and judge_engine.supports_streaming:
+            return [self.policy, judge_engine]
+        return [self.policy]
 
     def _drain(self) -> None:
         while True:
@@ -159,3 +170,16 @@ def rollout_for(policy, judge: Judge | None, tokenizer, settings, schedule: str 
     if schedule == "barrier" or (schedule == "auto" and not policy.supports_streaming):
         return InterventionRollout(policy, judge, tokenizer, settings)
     return ContinuousRollout(policy, judge, tokenizer, settings)
+
+
+def check_rollout_schedule(args) -> None:
+    """Refuse, at trainer construction, `rollout_schedule="continuous"` where the policy engine cannot batch
+    continuously: `transformers` generate, vLLM server mode, a vLLM tensor-parallel group."""
+    if args.rollout_schedule != "continuous":
+        return
+    if not args.use_vllm or args.vllm_mode != "colocate" or args.vllm_tensor_parallel_size > 1:
+        raise ValueError(
+            "rollout_schedule='continuous' needs a policy engine with continuous batching: use_vllm=True, "
+            "vllm_mode='colocate', vllm_tensor_parallel_size=1. transformers generate, vLLM server mode and "
+            "tensor-parallel groups run lock-step rounds: use rollout_schedule='barrier' (or 'auto')."
+        )
