@@ -6,6 +6,10 @@ revised. Finished trajectories leave the batch. Completions are kept as token id
 tokens exactly as sampled, the cut on a token boundary at or before the first wrong step, corrections tokenised
 with the policy's tokenizer. Control trajectories are the same state machine with no reviews, so they never see
 the judge and share the policy call of the first round.
+
+This lock-step schedule is the reference. The steps of one trajectory (`take_chunk`, `take_verdicts`,
+`take_correction` and the requests they lead to) are separate methods, so the continuous schedule
+(`scheduler.ContinuousRollout`), where each trajectory advances on its own, runs exactly the same logic.
 """
 
 from __future__ import annotations
