@@ -1,8 +1,9 @@
 """`MInTRLTrainer`: GRPOTrainer with judge interventions during rollout and advantage regression (SPEC 2).
 
 The trainer only wires TRL's seams:
-- `rollout_func` runs `InterventionRollout` (controls and intervened rollouts in one batched state machine) and
-  hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's `tool_mask`);
+- `rollout_func` runs `InterventionRollout` or `ContinuousRollout` (`rollout_schedule`; controls and intervened
+  rollouts in one batch) and hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's
+  `tool_mask`);
 - `_score_batch` (after TRL's `_generate_and_score_completions`) replaces TRL's group-normalised advantages by
   `r - mean(control rewards)`;
 - `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included.
@@ -28,7 +29,8 @@ from .absorption import AbsorptionTracker, warn_not_absorbed
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
 from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend, check_judge_votes
-from .rollout import InterventionRollout, RolloutSettings, Trajectory
+from .rollout import RolloutSettings, Trajectory
+from .scheduler import check_rollout_schedule, rollout_for
 
 STATE_FILE = "mintrl_state.json"
 
@@ -147,6 +149,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             from ..engines.vllm import check_vllm_mode_supported
 
             check_vllm_mode_supported(args)
+        check_rollout_schedule(args)
         super().__init__(
             model,
             reward_funcs,
@@ -235,7 +238,9 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         # the rollout's settings are config fields of the same names
         settings = RolloutSettings(**{f.name: getattr(args, f.name) for f in fields(RolloutSettings)})
         self.policy_engine.reset_cache_stats()
-        InterventionRollout(self.policy_engine, self.judge, self.processing_class, settings).run(trajectories)
+        rollout_for(self.policy_engine, self.judge, self.processing_class, settings, args.rollout_schedule).run(
+            trajectories
+        )
         stats = [
             [
                 t.review_budget > 0,
