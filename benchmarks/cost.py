@@ -3,6 +3,7 @@
     python benchmarks/cost.py            # 12 measured steps per variant (~18 min with other jobs on the machine)
     python benchmarks/cost.py --quick    # 4 measured steps per variant
     python benchmarks/cost.py --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
+    python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme README.md
 
 Time: all variants train in one process and take turns, one optimizer step each per round, so machine noise
 (other jobs, thermal state) hits every variant alike; the table reports the mean step over the measured rounds and
@@ -47,6 +48,7 @@ from benchmarks.stats import mean_interval  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 README_START, README_END = markers("benchmarks/cost.py", "cost-results")
+ROLLOUT_START, ROLLOUT_END = markers("benchmarks/cost.py --rollout", "cost-rollout-results")
 
 # name -> (method, config overrides)
 VARIANTS = {
@@ -504,7 +506,35 @@ def render_rollout(saved: dict) -> str:
     return "\n".join(lines)
 
 
+def rollout_readme_block(saved: dict) -> str:
+    """The README's rollout headline: each schedule's time over plain generation of the same tokens."""
+    prov, result = saved["provenance"], saved["result"]
+    lines = [
+        f"One MInTRL rollout on vLLM, {saved['settings']['rounds']} rounds, relative to plain generation of the same "
+        f"tokens (paired within a round, 95% t-interval); the endpoint judge answers after "
+        f"{saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk. From "
+        f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`); full table in "
+        "`benchmarks/results/cost_rollout.md`.",
+        "",
+        "| judge, schedule | x plain generation [95% CI] | policy engine busy |",
+        "|---|---|---|",
+    ]
+    for name, records in result["records"].items():
+        ratio = mean_interval([r["seconds"] / r["plain_seconds"] for r in records])
+        busy = mean_interval([r["busy_share"] for r in records])
+        lines.append(f"| {name.replace('_', ', ')} | {_ratio_interval(ratio)} | {100 * busy.mean:.0f}% |")
+    return "\n".join(lines)
+
+
 def rollout_main(args, argv: list[str]) -> None:
+    if args.replot:
+        saved = json.loads(args.replot.read_text())
+        text = render_rollout(saved)
+        (args.replot.parent / "cost_rollout.md").write_text(text + "\n")
+        print(text)
+        if args.readme:
+            update_readme(args.readme, ROLLOUT_START, ROLLOUT_END, rollout_readme_block(saved))
+        return
     rounds = args.rounds or (2 if args.quick else 8)
     shape = dict(ROLLOUT_SHAPE, prompts=1) if args.quick else dict(ROLLOUT_SHAPE)
     out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
@@ -527,7 +557,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured first steps per variant")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--replot", type=Path, default=None, help="re-render cost.md from a cost.json")
+    parser.add_argument("--replot", type=Path, default=None,
+                        help="re-render cost.md from a cost.json (with --rollout: cost_rollout.md from its JSON)")  # fmt: skip
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
     parser.add_argument("--rollout", action="store_true", help="the rollout benchmark (needs vLLM)")
     parser.add_argument("--judge-delay-fraction", type=float, default=0.1,

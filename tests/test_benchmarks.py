@@ -248,3 +248,23 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
     # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25; busy share 80%
     assert rows["| rule, barrier"] == "| rule, barrier | 1.25 [-1.93, 4.43] | 80% | 2.50 | 100 | 8 | 4 | 2 |"
     assert rows["| rule, continuous"].startswith("| rule, continuous | 1.20 [-0.07, 2.47] | 95% | 1.20 |")
+
+
+def test_cost_rollout_readme_block_follows_the_json(tmp_path):
+    """`cost.py --rollout --replot JSON --readme README` rewrites the README's rollout rows from the JSON."""
+    from benchmarks.cost import ROLLOUT_END, ROLLOUT_START, main
+
+    saved = json.loads((ROOT / "benchmarks/results/cost_rollout.json").read_text())
+    first = saved["result"]["records"]["rule_continuous"][0]
+    first["seconds"] = first["plain_seconds"] * 9.0  # one round 9x slower: the mean ratio must move
+    path = tmp_path / "cost_rollout.json"
+    path.write_text(json.dumps(saved))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{ROLLOUT_START}\nold\n{ROLLOUT_END}\nrest\n")
+    main(["--rollout", "--replot", str(path), "--readme", str(readme)])
+    text = readme.read_text()
+    ratios = [r["seconds"] / r["plain_seconds"] for r in saved["result"]["records"]["rule_continuous"]]
+    row = next(line for line in text.splitlines() if line.startswith("| rule, continuous |"))
+    assert row.split(" | ")[1].startswith(f"{sum(ratios) / len(ratios):.2f} [")
+    assert text.startswith("intro\n") and text.endswith(f"{ROLLOUT_END}\nrest\n") and "old" not in text
+    assert (tmp_path / "cost_rollout.md").read_text().count("| rule, continuous |") == 1
