@@ -22,6 +22,7 @@ per-step logs), and is rewritten after every run; `learning.md` and the PNGs are
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -315,7 +316,49 @@ def runs_of(results: dict, regime: str, label: str) -> list[dict]:
 
 
 def sweep_runs(results: dict, point: str) -> list[dict]:
-    return runs_of(results, SWEEP_REGIME, SWEEP_MAIN.get(point, f"sweep:{point}"))
+    sweep = sweep_settings(results)
+    main = {**SWEEP_MAIN, "default": sweep["default"]}
+    return runs_of(results, sweep["regime"], main.get(point, f"sweep:{point}"))
+
+
+def sweep_settings(results: dict) -> dict:
+    """The sweep's regime, judge notation and main-run label for its "default" point, as `normalise` set them
+    (this version's SWEEP_REGIME, near judge and SWEEP_MAIN when absent)."""
+    return results["settings"].get(
+        "sweep", {"regime": SWEEP_REGIME, "judge": "near", "default": SWEEP_MAIN["default"]}
+    )
+
+
+CALIBRATION_KEYS = ("pass@1", "pass@8", "pass@64")
+
+
+def _as_point(value) -> dict:
+    """A curve point: the previous version recorded a float, held-out pass@1 only (no pass@8 to invent)."""
+    return value if isinstance(value, dict) else {"pass@1": value}
+
+
+def normalise(results: dict) -> dict:
+    """`results` (learning.json's content) in this version's shape, as a copy; records written by the previous
+    version (24 steps, regimes unreachable / reachable) read as well: their float curve points and float `curve0` are
+    pass@1 only (pass@8 points stay missing; tables and plots skip them), a missing calibration entry (pass@64) is
+    reported as "not recorded" by `calibration_text`, and the sweep's regime, judge and "default" run are taken from
+    the sweep runs themselves (there: unreachable, the unsuffixed = far judge, mintrl-const)."""
+    results = copy.deepcopy(results)
+    for run in results["runs"]:
+        run["curve"] = {step: _as_point(v) for step, v in run["curve"].items()}
+    for base in results["baselines"]:
+        if "curve0" in base:
+            base["curve0"] = _as_point(base["curve0"])
+    settings = results["settings"]
+    if "sweep" not in settings:
+        sweep = [r for r in results["runs"] if r.get("group") == "sweep"]
+        regime = sweep[0]["regime"] if sweep else SWEEP_REGIME
+        judge = sweep[0]["overrides"].get("_judge_notation", "far") if sweep else "near"
+        default = (
+            SWEEP_MAIN["default"] if SWEEP_MAIN["default"] in settings["plan"].get(regime, []) else "mintrl-const"
+        )
+        settings["sweep"] = {"regime": regime, "judge": judge, "default": default}
+    return results
 
 
 def report(results: dict) -> str:
@@ -335,9 +378,10 @@ def report(results: dict) -> str:
         lines += ["", f"## Regime: {regime}", ""]
         if base is not None:
             lines += [f"Calibration: {calibration_text(base)}.", ""]
-        if grpo:
-            peaks = ", ".join(f"{100 * max(p['pass@8'] for p in r['curve'].values()):.1f}" for r in grpo)
-            lines += [f"GRPO's highest held-out pass@8 on the curve set over the run, per seed: {peaks}.", ""]
+        peaks = [[p["pass@8"] for p in r["curve"].values() if "pass@8" in p] for r in grpo]
+        if any(peaks):  # records of the previous version have pass@1 curves only
+            text = ", ".join(f"{100 * max(p):.1f}" if p else "-" for p in peaks)
+            lines += [f"GRPO's highest held-out pass@8 on the curve set over the run, per seed: {text}.", ""]
         lines += [
             "| method | seeds | pass@1 | pass@8 | pass@1 - GRPO [95% CI] | resolved | pass@8 - GRPO [95% CI] "
             "| judge-token share | reward interv. - control | judge-token NLL | train s/run |",
@@ -362,11 +406,11 @@ def report(results: dict) -> str:
                 f"| {_verdict(diff1)} | {format_interval(diff8) if label != 'grpo' else '-'} | {' | '.join(cells)} "
                 f"| {statistics.fmean(r['train_seconds'] for r in runs):.0f} |"
             )
-    points = sweep_table(results)
+    points, sweep = sweep_table(results), sweep_settings(results)
     if points:
         lines += [
             "",
-            f"## Intervention intensity (MInTRL-const with the near judge, {SWEEP_REGIME} regime)",
+            f"## Intervention intensity (MInTRL-const with the {sweep['judge']} judge, {sweep['regime']} regime)",
             "",
             "Judge-token share = judge tokens / completion tokens during the intervention phase. Gains are paired by "
             "seed against the same trainer without interventions (mintrl-off) and against GRPO.",
@@ -392,6 +436,7 @@ README_START, README_END = markers("benchmarks/learning.py", "learning-results")
 
 def readme_block(results: dict) -> str:
     """The README's headline: per regime, each method's pass@1 and its paired difference to GRPO."""
+    results = normalise(results)
     settings, prov = results["settings"], results["provenance"]
     lines = [
         f"{settings['steps']} optimizer steps, held-out pass@1 in % (mean ± std over seeds); difference to GRPO "
@@ -424,14 +469,15 @@ def readme_block(results: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     for base in results["baselines"]:
         lines += ["", f"Calibration, {base['regime']}: {calibration_text(base)}."]
-    points = sweep_table(results)
+    points, sweep = sweep_table(results), sweep_settings(results)
     if points:
-        sweep = ", ".join(
+        gains = ", ".join(
             f"{p['point']} {format_mean_std(p['share'])}% judge tokens: {format_interval(p['gain'])}" for p in points
         )
         lines += [
             "",
-            f"Intensity sweep (MInTRL-const, near judge, {SWEEP_REGIME}; pass@1 gain over no intervention): {sweep}.",
+            f"Intensity sweep (MInTRL-const, {sweep['judge']} judge, {sweep['regime']}; pass@1 gain over no "
+            f"intervention): {gains}.",
         ]
     return "\n".join(lines)
 
@@ -439,7 +485,10 @@ def readme_block(results: dict) -> str:
 def calibration_text(base: dict) -> str:
     """The warm start's pass@k on a regime's held-out problems, and in familiar notation where it has a new
     operator."""
-    sampled = ", ".join(f"{k} {100 * v:.1f}" for k, v in base["final"].items() if k.startswith("pass@"))
+    keys = [*CALIBRATION_KEYS, *(k for k in base["final"] if k.startswith("pass@") and k not in CALIBRATION_KEYS)]
+    sampled = ", ".join(
+        f"{k} {100 * base['final'][k]:.1f}" if k in base["final"] else f"{k} not recorded" for k in keys
+    )
     text = f"warm start {sampled}"
     if "familiar" in base:
         text += (
@@ -458,10 +507,11 @@ def _verdict(diff) -> str:
 
 
 def sweep_table(results: dict) -> list[dict]:
-    if SWEEP_REGIME not in results["settings"]["plan"]:
+    regime = sweep_settings(results)["regime"]
+    if regime not in results["settings"]["plan"]:
         return []
-    grpo = final_by_seed(runs_of(results, SWEEP_REGIME, "grpo"))
-    off = final_by_seed(runs_of(results, SWEEP_REGIME, "mintrl-off"))
+    grpo = final_by_seed(runs_of(results, regime, "grpo"))
+    off = final_by_seed(runs_of(results, regime, "mintrl-off"))
     sweep_seeds = set(results["settings"]["seeds"][: results["settings"]["sweep_seeds"]])
     points = []
     for point, spec in SWEEP.items():
@@ -469,7 +519,8 @@ def sweep_table(results: dict) -> list[dict]:
         if not runs or not sweep_seeds:
             continue
         p1 = final_by_seed(runs)
-        settings = "intervention_steps=0" if point == "off" else json.dumps(spec["overrides"] if spec else {})
+        overrides = {k: v for k, v in (spec["overrides"] if spec else {}).items() if not k.startswith("_")}
+        settings = "intervention_steps=0" if point == "off" else json.dumps(overrides)  # the judge: in the heading
         if spec is not None and spec["judge_steps"] > 1:
             settings += f", judge writes {spec['judge_steps']} steps"
         if spec is not None and spec.get("judge_from_start"):
@@ -505,20 +556,30 @@ def plot(results: dict, out: Path) -> list[Path]:
     for row, regime in zip(axes, regimes, strict=True):
         base = next((b for b in results["baselines"] if b["regime"] == regime), None)
         for ax, k in zip(row, ("pass@1", "pass@8"), strict=True):
+            drawn = False
             for n, label in enumerate(settings["plan"][regime]):
                 runs = runs_of(results, regime, label)
                 if not runs:
                     continue
-                steps = sorted({int(s) for r in runs for s in r["curve"]} | ({0} if base else set()))
-                per_step = [
-                    [base["curve0"][k]] if s == 0 else [r["curve"][str(s)][k] for r in runs if str(s) in r["curve"]]
-                    for s in steps
-                ]
+                per_step = {
+                    int(s): [r["curve"][s][k] for r in runs if k in r["curve"].get(s, {})]
+                    for s in {s for r in runs for s in r["curve"]}
+                }
+                if base is not None and k in base.get("curve0", {}):
+                    per_step[0] = [base["curve0"][k]]
+                steps = sorted(s for s, values in per_step.items() if values)  # old records: no pass@8 points
+                if not steps:
+                    continue
+                per_step = [per_step[s] for s in steps]
                 _mean_band(ax, steps, per_step, f"C{n % 10}", label, "--" if "grpo" in label else "-")
+                drawn = True
             ax.set_xlabel("optimizer step")
             ax.set_ylabel(f"held-out {k} (%), {settings['curve_prompts']} problems")
             ax.set_title(f"{regime}: mean over seeds, band = 95% t-interval")
-            ax.legend(fontsize=7)
+            if drawn:
+                ax.legend(fontsize=7)
+            else:
+                ax.text(0.5, 0.5, f"no {k} curve points recorded", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     paths.append(out / "learning_curves.png")
     fig.savefig(paths[-1], dpi=110)
@@ -591,7 +652,8 @@ def _mean_band(ax, xs, per_x, color, label, style, scale=100):
 
 
 def render(results: dict, out: Path, plots: bool = True) -> str:
-    """Write learning.md (and the PNGs) from `results`, the content of learning.json."""
+    """Write learning.md (and the PNGs) from `results`, the content of learning.json (either version's records)."""
+    results = normalise(results)
     table = report(results)
     (out / "learning.md").write_text(table)
     if plots:
@@ -607,13 +669,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 2 methods (the test)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output folder (with --replot: default the JSON's folder)"
+    )
     parser.add_argument("--replot", type=Path, default=None, help="re-render learning.md and plots from a JSON")
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
     args = parser.parse_args(argv)
     if args.replot:
-        results = json.loads(args.replot.read_text())
-        print(render(results, args.replot.parent))
+        results = normalise(json.loads(args.replot.read_text()))
+        out = args.out or args.replot.parent
+        out.mkdir(parents=True, exist_ok=True)
+        print(render(results, out))
         if args.readme:
             update_readme(args.readme, README_START, README_END, readme_block(results))
         return

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.stats import format_interval, mean_interval, paired_difference, t_quantile_975
+from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference, t_quantile_975
 from benchmarks.toy.task import (
     FAR_OPERATOR,
     NEW_OPERATOR,
@@ -142,6 +142,50 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     readme_text = readme.read_text()
     assert "old table" not in readme_text and readme_text.endswith(f"{README_END}\nafter\n")
     assert "| mintrl-const-near | 40.0 ± 14.1 | +40.0 [-87.1, +167.1] |" in readme_text
+
+
+def test_learning_replot_reads_the_committed_results_of_the_previous_version(tmp_path):
+    """The committed learning.json was written by the previous learning.py (24 steps, float pass@1 curve points, no
+    pass@64): `--replot` renders it, and the table carries its numbers."""
+    from benchmarks.learning import README_END, README_START
+
+    source = ROOT / "benchmarks" / "results" / "learning.json"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "learning.json").write_bytes(source.read_bytes())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{README_START}\nold table\n{README_END}\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/learning.py",
+            "--replot",
+            str(tmp_path / "results" / "learning.json"),
+            "--out",
+            str(tmp_path / "out"),
+            "--readme",
+            str(readme),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(source.read_text())
+    regime = next(iter(results["settings"]["plan"]))
+    grpo = [r["final"]["pass@1"] for r in results["runs"] if r["regime"] == regime and r["label"] == "grpo"]
+    cell = format_mean_std(grpo)
+    table = (tmp_path / "out" / "learning.md").read_text()
+    assert f"## Regime: {regime}" in table and f"| grpo | {len(grpo)} | {cell} |" in table
+    assert f"| grpo | {cell} | - |" in readme.read_text()
+    base = results["baselines"][0]
+    if "pass@64" not in base["final"]:
+        assert f"pass@8 {100 * base['final']['pass@8']:.1f}, pass@64 not recorded" in table
+    sweep = [r for r in results["runs"] if r["group"] == "sweep"]
+    if sweep:  # the sweep's section names the regime its runs were on
+        assert f", {sweep[0]['regime']} regime)" in table and "Intensity sweep (MInTRL-const" in readme.read_text()
+    for png in ("learning_curves.png", "learning_interventions.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 0
 
 
 def test_cost_token_counter_counts_prefill_generated_and_forward_tokens():
