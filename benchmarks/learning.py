@@ -1,21 +1,28 @@
-"""Does MInTRL / SORT teach the policy what GRPO cannot find alone? Seven methods on two regimes of the toy task.
+"""When does guidance help? GRPO, MInTRL and SORT arms on regimes of the toy task, each defined by a measured
+precondition.
 
-    python benchmarks/learning.py             # full run (about an hour on 2 cores)
-    python benchmarks/learning.py --quick     # 1 seed, few steps and prompts (< 3 min)
+    python benchmarks/learning.py             # full run (see MODES["full"]; needs free cores)
+    python benchmarks/learning.py --quick     # 1 seed, few steps, 4 arms on the out-of-reach regime (< 5 min)
     python benchmarks/learning.py --replot benchmarks/results/learning.json   # tables and plots from the JSON
 
-Regimes (`benchmarks.toy.training.REGIMES`): "unreachable" = short chains ending in an operator the warm start never
-saw (`a#b = a+b+2`, stated nowhere; only the judge and the references know it), "reachable" = long chains of familiar
-operations. Every method starts from the committed warm start, trains for the same optimizer steps on the same
-prompts (per seed) with the same optimiser and lr schedule (chosen for GRPO), and is evaluated on the same held-out
-problems (pass@1 and pass@8 from 8 samples at temperature 1). Each method is compared to GRPO by the paired
-difference over seeds with a 95% t-interval. `learning.json` records the command, the commit, the settings and one
-record per run, and is rewritten after every run; `learning.md` and the PNGs are rendered from it.
+Regimes (`benchmarks.toy.training.REGIMES`): "out-of-reach" = short chains ending in an operator the warm start never
+saw, `a@b = a+b+7` (stated nowhere; only the judge and the references know it, and sampling does not find it);
+"unreachable" = the same with `a#b = a+b+2` (the previous benchmark's regime: the policy's near misses find it);
+"reachable" = long chains of familiar operations. Each regime's calibration (warm-start pass@1 / pass@8 / pass@64,
+and pass@1 / pass@8 on the same problems in familiar notation) is computed in every run and printed with its results.
+MInTRL arms run with a "near" judge (corrections in the policy's notation, `1+2=10`) or a "far" one (the reference's,
+`1@2=10`); a label without suffix is the far judge, as before. Every arm starts from the committed warm start, trains
+for the same optimizer steps on the same prompts (per seed) with the same optimiser and lr schedule (chosen for
+GRPO), and is evaluated on the same held-out problems (pass@1 and pass@8 from 8 samples at temperature 1). Each arm is
+compared to GRPO by the paired difference over seeds with a 95% t-interval. `learning.json` records the command, the
+commit, the settings and one record per run (regime, label, seed, final scores, curve of held-out pass@1 / pass@8,
+per-step logs), and is rewritten after every run; `learning.md` and the PNGs are rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -39,29 +46,40 @@ from benchmarks.stats import format_interval, format_mean_std, mean_interval, pa
 RESULTS = Path(__file__).parent / "results"
 TRAIN_SEED, HELDOUT_SEED = 1000, 999
 
-# label -> (method of benchmarks.toy.training, config overrides); grpo-2x: twice the rollouts for the same prompts
+# label -> (method of benchmarks.toy.training, config overrides); keys starting with "_" are job settings, not config
+# fields: `_batch_factor` (grpo-2x: twice the rollouts for the same prompts), `_judge_notation` (the rule judge's
+# notation, "far" unless set)
 LABELS = {
     "grpo": ("grpo", {}),
     "grpo-2x": ("grpo", {"num_generations": 16, "_batch_factor": 2}),
     "mintrl-const": ("mintrl-const", {}),
     "mintrl-proxy": ("mintrl-proxy", {}),
+    "mintrl-const-near": ("mintrl-const", {"_judge_notation": "near"}),
+    "mintrl-const-far": ("mintrl-const", {"_judge_notation": "far"}),
+    "mintrl-proxy-near": ("mintrl-proxy", {"_judge_notation": "near"}),
+    "mintrl-proxy-far": ("mintrl-proxy", {"_judge_notation": "far"}),
     "mintrl-off": ("mintrl-const", {"intervention_steps": 0}),
     "sort": ("sort", {}),
     "sort-uniform": ("sort", {"repair_weighting": "uniform"}),
+    "sort-beta0": ("sort", {"repair_beta": 0.0}),  # DFT weighting: p_base only
+    "sort-beta1": ("sort", {"repair_beta": 1.0}),  # p_plan only
 }
-# intervention-intensity sweep (MInTRL-const, unreachable regime), from the fewest judge tokens to the most:
-# point -> job fields (config overrides, steps per correction, judge revises every rollout from its first step).
-# "off" and "default" are the main runs mintrl-off and mintrl-const; "whole-solution" is the off-policy extreme (the
-# judge writes every intervened rollout from the start: about half of all tokens).
+# intervention-intensity sweep (MInTRL-const with the near judge, out-of-reach regime), from the fewest judge tokens
+# to the most: point -> job fields (config overrides, steps per correction, judge revises every rollout from its first
+# step). "off" and "default" are the main runs mintrl-off and mintrl-const-near; "whole-solution" is the off-policy
+# extreme (the judge writes every intervened rollout from the start: about half of all tokens).
+SWEEP_REGIME = "out-of-reach"
+_NEAR = {"_judge_notation": "near"}
 SWEEP = {
     "off": None,
-    "reviews-1": dict(overrides={"max_reviews": 1}, judge_steps=1),
+    "reviews-1": dict(overrides={"max_reviews": 1, **_NEAR}, judge_steps=1),
     "default": None,
-    "all-steps": dict(overrides={"max_correction_tokens": 96}, judge_steps=8),
-    "whole-solution": dict(overrides={"max_correction_tokens": 96}, judge_steps=8, judge_from_start=True),
+    "all-steps": dict(overrides={"max_correction_tokens": 96, **_NEAR}, judge_steps=8),
+    "whole-solution": dict(overrides={"max_correction_tokens": 96, **_NEAR}, judge_steps=8, judge_from_start=True),
 }
-SWEEP_MAIN = {"off": "mintrl-off", "default": "mintrl-const"}
+SWEEP_MAIN = {"off": "mintrl-off", "default": "mintrl-const-near"}
 LOGGED = (
+    "entropy",
     "reward",
     "frac_reward_zero_std",
     "completions/mean_length",
@@ -76,24 +94,34 @@ LOGGED = (
     "sort/mean_weight",
     "sort/salience_mean",
 )
+TODAY = ["grpo", "grpo-2x", "mintrl-const", "mintrl-proxy", "mintrl-off", "sort", "sort-uniform"]
+NOTATION_ARMS = ["mintrl-const-near", "mintrl-const-far", "mintrl-proxy-near", "mintrl-proxy-far"]
 MODES = {
-    # steps, seeds, eval problems (final / curve), regimes -> labels, sweep seeds, prompts per step
-    "full": dict(  # sized for about an hour on 2 cores
-        steps=24,
+    # steps, seeds, eval problems (final / curve), curve points, warm-start samples for the calibration (pass@64),
+    # regimes -> labels, sweep seeds, prompts per step
+    "full": dict(
+        steps=96,  # 4x the previous benchmark's 24 (issue 19: GRPO was still rising at 48)
         seeds=[0, 1, 2, 3, 4],
         final_prompts=96,
         curve_prompts=32,
-        plan={"unreachable": list(LABELS), "reachable": list(LABELS)},
+        curve_points=8,
+        calibration_samples=64,
+        plan={
+            "out-of-reach": ["grpo", "grpo-2x", *NOTATION_ARMS, "mintrl-off", "sort", "sort-uniform"],
+            "reachable": TODAY,
+        },
         seeds_per_regime={},
         sweep_seeds=3,
         prompts_per_step=8,
     ),
     "quick": dict(
-        steps=4,
+        steps=6,
         seeds=[0],
         final_prompts=32,
         curve_prompts=16,
-        plan={"unreachable": ["grpo", "mintrl-const", "sort-uniform"]},
+        curve_points=2,
+        calibration_samples=64,
+        plan={"out-of-reach": ["grpo", "mintrl-const-near", "mintrl-const-far", "sort-uniform"]},
         seeds_per_regime={},
         sweep_seeds=0,
         prompts_per_step=8,
@@ -103,7 +131,9 @@ MODES = {
         seeds=[0, 1],
         final_prompts=2,
         curve_prompts=2,
-        plan={"unreachable": ["grpo", "mintrl-const"]},
+        curve_points=1,
+        calibration_samples=8,
+        plan={"out-of-reach": ["grpo", "mintrl-const-near"]},
         seeds_per_regime={},
         sweep_seeds=0,
         prompts_per_step=2,
@@ -116,30 +146,33 @@ def run_job(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from benchmarks.toy import WARM_START_DIR, evaluate, rule_judge
+    from benchmarks.toy import WARM_START_DIR, evaluate, sample_completions
+    from benchmarks.toy.evaluate import scores_of
     from benchmarks.toy.training import REGIMES, build_trainer, rl_config
 
     torch.set_num_threads(1)
     regime = REGIMES[job["regime"]]
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
-    curve_problems = regime.problems(job["curve_prompts"], seed=HELDOUT_SEED)
     final_problems = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
+    curve_problems = final_problems[
+        : job["curve_prompts"]
+    ]  # = regime.problems(curve_prompts): problems are drawn in order
     train = regime.dataset(job["steps"] * job["prompts_per_step"], seed=TRAIN_SEED + job["seed"])
     curve, eval_seconds = {}, 0.0
 
     class CurveCallback(TrainerCallback):
-        """Held-out pass@1 every `eval_every` steps on the small curve set (not counted in training time)."""
+        """Held-out pass@1 / pass@8 every `eval_every` steps on the small curve set (not counted in training time)."""
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             nonlocal eval_seconds
             if state.global_step % job["eval_every"] == 0 and state.global_step < job["steps"]:
                 start = time.perf_counter()
-                curve[state.global_step] = evaluate(model, tokenizer, curve_problems, 8, ks=(1,))["pass@1"]
+                curve[state.global_step] = _curve_point(evaluate(model, tokenizer, curve_problems, 8))
                 eval_seconds += time.perf_counter() - start
 
-    overrides = dict(job["overrides"])
-    rollouts = 8 * overrides.pop("_batch_factor", 1)
+    overrides = {k: v for k, v in job["overrides"].items() if not k.startswith("_")}
+    rollouts = 8 * job["overrides"].get("_batch_factor", 1)
     overrides["per_device_train_batch_size"] = job["prompts_per_step"] * rollouts
     args = rl_config(
         job["method"],
@@ -149,19 +182,18 @@ def run_job(job: dict) -> dict:
         regime=job["regime"],
         **overrides,
     )
-    judge = rule_judge(
-        job["judge_steps"],
-        error_rate=job.get("judge_error_rate", 0.0),
-        seed=job["seed"],
-        from_start=job.get("judge_from_start", False),
+    trainer = build_trainer(
+        job["method"], model, tokenizer, train, args, judge=job_judge(job), callbacks=[CurveCallback()]
     )
-    trainer = build_trainer(job["method"], model, tokenizer, train, args, judge=judge, callbacks=[CurveCallback()])
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - start - eval_seconds
-    final = evaluate(trainer.model, tokenizer, final_problems, 8, ks=(1, 8))
-    curve[job["steps"]] = evaluate(trainer.model, tokenizer, curve_problems, 8, ks=(1,))["pass@1"]
+    # the curve set is a prefix of the held-out set: its last point comes from the final samples
+    completions = sample_completions(trainer.model, tokenizer, final_problems, 8)
+    final = scores_of(final_problems, completions, ks=(1, 8))
+    n_curve = len(curve_problems)
+    curve[job["steps"]] = _curve_point(scores_of(curve_problems, completions[:n_curve]))
     logs = [
         {"step": entry["step"], **{k: entry[k] for k in LOGGED if k in entry}}
         for entry in trainer.state.log_history
@@ -170,33 +202,55 @@ def run_job(job: dict) -> dict:
     return {**job, "final": final, "curve": curve, "logs": logs, "train_seconds": train_seconds}
 
 
+def job_judge(job: dict):
+    """The rule judge of a job: its steps per correction, error rate, from-start and notation settings."""
+    from benchmarks.toy import rule_judge
+
+    return rule_judge(
+        job["judge_steps"],
+        error_rate=job.get("judge_error_rate", 0.0),
+        seed=job["seed"],
+        from_start=job.get("judge_from_start", False),
+        notation=job["overrides"].get("_judge_notation", "far"),
+    )
+
+
+def _curve_point(scores: dict) -> dict:
+    return {k: scores[k] for k in ("pass@1", "pass@8")}
+
+
 def baseline(job: dict) -> dict:
-    """The warm start on a regime's held-out problems (step 0 of every curve); on the unreachable regime also on the
-    same problems without the new operator (`familiar()`), the calibration the task rests on."""
+    """The regime's calibration at the warm start on the held-out problems (`benchmarks.toy.calibration`: pass@1 /
+    pass@8 / pass@64 from `calibration_samples` samples, 8 unless the job says, and the same problems in familiar
+    notation where there is a new operator) and step 0 of every curve."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from benchmarks.toy import WARM_START_DIR, evaluate
+    from benchmarks.toy.calibration import calibrate
     from benchmarks.toy.training import REGIMES
 
+    torch.set_num_threads(1)
     regime = REGIMES[job["regime"]]
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
     final = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
     curve = regime.problems(job["curve_prompts"], seed=HELDOUT_SEED)
+    calibration = calibrate(model, tokenizer, final, job.get("calibration_samples", 8))
     result = {
         "regime": job["regime"],
-        "final": evaluate(model, tokenizer, final, 8, ks=(1, 8)),
-        "curve0": evaluate(model, tokenizer, curve, 8, ks=(1,))["pass@1"],
+        "final": calibration["sampled"],
+        "curve0": _curve_point(evaluate(model, tokenizer, curve, 8)),
     }
-    if regime.new_op:
-        result["familiar"] = evaluate(model, tokenizer, [p.familiar() for p in final], 8, ks=(1, 8))
+    if "familiar" in calibration:
+        result["familiar"] = calibration["familiar"]
     return result
 
 
 def plan_jobs(settings: dict) -> list[dict]:
     """One job per (regime, label, seed), then the sweep's extra points; unreachable first (the question asked)."""
     common = {k: settings[k] for k in ("steps", "curve_prompts", "final_prompts", "prompts_per_step")} | {
-        "eval_every": max(1, settings["steps"] // 2)
+        "eval_every": max(1, settings["steps"] // settings["curve_points"])
     }
     jobs = []
     for regime, labels in settings["plan"].items():
@@ -225,9 +279,9 @@ def plan_jobs(settings: dict) -> list[dict]:
                 dict(
                     common,
                     eval_every=settings["steps"] + 1,  # final scores only
-                    name=f"unreachable-sweep-{point}-s{seed}",
+                    name=f"{SWEEP_REGIME}-sweep-{point}-s{seed}",
                     group="sweep",
-                    regime="unreachable",
+                    regime=SWEEP_REGIME,
                     label=f"sweep:{point}",
                     point=point,
                     method="mintrl-const",
@@ -262,7 +316,49 @@ def runs_of(results: dict, regime: str, label: str) -> list[dict]:
 
 
 def sweep_runs(results: dict, point: str) -> list[dict]:
-    return runs_of(results, "unreachable", SWEEP_MAIN.get(point, f"sweep:{point}"))
+    sweep = sweep_settings(results)
+    main = {**SWEEP_MAIN, "default": sweep["default"]}
+    return runs_of(results, sweep["regime"], main.get(point, f"sweep:{point}"))
+
+
+def sweep_settings(results: dict) -> dict:
+    """The sweep's regime, judge notation and main-run label for its "default" point, as `normalise` set them
+    (this version's SWEEP_REGIME, near judge and SWEEP_MAIN when absent)."""
+    return results["settings"].get(
+        "sweep", {"regime": SWEEP_REGIME, "judge": "near", "default": SWEEP_MAIN["default"]}
+    )
+
+
+CALIBRATION_KEYS = ("pass@1", "pass@8", "pass@64")
+
+
+def _as_point(value) -> dict:
+    """A curve point: the previous version recorded a float, held-out pass@1 only (no pass@8 to invent)."""
+    return value if isinstance(value, dict) else {"pass@1": value}
+
+
+def normalise(results: dict) -> dict:
+    """`results` (learning.json's content) in this version's shape, as a copy; records written by the previous
+    version (24 steps, regimes unreachable / reachable) read as well: their float curve points and float `curve0` are
+    pass@1 only (pass@8 points stay missing; tables and plots skip them), a missing calibration entry (pass@64) is
+    reported as "not recorded" by `calibration_text`, and the sweep's regime, judge and "default" run are taken from
+    the sweep runs themselves (there: unreachable, the unsuffixed = far judge, mintrl-const)."""
+    results = copy.deepcopy(results)
+    for run in results["runs"]:
+        run["curve"] = {step: _as_point(v) for step, v in run["curve"].items()}
+    for base in results["baselines"]:
+        if "curve0" in base:
+            base["curve0"] = _as_point(base["curve0"])
+    settings = results["settings"]
+    if "sweep" not in settings:
+        sweep = [r for r in results["runs"] if r.get("group") == "sweep"]
+        regime = sweep[0]["regime"] if sweep else SWEEP_REGIME
+        judge = sweep[0]["overrides"].get("_judge_notation", "far") if sweep else "near"
+        default = (
+            SWEEP_MAIN["default"] if SWEEP_MAIN["default"] in settings["plan"].get(regime, []) else "mintrl-const"
+        )
+        settings["sweep"] = {"regime": regime, "judge": judge, "default": default}
+    return results
 
 
 def report(results: dict) -> str:
@@ -281,15 +377,11 @@ def report(results: dict) -> str:
         grpo = runs_of(results, regime, "grpo")
         lines += ["", f"## Regime: {regime}", ""]
         if base is not None:
-            text = (
-                f"Warm start: pass@1 {100 * base['final']['pass@1']:.1f}, pass@8 {100 * base['final']['pass@8']:.1f}"
-            )
-            if "familiar" in base:
-                text += (
-                    f"; the same problems with `a#b` written as `a+(b+2)`: pass@1 "
-                    f"{100 * base['familiar']['pass@1']:.1f}, pass@8 {100 * base['familiar']['pass@8']:.1f}"
-                )
-            lines += [text + ".", ""]
+            lines += [f"Calibration: {calibration_text(base)}.", ""]
+        peaks = [[p["pass@8"] for p in r["curve"].values() if "pass@8" in p] for r in grpo]
+        if any(peaks):  # records of the previous version have pass@1 curves only
+            text = ", ".join(f"{100 * max(p):.1f}" if p else "-" for p in peaks)
+            lines += [f"GRPO's highest held-out pass@8 on the curve set over the run, per seed: {text}.", ""]
         lines += [
             "| method | seeds | pass@1 | pass@8 | pass@1 - GRPO [95% CI] | resolved | pass@8 - GRPO [95% CI] "
             "| judge-token share | reward interv. - control | judge-token NLL | train s/run |",
@@ -314,11 +406,11 @@ def report(results: dict) -> str:
                 f"| {_verdict(diff1)} | {format_interval(diff8) if label != 'grpo' else '-'} | {' | '.join(cells)} "
                 f"| {statistics.fmean(r['train_seconds'] for r in runs):.0f} |"
             )
-    points = sweep_table(results)
+    points, sweep = sweep_table(results), sweep_settings(results)
     if points:
         lines += [
             "",
-            "## Intervention intensity (MInTRL-const, unreachable regime)",
+            f"## Intervention intensity (MInTRL-const with the {sweep['judge']} judge, {sweep['regime']} regime)",
             "",
             "Judge-token share = judge tokens / completion tokens during the intervention phase. Gains are paired by "
             "seed against the same trainer without interventions (mintrl-off) and against GRPO.",
@@ -344,6 +436,7 @@ README_START, README_END = markers("benchmarks/learning.py", "learning-results")
 
 def readme_block(results: dict) -> str:
     """The README's headline: per regime, each method's pass@1 and its paired difference to GRPO."""
+    results = normalise(results)
     settings, prov = results["settings"], results["provenance"]
     lines = [
         f"{settings['steps']} optimizer steps, held-out pass@1 in % (mean ± std over seeds); difference to GRPO "
@@ -375,23 +468,34 @@ def readme_block(results: dict) -> str:
             ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     for base in results["baselines"]:
-        text = (
-            f"Warm start, {base['regime']}: pass@1 {100 * base['final']['pass@1']:.1f}, "
-            f"pass@8 {100 * base['final']['pass@8']:.1f}"
-        )
-        if "familiar" in base:
-            text += (
-                f" (the same problems with `a#b` written `a+(b+2)`: {100 * base['familiar']['pass@1']:.1f}, "
-                f"{100 * base['familiar']['pass@8']:.1f})"
-            )
-        lines += ["", text + "."]
-    points = sweep_table(results)
+        lines += ["", f"Calibration, {base['regime']}: {calibration_text(base)}."]
+    points, sweep = sweep_table(results), sweep_settings(results)
     if points:
-        sweep = ", ".join(
+        gains = ", ".join(
             f"{p['point']} {format_mean_std(p['share'])}% judge tokens: {format_interval(p['gain'])}" for p in points
         )
-        lines += ["", f"Intensity sweep (MInTRL-const, unreachable; pass@1 gain over no intervention): {sweep}."]
+        lines += [
+            "",
+            f"Intensity sweep (MInTRL-const, {sweep['judge']} judge, {sweep['regime']}; pass@1 gain over no "
+            f"intervention): {gains}.",
+        ]
     return "\n".join(lines)
+
+
+def calibration_text(base: dict) -> str:
+    """The warm start's pass@k on a regime's held-out problems, and in familiar notation where it has a new
+    operator."""
+    keys = [*CALIBRATION_KEYS, *(k for k in base["final"] if k.startswith("pass@") and k not in CALIBRATION_KEYS)]
+    sampled = ", ".join(
+        f"{k} {100 * base['final'][k]:.1f}" if k in base["final"] else f"{k} not recorded" for k in keys
+    )
+    text = f"warm start {sampled}"
+    if "familiar" in base:
+        text += (
+            f"; the same problems in familiar notation (`a#b` as `a+(b+2)`, `a@b` as `a+(b+7)`): pass@1 "
+            f"{100 * base['familiar']['pass@1']:.1f}, pass@8 {100 * base['familiar']['pass@8']:.1f}"
+        )
+    return text
 
 
 def _verdict(diff) -> str:
@@ -403,10 +507,11 @@ def _verdict(diff) -> str:
 
 
 def sweep_table(results: dict) -> list[dict]:
-    if "unreachable" not in results["settings"]["plan"]:
+    regime = sweep_settings(results)["regime"]
+    if regime not in results["settings"]["plan"]:
         return []
-    grpo = final_by_seed(runs_of(results, "unreachable", "grpo"))
-    off = final_by_seed(runs_of(results, "unreachable", "mintrl-off"))
+    grpo = final_by_seed(runs_of(results, regime, "grpo"))
+    off = final_by_seed(runs_of(results, regime, "mintrl-off"))
     sweep_seeds = set(results["settings"]["seeds"][: results["settings"]["sweep_seeds"]])
     points = []
     for point, spec in SWEEP.items():
@@ -414,7 +519,8 @@ def sweep_table(results: dict) -> list[dict]:
         if not runs or not sweep_seeds:
             continue
         p1 = final_by_seed(runs)
-        settings = "intervention_steps=0" if point == "off" else json.dumps(spec["overrides"] if spec else {})
+        overrides = {k: v for k, v in (spec["overrides"] if spec else {}).items() if not k.startswith("_")}
+        settings = "intervention_steps=0" if point == "off" else json.dumps(overrides)  # the judge: in the heading
         if spec is not None and spec["judge_steps"] > 1:
             settings += f", judge writes {spec['judge_steps']} steps"
         if spec is not None and spec.get("judge_from_start"):
@@ -446,23 +552,34 @@ def plot(results: dict, out: Path) -> list[Path]:
     regimes = list(settings["plan"])
     paths = []
 
-    fig, axes = plt.subplots(1, len(regimes), figsize=(6.5 * len(regimes), 4.2), squeeze=False)
-    for ax, regime in zip(axes[0], regimes, strict=True):
+    fig, axes = plt.subplots(len(regimes), 2, figsize=(13, 4.2 * len(regimes)), squeeze=False)
+    for row, regime in zip(axes, regimes, strict=True):
         base = next((b for b in results["baselines"] if b["regime"] == regime), None)
-        for n, label in enumerate(settings["plan"][regime]):
-            runs = runs_of(results, regime, label)
-            if not runs:
-                continue
-            steps = sorted({int(s) for r in runs for s in r["curve"]} | ({0} if base else set()))
-            per_step = [
-                [base["curve0"]] if s == 0 else [r["curve"][str(s)] for r in runs if str(s) in r["curve"]]
-                for s in steps
-            ]
-            _mean_band(ax, steps, per_step, f"C{n}", label, "--" if "grpo" in label else "-")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(f"held-out pass@1 (%), {settings['curve_prompts']} problems")
-        ax.set_title(f"{regime}: mean over seeds, band = 95% t-interval")
-        ax.legend(fontsize=7)
+        for ax, k in zip(row, ("pass@1", "pass@8"), strict=True):
+            drawn = False
+            for n, label in enumerate(settings["plan"][regime]):
+                runs = runs_of(results, regime, label)
+                if not runs:
+                    continue
+                per_step = {
+                    int(s): [r["curve"][s][k] for r in runs if k in r["curve"].get(s, {})]
+                    for s in {s for r in runs for s in r["curve"]}
+                }
+                if base is not None and k in base.get("curve0", {}):
+                    per_step[0] = [base["curve0"][k]]
+                steps = sorted(s for s, values in per_step.items() if values)  # old records: no pass@8 points
+                if not steps:
+                    continue
+                per_step = [per_step[s] for s in steps]
+                _mean_band(ax, steps, per_step, f"C{n % 10}", label, "--" if "grpo" in label else "-")
+                drawn = True
+            ax.set_xlabel("optimizer step")
+            ax.set_ylabel(f"held-out {k} (%), {settings['curve_prompts']} problems")
+            ax.set_title(f"{regime}: mean over seeds, band = 95% t-interval")
+            if drawn:
+                ax.legend(fontsize=7)
+            else:
+                ax.text(0.5, 0.5, f"no {k} curve points recorded", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     paths.append(out / "learning_curves.png")
     fig.savefig(paths[-1], dpi=110)
@@ -472,6 +589,7 @@ def plot(results: dict, out: Path) -> list[Path]:
         ("reward", "training reward (controls for MInTRL)", ("mintrl/reward_control", "reward")),
         ("intervened", "reward of intervened rollouts", ("mintrl/reward_intervened",)),
         ("nll", "judge-token NLL under the policy (nats)", ("mintrl/judge_token_nll",)),
+        ("entropy", "policy entropy on completion tokens (nats)", ("entropy",)),
         ("sort", "SORT mean repair weight", ("sort/mean_weight",)),
     ]
     fig, axes = plt.subplots(len(regimes), len(panels), figsize=(4.2 * len(panels), 3.4 * len(regimes)), squeeze=False)
@@ -486,7 +604,8 @@ def plot(results: dict, out: Path) -> list[Path]:
                             by_step.setdefault(entry["step"], []).append(entry[key])
                 if by_step:
                     xs = sorted(by_step)
-                    _mean_band(ax, xs, [by_step[x] for x in xs], f"C{n}", label, "--" if "grpo" in label else "-", 1)
+                    style = "--" if "grpo" in label else "-"
+                    _mean_band(ax, xs, [by_step[x] for x in xs], f"C{n % 10}", label, style, 1)
             ax.set_title(f"{regime}: {title}", fontsize=9)
             ax.set_xlabel("optimizer step")
             ax.legend(fontsize=6)
@@ -511,7 +630,7 @@ def plot(results: dict, out: Path) -> list[Path]:
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xlabel("judge-token share (%, intervention phase)")
         ax.set_ylabel("pass@1 gain over no intervention (points)")
-        ax.set_title("Intervention intensity, unreachable regime (95% t-interval)")
+        ax.set_title(f"Intervention intensity (near judge), {SWEEP_REGIME} (95% t-interval)")
         fig.tight_layout()
         paths.append(out / "learning_sweep.png")
         fig.savefig(paths[-1], dpi=110)
@@ -533,7 +652,8 @@ def _mean_band(ax, xs, per_x, color, label, style, scale=100):
 
 
 def render(results: dict, out: Path, plots: bool = True) -> str:
-    """Write learning.md (and the PNGs) from `results`, the content of learning.json."""
+    """Write learning.md (and the PNGs) from `results`, the content of learning.json (either version's records)."""
+    results = normalise(results)
     table = report(results)
     (out / "learning.md").write_text(table)
     if plots:
@@ -544,16 +664,22 @@ def render(results: dict, out: Path, plots: bool = True) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 3 methods, no sweep (< 3 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 seed, 6 steps, 4 arms on out-of-reach, no sweep (< 5 min)"
+    )
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 2 methods (the test)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output folder (with --replot: default the JSON's folder)"
+    )
     parser.add_argument("--replot", type=Path, default=None, help="re-render learning.md and plots from a JSON")
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
     args = parser.parse_args(argv)
     if args.replot:
-        results = json.loads(args.replot.read_text())
-        print(render(results, args.replot.parent))
+        results = normalise(json.loads(args.replot.read_text()))
+        out = args.out or args.replot.parent
+        out.mkdir(parents=True, exist_ok=True)
+        print(render(results, out))
         if args.readme:
             update_readme(args.readme, README_START, README_END, readme_block(results))
         return
@@ -569,7 +695,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     jobs = plan_jobs(settings)
     base_jobs = [
-        {"regime": r, **{k: settings[k] for k in ("final_prompts", "curve_prompts")}} for r in settings["plan"]
+        {"regime": r, **{k: settings[k] for k in ("final_prompts", "curve_prompts", "calibration_samples")}}
+        for r in settings["plan"]
     ]
     execute(results, out, "learning.json", render, [(baseline, job) for job in base_jobs], run_job, jobs, args.workers)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with NVIDIA GPUs: 2 MInTRL and 2 SORT steps on the tiny model with vLLM colocate in bf16, then a
-# short table (step times, tokens/s, prefix-cache hit rate, chunked rollout vs plain generation). With 2+ GPUs also
+# short table (step times, tokens/s, prefix-cache hit rate, chunked rollout vs plain generation), then the rollout
+# benchmark (benchmarks/cost.py --rollout: barrier vs continuous schedule, x plain generation). With 2+ GPUs also
 # colocate with tensor parallelism 2, and server mode (`trl vllm-serve` on GPU 1, TRL's NCCL weight sync; the same
 # chunked rollout through the server and colocate, round by round).
 # Installs what is missing: from the wheels in ./wheels (git-ignored; for machines without a package index) when
@@ -10,13 +11,13 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu_smoke: no NVIDIA GPU here (nvidia-smi)"; exit 1; }
 
-missing=$("$python" -c 'import importlib.util as u; print(" ".join(n for n in ("vllm", "trl", "datasets", "math_verify", "trl_mintrl") if u.find_spec(n) is None))')
+missing=$("$python" -c 'import importlib.util as u; print(" ".join(n for n in ("vllm", "trl", "datasets", "math_verify", "openai", "trl_mintrl") if u.find_spec(n) is None))')
 if [ -n "$missing" ]; then
   echo "gpu_smoke: installing what is missing: $missing"
   if compgen -G "wheels/*.whl" >/dev/null; then
-    "$python" -m pip install -q --no-index --find-links wheels -e ".[vllm]"
+    "$python" -m pip install -q --no-index --find-links wheels -e ".[vllm,openai]"
   else
-    "$python" -m pip install -q -e ".[vllm]"
+    "$python" -m pip install -q -e ".[vllm,openai]"
   fi
 fi
 "$python" -c "import vllm" || { echo "gpu_smoke: vLLM does not import; see the README section "vLLM" (GPU install)"; exit 1; }
@@ -28,6 +29,9 @@ model="$work/tiny"
 
 # 1. colocate, TP 1, on GPU 0
 CUDA_VISIBLE_DEVICES=0 "$python" scripts/gpu_smoke.py --model "$model" "$@"
+# 1b. one MInTRL rollout, lock-step rounds vs continuous batching, each against plain generation of its tokens, with
+#     the rule judge and the endpoint judge behind a local server answering after a tenth of a full-length generation
+CUDA_VISIBLE_DEVICES=0 "$python" benchmarks/cost.py --rollout --rounds 3 --out "$work/rollout"
 
 if [ "$gpus" -lt 2 ]; then
   echo "gpu_smoke: server mode and TP 2 need 2 GPUs (NCCL weight sync cannot share one GPU); $gpus here"

@@ -103,6 +103,7 @@ def serve(args: argparse.Namespace) -> None:
 
         def _answer(self, fault: str, answer: str) -> None:
             error = json.dumps({"error": {"message": fault}}).encode()
+            time.sleep(args.delay_s)  # a judge model's latency (benchmarks/cost.py --rollout)
             if fault == "ok":
                 self._send(200, _completion(answer))
                 return
@@ -182,9 +183,9 @@ class FaultServer:
     With `tls_cert`/`tls_key` (PEM files for 127.0.0.1) it serves HTTPS."""
 
     def __init__(self, *, hang_s=3.0, drip_s=0.2, retry_after="1", too_long_bytes=8 << 20, mix="ok=1", seed=0,
-                 lifetime_s=600.0, tls_cert=None, tls_key=None, keep_alive=False):  # fmt: skip
+                 lifetime_s=600.0, tls_cert=None, tls_key=None, keep_alive=False, delay_s=0.0):  # fmt: skip
         flags = {"hang-s": hang_s, "drip-s": drip_s, "retry-after": retry_after, "too-long-bytes": too_long_bytes,
-                 "mix": mix, "seed": seed, "lifetime-s": lifetime_s}  # fmt: skip
+                 "mix": mix, "seed": seed, "lifetime-s": lifetime_s, "delay-s": delay_s}  # fmt: skip
         if keep_alive:
             flags["keep-alive"] = 1
         if tls_cert:
@@ -313,6 +314,7 @@ def main() -> None:
     parser.add_argument("--too-long-bytes", type=int, default=8 << 20, help="body size of 'too_long'")
     parser.add_argument("--mix", default="ok=1", help="faults of untagged questions, e.g. ok=3,hang=1,http_500=1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--delay-s", type=float, default=0.0, help="answer every attempt after this long")
     parser.add_argument("--keep-alive", type=int, default=0, help="1: HTTP/1.1, connections reused after 'ok'")
     parser.add_argument("--lifetime-s", type=float, default=600.0, help="exit after this long, whatever happens")
     parser.add_argument("--tls-cert", help="PEM certificate: serve HTTPS")

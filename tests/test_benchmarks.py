@@ -8,8 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.stats import format_interval, mean_interval, paired_difference, t_quantile_975
-from benchmarks.toy.task import NEW_OPERATOR, Problem, make_problems, parse_question, review_steps, rule_judge
+from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference, t_quantile_975
+from benchmarks.toy.task import (
+    FAR_OPERATOR,
+    NEW_OPERATOR,
+    Problem,
+    make_problems,
+    parse_question,
+    review_steps,
+    rule_judge,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,17 +49,20 @@ def test_paired_interval_over_seeds():
     assert format_interval(diff) == "+10.0 [+3.5, +16.5]"
 
 
-def test_unreachable_problems_end_in_the_new_operator_and_have_a_familiar_twin():
-    problems = make_problems(200, 3, 6, seed=3, new_op=True)
+@pytest.mark.parametrize(("new_op", "operator", "top"), [(True, NEW_OPERATOR, 19), ("@", FAR_OPERATOR, 15)])
+def test_new_operator_problems_end_in_it_and_have_a_familiar_twin(new_op, operator, top):
+    problems = make_problems(200, 3, 6, seed=3, new_op=new_op)
     for p in problems:
-        assert p.ops[-1][0] == NEW_OPERATOR and all(op != NEW_OPERATOR for op, _ in p.ops[:-1])
+        assert p.ops[-1][0] == operator and all(op in "+-" for op, _ in p.ops[:-1])
         assert parse_question(p.question) == p
         values = [int(step.split("=")[1]) for step in p.steps[:-1]]
-        assert all(0 <= v <= 19 for v in values)
+        assert all(0 <= v <= 19 for v in values) and p.answer <= top
         twin = p.familiar()
-        assert NEW_OPERATOR not in twin.question and twin.answer == p.answer
+        assert operator not in twin.question and twin.answer == p.answer
+        assert twin.steps[:-2] == p.steps[:-2] and twin.steps[-1] == p.steps[-1]
         assert all(b <= 9 for _, b in twin.ops)
     assert Problem(4, (("-", 3), ("#", 2))).solution == "4-3=1\n\n1#2=5\n\nAnswer: 5"
+    assert Problem(4, (("-", 3), ("@", 2))).solution == "4-3=1\n\n1@2=10\n\nAnswer: 10"
     # without the new operator the generator draws exactly the problems it drew before (warm start, reachable runs)
     assert make_problems(20, 8, 11, seed=1) == make_problems(20, 8, 11, seed=1, new_op=False)
 
@@ -86,18 +97,20 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     assert results["provenance"]["command"].startswith("python benchmarks/learning.py --smoke")
     assert len(results["provenance"]["commit"]) == 40
     assert {(r["label"], r["seed"]) for r in results["runs"]} == {
-        (m, s) for m in ("grpo", "mintrl-const") for s in (0, 1)
+        (m, s) for m in ("grpo", "mintrl-const-near") for s in (0, 1)
     }
     assert all(r["steps"] == 1 and r["logs"] for r in results["runs"])
     [base] = results["baselines"]
-    assert {"final", "curve0", "familiar"} <= set(base)
+    assert {"final", "curve0", "familiar"} <= set(base) and {"pass@1", "pass@8"} <= set(base["final"])
+    assert all(set(point) == {"pass@1", "pass@8"} for r in results["runs"] for point in r["curve"].values())
+    assert {r["regime"] for r in results["runs"]} == {"out-of-reach"}
     table = (tmp_path / "learning.md").read_text()
-    assert "| mintrl-const | 2 |" in table and results["provenance"]["commit"][:12] in table
+    assert "| mintrl-const-near | 2 |" in table and results["provenance"]["commit"][:12] in table
     for png in ("learning_curves.png", "learning_interventions.png"):
         assert (tmp_path / png).stat().st_size > 0
 
     for run in results["runs"]:  # MInTRL +50 points on seed 0, +30 on seed 1; GRPO 0
-        bump = {("mintrl-const", 0): 0.5, ("mintrl-const", 1): 0.3}.get((run["label"], run["seed"]), 0.0)
+        bump = {("mintrl-const-near", 0): 0.5, ("mintrl-const-near", 1): 0.3}.get((run["label"], run["seed"]), 0.0)
         run["final"]["pass@1"] = bump
     (tmp_path / "learning.json").write_text(json.dumps(results))
     (tmp_path / "learning.md").unlink()
@@ -120,7 +133,7 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
         timeout=300,
     )
     row = next(
-        line for line in (tmp_path / "learning.md").read_text().splitlines() if line.startswith("| mintrl-const")
+        line for line in (tmp_path / "learning.md").read_text().splitlines() if line.startswith("| mintrl-const-near")
     )
     cells = [c.strip() for c in row.split("|")]
     assert cells[3] == "40.0 ± 14.1"  # pass@1 mean ± std of 50 and 30
@@ -128,7 +141,51 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     assert cells[6] == "no"  # 2 seeds do not resolve it
     readme_text = readme.read_text()
     assert "old table" not in readme_text and readme_text.endswith(f"{README_END}\nafter\n")
-    assert "| mintrl-const | 40.0 ± 14.1 | +40.0 [-87.1, +167.1] |" in readme_text
+    assert "| mintrl-const-near | 40.0 ± 14.1 | +40.0 [-87.1, +167.1] |" in readme_text
+
+
+def test_learning_replot_reads_the_committed_results_of_the_previous_version(tmp_path):
+    """The committed learning.json was written by the previous learning.py (24 steps, float pass@1 curve points, no
+    pass@64): `--replot` renders it, and the table carries its numbers."""
+    from benchmarks.learning import README_END, README_START
+
+    source = ROOT / "benchmarks" / "results" / "learning.json"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "learning.json").write_bytes(source.read_bytes())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{README_START}\nold table\n{README_END}\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/learning.py",
+            "--replot",
+            str(tmp_path / "results" / "learning.json"),
+            "--out",
+            str(tmp_path / "out"),
+            "--readme",
+            str(readme),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(source.read_text())
+    regime = next(iter(results["settings"]["plan"]))
+    grpo = [r["final"]["pass@1"] for r in results["runs"] if r["regime"] == regime and r["label"] == "grpo"]
+    cell = format_mean_std(grpo)
+    table = (tmp_path / "out" / "learning.md").read_text()
+    assert f"## Regime: {regime}" in table and f"| grpo | {len(grpo)} | {cell} |" in table
+    assert f"| grpo | {cell} | - |" in readme.read_text()
+    base = results["baselines"][0]
+    if "pass@64" not in base["final"]:
+        assert f"pass@8 {100 * base['final']['pass@8']:.1f}, pass@64 not recorded" in table
+    sweep = [r for r in results["runs"] if r["group"] == "sweep"]
+    if sweep:  # the sweep's section names the regime its runs were on
+        assert f", {sweep[0]['regime']} regime)" in table and "Intensity sweep (MInTRL-const" in readme.read_text()
+    for png in ("learning_curves.png", "learning_interventions.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 0
 
 
 def test_cost_token_counter_counts_prefill_generated_and_forward_tokens():
@@ -180,3 +237,78 @@ def test_cost_readme_block_is_computed_from_the_saved_rounds():
     row = next(line for line in readme_block(saved).splitlines() if line.startswith("| mintrl_interventions"))
     # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25
     assert row == "| mintrl_interventions | 1.25 [-1.93, 4.43] | 1.10 | 1.50 | 4.0% |"
+
+
+def test_curve_sets_are_prefixes_of_the_held_out_sets():
+    """learning.py scores a run's last curve point on the first `curve_prompts` of the final held-out samples, and
+    the warm start's step 0 on `problems(curve_prompts)`: both must be the same problems."""
+    from benchmarks.toy.training import REGIMES
+
+    for regime in REGIMES.values():
+        assert regime.problems(32, seed=999) == regime.problems(96, seed=999)[:32]
+
+
+def test_learning_jobs_carry_each_arms_judge_notation_and_config():
+    """Each MInTRL arm's job builds the rule judge of its label (the near arms correct in the policy's notation; the
+    unsuffixed and the far arms in the reference's), the sweep runs the near judge, and the SORT beta labels set
+    `repair_beta`."""
+    from benchmarks.learning import LABELS, MODES, job_judge, plan_jobs
+
+    question = "Compute 4-3@2 ="
+    settings = {**MODES["full"], "plan": {"out-of-reach": [*LABELS]}}
+    jobs = {job["label"]: job for job in plan_jobs(settings) if job["seed"] == 0}
+    for label, correction in [
+        ("mintrl-const-near", "1+2=10\n\n"),
+        ("mintrl-proxy-near", "1+2=10\n\n"),
+        ("mintrl-const-far", "1@2=10\n\n"),
+        ("mintrl-proxy-far", "1@2=10\n\n"),
+        ("mintrl-const", "1@2=10\n\n"),
+        ("sweep:reviews-1", "1+2=10\n\n"),
+    ]:
+        assert job_judge(jobs[label]).correct_fn(question, "4-3=1\n\n", None) == correction, label
+    assert jobs["mintrl-proxy-near"]["method"] == "mintrl-proxy"
+    assert jobs["sort-beta0"]["overrides"] == {"repair_beta": 0.0}
+    assert jobs["sort-beta1"]["overrides"] == {"repair_beta": 1.0}
+    assert jobs["grpo"]["eval_every"] == 96 // 8
+
+
+def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_tokens():
+    """`cost.py --rollout`: each rollout's time over the plain generation of the same round, mean and t-interval."""
+    from benchmarks.cost import render_rollout
+
+    def record(seconds, plain, busy):
+        return {"seconds": seconds, "plain_seconds": plain, "busy_share": busy, "policy_tokens": [60, 40],
+                "judge_tokens": 8, "reviews": 4, "revisions": 2}  # fmt: skip
+
+    saved = {
+        "provenance": {"command": "python benchmarks/cost.py --rollout", "commit": "b" * 40},
+        "settings": {"rounds": 2, "delay_fraction": 0.1, "shape": {"prompts": 1, "controls": 8, "intervened": 8,
+                     "max_completion_length": 384, "mean_length": 96, "chunk_size": 48, "max_reviews": 4}},
+        "result": {"judge_delay_s": 0.3, "full_length_seconds": 3.0, "records": {
+            "rule_barrier": [record(3.0, 2.0, 0.9), record(2.0, 2.0, 0.7)],
+            "rule_continuous": [record(1.1, 1.0, 1.0), record(1.3, 1.0, 0.9)]}},
+    }  # fmt: skip
+    rows = {line.split(" | ")[0]: line for line in render_rollout(saved).splitlines() if line.startswith("| rule")}
+    # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25; busy share 80%
+    assert rows["| rule, barrier"] == "| rule, barrier | 1.25 [-1.93, 4.43] | 80% | 2.50 | 100 | 8 | 4 | 2 |"
+    assert rows["| rule, continuous"].startswith("| rule, continuous | 1.20 [-0.07, 2.47] | 95% | 1.20 |")
+
+
+def test_cost_rollout_readme_block_follows_the_json(tmp_path):
+    """`cost.py --rollout --replot JSON --readme README` rewrites the README's rollout rows from the JSON."""
+    from benchmarks.cost import ROLLOUT_END, ROLLOUT_START, main
+
+    saved = json.loads((ROOT / "benchmarks/results/cost_rollout.json").read_text())
+    first = saved["result"]["records"]["rule_continuous"][0]
+    first["seconds"] = first["plain_seconds"] * 9.0  # one round 9x slower: the mean ratio must move
+    path = tmp_path / "cost_rollout.json"
+    path.write_text(json.dumps(saved))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{ROLLOUT_START}\nold\n{ROLLOUT_END}\nrest\n")
+    main(["--rollout", "--replot", str(path), "--readme", str(readme)])
+    text = readme.read_text()
+    ratios = [r["seconds"] / r["plain_seconds"] for r in saved["result"]["records"]["rule_continuous"]]
+    row = next(line for line in text.splitlines() if line.startswith("| rule, continuous |"))
+    assert row.split(" | ")[1].startswith(f"{sum(ratios) / len(ratios):.2f} [")
+    assert text.startswith("intro\n") and text.endswith(f"{ROLLOUT_END}\nrest\n") and "old" not in text
+    assert (tmp_path / "cost_rollout.md").read_text().count("| rule, continuous |") == 1

@@ -69,15 +69,16 @@ def test_noisy_rule_judge_errs_at_its_rate_and_replays_for_a_seed():
     assert 0.25 < flagged < 0.35 and 0.25 < corrupted < 0.35, (flagged, corrupted)
 
 
-def test_full_plan_uses_learning_full_mode_and_the_three_items():
+def test_full_plan_uses_its_pinned_24_steps_learning_full_problems_and_the_three_items():
     from benchmarks import beyond, learning
 
     settings = beyond.settings_for("full")
     jobs = beyond.plan_jobs(settings)
     full = learning.MODES["full"]
     assert len(settings["seeds"]) >= 3
+    assert settings["steps"] == 24  # beyond.json's steps and the budget matching, not learning.py's full steps
     assert all(
-        job["steps"] == full["steps"]
+        job["steps"] == 24
         and job["prompts_per_step"] == full["prompts_per_step"]
         and job["final_prompts"] == full["final_prompts"]
         and job["regime"] == "unreachable"
@@ -90,7 +91,7 @@ def test_full_plan_uses_learning_full_mode_and_the_three_items():
     assert vote["overrides"] == {"judge_votes": 3, "judge_min_agree": 2} and vote["method"] == "mintrl-const"
     budget = next(job for job in jobs if job["label"] == "mintrl-budget")
     assert budget["overrides"]["judge_token_target"] == beyond.BUDGET_TARGET
-    assert budget["overrides"]["intervention_steps"] == full["steps"]  # may review throughout; the stop rule ends it
+    assert budget["overrides"]["intervention_steps"] == 24  # may review throughout; the stop rule ends it
     assert budget["overrides"]["intervention_stop_gap"] is not None
     assert len({job["name"] for job in jobs}) == len(jobs)
 

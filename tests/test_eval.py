@@ -285,6 +285,7 @@ def test_help_shows_the_sampling_defaults(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
-    for expected in ("sampling temperature (default: 0.6)", "top-p (default: 0.95)", "(default: 4096)",
-                     "samples per problem (n) (default: 32)", "(default: 1,8,32)", "sampling seed (default: 0)"):  # fmt: skip
+    for expected in ("sampling temperature (0: greedy) (default: 0.6)", "probability mass (default: 0.95)",
+                     "(default: 4096)", "samples per problem (n) (default: 32)", "(default: [1, 8, 32])",
+                     "seed of the sampling (default: 0)"):  # fmt: skip
         assert expected in text, expected

@@ -369,7 +369,7 @@ def test_sort_runs_with_grpo_loss_settings(tiny_model_path, cpu_args, toy_datase
     before = snapshot(trainer.model)
     trainer.train()
     assert params_changed(before, trainer.model) > 0
-    assert trainer.sort_buffer.counters["repairs"] >= 1
+    assert trainer.repair.buffer.counters["repairs"] >= 1
     logged = {key for entry in trainer.state.log_history for key in entry}
     assert {"kl", "sort/repair_loss"} <= logged
 
@@ -385,7 +385,7 @@ def test_sort_evaluation_defers_nothing(tiny_model_path, cpu_args, toy_dataset):
     trainer.train()
     metrics = trainer.evaluate()
     assert "eval_loss" in metrics and metrics["eval_reward"] == 0.0  # every evaluation group was all-wrong
-    assert len(trainer.sort_buffer) == 0
+    assert len(trainer.repair.buffer) == 0
 
 
 # ----- the docs table -----

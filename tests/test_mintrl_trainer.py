@@ -168,11 +168,24 @@ def test_lora_trains_adapter_only(tiny_model_path, cpu_args, toy_dataset):
         ({"beta": 0.04}, "no KL term"),
         ({"num_control_generations": 0}, "num_control_generations=0 .*at least 1"),
         ({"chunk_size": 0}, "chunk_size must be >= 1"),
+        ({"rollout_schedule": "async"}, "rollout_schedule='async'"),
     ],
 )
 def test_config_errors_name_the_field(cpu_args, overrides, message):
     with pytest.raises(ValueError, match=message):
         mintrl_args(cpu_args, **overrides)
+
+
+def test_continuous_schedule_is_refused_without_continuous_batching(tiny_model_path, cpu_args, toy_dataset):
+    """transformers generate has no continuous batching: asking for it fails before the model loads."""
+    with pytest.raises(ValueError, match="rollout_schedule='continuous' needs"):
+        MInTRLTrainer(
+            model=tiny_model_path,
+            reward_funcs=role_reward,
+            args=mintrl_args(cpu_args, rollout_schedule="continuous"),
+            train_dataset=toy_dataset,
+            judge=revise_first_step_judge(),
+        )
 
 
 def test_self_judge_requires_reference_column(tiny_model_path, cpu_args, toy_dataset):

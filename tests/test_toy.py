@@ -5,6 +5,7 @@ import random
 import pytest
 
 from benchmarks.toy.task import (
+    STEP_SEPARATOR,
     Problem,
     final_answer,
     make_dataset,
@@ -189,3 +190,72 @@ def test_mintrl_step_on_toy_task_intervenes_with_rule_judge(warm_start, tmp_path
     assert logs["mintrl/intervention_rate"] > 0
     assert 0 < logs["mintrl/judge_token_frac"] < 0.5
     assert logs["mintrl/judge_failures"] == 0
+
+
+FAR = Problem(4, (("-", 3), ("@", 2)))  # 4-3=1, 1@2=10 (a@b = a+b+7)
+
+
+@pytest.mark.parametrize(
+    ("notation", "chunk", "expected"),
+    [
+        ("far", "1@2=10\n\n", None),
+        ("far", "1+2=10\n\n", 0),  # the policy's notation is a wrong step for the far judge
+        ("far", "1+2=3\n\n", 0),
+        ("near", "1+2=10\n\n", None),  # near: `+` in place of `@` is right iff the value is
+        ("near", "1@2=10\n\n", None),  # the reference's notation stays right
+        ("near", "1+2=3\n\n", 0),
+        ("near", "1-2=10\n\n", 0),  # only the policy's way of writing the step (`+`), not any operator
+        ("near", "1+2=1", None),  # unfinished, still a prefix of `1+2=10`
+        ("near", "1+2=11\n\n", 0),
+        ("near", "1+2=10\n\nAnswer: 10", None),
+        ("near", "1+2=10\n\nAnswer: 3", 1),
+    ],
+)
+def test_rule_review_in_the_far_and_the_near_notation(notation, chunk, expected):
+    judge = rule_judge(notation=notation)
+    assert judge.review_fn(FAR.question, "4-3=1\n\n", split_steps(chunk), None) == expected
+
+
+def test_rule_corrections_in_the_far_and_the_near_notation():
+    far, near = rule_judge(), rule_judge(notation="near")
+    assert far.correct_fn(FAR.question, "4-3=1\n\n", None) == "1@2=10\n\n"
+    assert near.correct_fn(FAR.question, "4-3=1\n\n", None) == "1+2=10\n\n"
+    assert near.correct_fn(FAR.question, "", None) == "4-3=1\n\n"  # familiar steps are the same in both
+    assert near.correct_fn(FAR.question, "4-3=1\n\n1+2=", None) == "10\n\n"  # completes the step begun
+    assert near.correct_fn(FAR.question, "4-3=1\n\n1@2=", None) == "10\n\n"
+    assert rule_judge(8, notation="near").correct_fn(FAR.question, "", None) == "4-3=1\n\n1+2=10\n\nAnswer: 10"
+    assert FAR.written_steps("near") == ["4-3=1", "1+2=10", "Answer: 10"]
+    with pytest.raises(ValueError, match="notation"):
+        rule_judge(notation="close")
+
+
+def test_near_judge_repairs_random_trajectories_written_in_the_policy_notation():
+    """A policy that writes new-operator steps with `+` and slips at random: the near judge's cuts and corrections
+    converge on the near-notation solution, and it never flags a right step."""
+    judge = rule_judge(notation="near")
+    rng = random.Random(1)
+    for _ in range(100):
+        problem = make_problem(rng, rng.randint(2, 6), new_op="@")
+        solution = STEP_SEPARATOR.join(problem.written_steps("near"))
+        prefix = ""
+        for _round in range(4 * len(problem.steps)):
+            assert solution.startswith(prefix), (solution, prefix)
+            target = solution[len(prefix) :]
+            if not target:
+                break
+            chunk = target[: rng.randint(1, 12)]
+            slipped = rng.random() < 0.5 and any(ch.isdigit() for ch in chunk)
+            if slipped:
+                pos = max(i for i, ch in enumerate(chunk) if ch.isdigit())
+                chunk = chunk[:pos] + str((int(chunk[pos]) + 1) % 10) + chunk[pos + 1 :]
+            steps = split_steps(chunk)
+            verdict = judge.review([ReviewRequest(problem.question, prefix, steps)])[0]
+            if verdict.wrong_step is None:
+                assert not slipped
+                prefix += chunk
+                continue
+            assert slipped
+            prefix += "".join(steps[: verdict.wrong_step])
+            prefix += judge.correct([CorrectionRequest(problem.question, prefix)])[0].text
+        assert prefix == solution
+        assert toy_reward([prefix], [problem.answer]) == [1.0]

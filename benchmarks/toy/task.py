@@ -10,6 +10,14 @@ The support-expansion variant (`new_op=True`) ends every chain with an operator 
 corrections and the reference solutions know it, so a policy sampling on its own (GRPO) almost never finds it. It is
 the last operation so that no later step can land on the right answer by accident (a wrong value clamped at 0). `Problem.familiar()` is the same
 problem with `a#b` written as `a+(b+2)`: same steps and values, nothing new to know.
+
+The out-of-reach variant (`new_op="@"`) uses `a@b = a+b+7` (operand 0-2, value at most 15) instead. The warm start
+reads an unseen operator as `+` (or `-`) and its slips there are mostly a few units off, so `+2` is hit by a
+systematic near miss (about 2% of samples) while `+7` is reached only by the chance that an unrelated slip lands on
+it (`benchmarks.toy.calibration` measures both).
+
+Notation: the reference writes the new operator's step as `1#2=5` ("far" from the policy, which never produced `#`);
+the "near" notation writes it the way the policy writes that step, `1+2=5`: same value, the policy's own tokens.
 """
 
 from __future__ import annotations
@@ -20,19 +28,26 @@ import re
 from dataclasses import dataclass
 
 STEP_SEPARATOR = "\n\n"
-NEW_OPERATOR = "#"
-_QUESTION = re.compile(r"Compute\s+(\d+(?:\s*[-+#]\s*\d+)+)\s*=")
-_TERM = re.compile(r"([-+#]?)\s*(\d+)")
+NEW_OPERATOR = "#"  # the unreachable regime's operator
+FAR_OPERATOR = "@"  # the out-of-reach regime's operator
+OFFSETS = {NEW_OPERATOR: 2, FAR_OPERATOR: 7}  # new operator -> k in `a op b = a+b+k`
+# `@`'s value stays below 16: wrong chains pile up at the top of the value range (clamped at 19), so a rule value
+# there would be hit by slips of any kind
+MAX_RESULT = {FAR_OPERATOR: 15}
+NOTATIONS = ("far", "near")
+_OPS = "-+" + "".join(OFFSETS)
+_QUESTION = re.compile(rf"Compute\s+(\d+(?:\s*[{_OPS}]\s*\d+)+)\s*=")
+_TERM = re.compile(rf"([{_OPS}]?)\s*(\d+)")
 
 
 def apply_op(value: int, op: str, b: int) -> int:
-    """`value op b` for `+`, `-` and the new operator `a#b = a+b+2`."""
+    """`value op b` for `+`, `-` and the new operators `a op b = a+b+OFFSETS[op]`."""
     if op == "+":
         return value + b
     if op == "-":
         return value - b
-    if op == NEW_OPERATOR:
-        return value + b + 2
+    if op in OFFSETS:
+        return value + b + OFFSETS[op]
     raise ValueError(f"unknown operator {op!r}")
 
 
@@ -53,10 +68,18 @@ class Problem:
     @property
     def steps(self) -> list[str]:
         """The reference steps, the final `Answer: n` line included (no separators)."""
+        return self.written_steps("far")
+
+    def written_steps(self, notation: str) -> list[str]:
+        """The steps in `notation`: "far" (the reference: `1#2=5`) or "near" (a new operator's step written the way
+        the policy writes it, with `+`: `1+2=5`; same values)."""
+        if notation not in NOTATIONS:
+            raise ValueError(f"unknown notation {notation!r}; expected one of {NOTATIONS}")
         steps, value = [], self.first
         for op, b in self.ops:
             new = apply_op(value, op, b)
-            steps.append(f"{value}{op}{b}={new}")
+            shown = "+" if notation == "near" and op in OFFSETS else op
+            steps.append(f"{value}{shown}{b}={new}")
             value = new
         return [*steps, f"Answer: {value}"]
 
@@ -76,8 +99,9 @@ class Problem:
         return len(self.ops)
 
     def familiar(self) -> Problem:
-        """The same problem without the new operator: `a#b` becomes `a+(b+2)` (same running values)."""
-        return Problem(self.first, tuple(("+", b + 2) if op == NEW_OPERATOR else (op, b) for op, b in self.ops))
+        """The same problem without the new operator: `a#b` becomes `a+(b+2)`, `a@b` `a+(b+7)` (same running
+        values)."""
+        return Problem(self.first, tuple(("+", b + OFFSETS[op]) if op in OFFSETS else (op, b) for op, b in self.ops))
 
     def row(self) -> dict:
         """A dataset row: conversational prompt, reference solution (for SORT and judges) and the answer."""
@@ -100,19 +124,22 @@ def parse_question(question: str) -> Problem:
 
 
 def make_problem(
-    rng: random.Random, num_ops: int, max_operand: int = 9, max_value: int = 19, new_op: bool = False
+    rng: random.Random, num_ops: int, max_operand: int = 9, max_value: int = 19, new_op: bool | str = False
 ) -> Problem:
-    """A random problem with `num_ops` operations whose running value stays in `[0, max_value]`. With `new_op` the
-    last operation is the new operator `#`, its operand at most `max_operand - 2` so that `familiar()` stays within
-    the familiar operands (without it, the problems drawn are exactly the ones drawn before `#` existed)."""
+    """A random problem with `num_ops` operations whose running value stays in `[0, max_value]`. With `new_op` (an
+    operator of `OFFSETS`; True: `#`) the last operation is that new operator, its operand at most `max_operand - k`
+    so that `familiar()` stays within the familiar operands (without it, the problems drawn are exactly the ones drawn
+    before the new operators existed)."""
+    op_new = NEW_OPERATOR if new_op is True else new_op
     value = rng.randint(0, max_operand)
     first, ops = value, []
     for i in range(num_ops):
-        if new_op and i == num_ops - 1:
-            if value > max_value - 2:  # no room for a#b >= a+2: draw the problem again
+        if op_new and i == num_ops - 1:
+            k, top = OFFSETS[op_new], min(max_value, MAX_RESULT.get(op_new, max_value))
+            if value > top - k:  # no room for a op b >= a+k: draw the problem again
                 return make_problem(rng, num_ops, max_operand, max_value, new_op)
-            b = rng.randint(0, min(max_operand - 2, max_value - value - 2))
-            ops.append((NEW_OPERATOR, b))
+            b = rng.randint(0, min(max_operand - k, top - value - k))
+            ops.append((op_new, b))
             break
         choices = []
         while not choices:  # terminates: b = 0 is always legal
@@ -125,9 +152,16 @@ def make_problem(
 
 
 def make_problems(
-    n: int, min_ops: int, max_ops: int, seed: int, max_operand: int = 9, max_value: int = 19, new_op: bool = False
+    n: int,
+    min_ops: int,
+    max_ops: int,
+    seed: int,
+    max_operand: int = 9,
+    max_value: int = 19,
+    new_op: bool | str = False,
 ) -> list[Problem]:
-    """`n` problems with `min_ops..max_ops` operations (uniform), ending in `#` with `new_op`; deterministic."""
+    """`n` problems with `min_ops..max_ops` operations (uniform), ending in a new operator with `new_op`;
+    deterministic."""
     rng = random.Random(seed)
     return [make_problem(rng, rng.randint(min_ops, max_ops), max_operand, max_value, new_op) for _ in range(n)]
 
@@ -163,19 +197,26 @@ def _split(text: str) -> list[tuple[int, str, bool]]:
     return out
 
 
-def review_steps(question: str, prefix: str, steps: list[str], reference: str | None = None) -> int | None:
+def review_steps(
+    question: str, prefix: str, steps: list[str], reference: str | None = None, notation: str = "far"
+) -> int | None:
     """Rule review: index in `steps` of the step holding the earliest wrong step of `prefix + steps`, else None.
 
-    A step is right when it equals the reference step. An unfinished last step (the chunk was cut mid-step) is right
-    while it is a prefix of the reference step. A step that straddles the prefix/chunk boundary maps to index 0.
+    A step is right when it equals the reference step; with `notation="near"` also when it is written the policy's
+    way (`1+2=5` for `1#2=5`: right iff the value is). An unfinished last step (the chunk was cut mid-step) is right
+    while it is a prefix of a right step. A step that straddles the prefix/chunk boundary maps to index 0.
     """
-    expected = parse_question(question).steps
+    problem = parse_question(question)
+    forms = {"far": ["far"], "near": ["far", "near"]}[notation]
+    right = list(zip(*(problem.written_steps(n) for n in forms), strict=True))
     chunk = "".join(steps)
     text = prefix + chunk
     parsed = _split(text)
     for j, (start, step, closed) in enumerate(parsed):
         is_last = j == len(parsed) - 1
-        if j < len(expected) and (step == expected[j] or (is_last and not closed and expected[j].startswith(step))):
+        if j < len(right) and any(
+            step == form or (is_last and not closed and form.startswith(step)) for form in right[j]
+        ):
             continue
         offset = start - len(prefix)
         if offset < 0:
@@ -190,45 +231,69 @@ def review_steps(question: str, prefix: str, steps: list[str], reference: str | 
     return None
 
 
-def review_from_start(question: str, prefix: str, steps: list[str], reference: str | None = None) -> int | None:
+def review_from_start(
+    question: str, prefix: str, steps: list[str], reference: str | None = None, notation: str = "far"
+) -> int | None:
     """`review_steps`, except that the first chunk of a rollout (nothing accepted yet) is always revised at step 0."""
     if not prefix.strip() and any(step.strip() for step in steps):
         return 0
-    return review_steps(question, prefix, steps, reference)
+    return review_steps(question, prefix, steps, reference, notation)
 
 
-def correct_step(question: str, prefix: str, reference: str | None = None, steps: int = 1) -> str:
+def correct_step(
+    question: str, prefix: str, reference: str | None = None, steps: int = 1, notation: str = "far"
+) -> str:
     """Rule correction: the rest of the current step, or the next reference step, with its separator; `steps` > 1
-    writes that many reference steps (a more verbose judge: the knob for judge-token share in the benchmarks)."""
-    expected = parse_question(question).steps
+    writes that many reference steps (a more verbose judge: the knob for judge-token share in the benchmarks).
+    Steps are written in `notation` ("near": a new operator's step as `1+2=5`); an unfinished step is completed in
+    whichever notation it was begun."""
+    problem = parse_question(question)
     parsed = _split(prefix)
     done = sum(closed for _, _, closed in parsed)
-    if done >= len(expected):
+    if done >= len(problem.steps):
         return ""
-    end = min(done + steps, len(expected))
-    target = STEP_SEPARATOR.join(expected[done:end]) + (STEP_SEPARATOR if end < len(expected) else "")
+    end = min(done + steps, len(problem.steps))
+    targets = [
+        STEP_SEPARATOR.join(problem.written_steps(n)[done:end]) + (STEP_SEPARATOR if end < len(problem.steps) else "")
+        for n in dict.fromkeys([notation, "far"])
+    ]
     partial = prefix[parsed[-1][0] :].lstrip() if parsed and not parsed[-1][2] else ""
-    if partial and target.startswith(partial):
-        return target[len(partial) :]
-    return (STEP_SEPARATOR if partial else "") + target
+    for target in targets:
+        if partial and target.startswith(partial):
+            return target[len(partial) :]
+    return (STEP_SEPARATOR if partial else "") + targets[0]
 
 
-def rule_judge(steps_per_correction: int = 1, error_rate: float = 0.0, seed: int = 0, from_start: bool = False):
+def rule_judge(
+    steps_per_correction: int = 1,
+    error_rate: float = 0.0,
+    seed: int = 0,
+    from_start: bool = False,
+    notation: str = "far",
+):
     """A `FunctionJudge` that checks every step exactly and writes the correct step, or the next
     `steps_per_correction` steps (a strong, cheap judge). `from_start` revises every rollout at its first step (with
-    `steps_per_correction` >= the chain length the judge writes the whole solution: the sweep's off-policy extreme). With `error_rate` p > 0 it errs like a real judge: a chunk
-    the rule finds right is flagged at a random step with probability p, and a correction carries a wrong number with
-    probability p (independent draws from `seed`, so `judge_votes` reviews of one chunk can disagree)."""
+    `steps_per_correction` >= the chain length the judge writes the whole solution: the sweep's off-policy extreme).
+    `notation`: "far" writes and accepts only the reference's notation (`1#2=5`, a token the policy never produced);
+    "near" writes a new operator's step the way the policy does (`1+2=5`) and accepts either. With `error_rate` p > 0
+    it errs like a real judge: a chunk the rule finds right is flagged at a random step with probability p, and a
+    correction carries a wrong number with probability p (independent draws from `seed`, so `judge_votes` reviews of
+    one chunk can disagree)."""
     from trl_mintrl.judges.function import FunctionJudge
 
     if steps_per_correction < 1:
         raise ValueError(f"steps_per_correction must be >= 1, got {steps_per_correction}")
     if not 0.0 <= error_rate <= 1.0:
         raise ValueError(f"error_rate must be in [0, 1], got {error_rate}")
-    correct = (
-        correct_step if steps_per_correction == 1 else functools.partial(correct_step, steps=steps_per_correction)
-    )
+    if notation not in NOTATIONS:
+        raise ValueError(f"unknown notation {notation!r}; expected one of {NOTATIONS}")
+    if notation == "far" and steps_per_correction == 1:
+        correct = correct_step
+    else:
+        correct = functools.partial(correct_step, steps=steps_per_correction, notation=notation)
     review = review_from_start if from_start else review_steps
+    if notation == "near":
+        review = functools.partial(review, notation="near")
     if error_rate == 0.0:
         return FunctionJudge(review, correct)
     rng = random.Random(seed)

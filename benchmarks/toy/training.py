@@ -25,7 +25,7 @@ class Regime:
 
     min_ops: int
     max_ops: int
-    new_op: bool  # every chain ends with the operator the warm start never saw
+    new_op: bool | str  # every chain ends with this operator the warm start never saw (True: `#`)
     max_completion_length: int
     max_reviews: int  # MInTRL: reviews of 16 tokens, enough to reach the step that matters
 
@@ -39,8 +39,11 @@ class Regime:
 REGIMES = {
     # hard but reachable: long chains of familiar operations; the warm start solves some, GRPO has signal
     "reachable": Regime(RL_MIN_OPS, RL_MAX_OPS, new_op=False, max_completion_length=160, max_reviews=2),
-    # unreachable: short chains ending in `a#b = a+b+2`, a rule no prompt states; warm-start pass@8 <= 5%
+    # unreachable: short chains ending in `a#b = a+b+2`, a rule no prompt states; warm-start pass@8 <= 5%, but the
+    # policy's near misses (`a+b` off by 2) find it by luck and GRPO learns it from them
     "unreachable": Regime(3, 6, new_op=True, max_completion_length=96, max_reviews=4),
+    # out of reach: the same chains ending in `a@b = a+b+7`, far from the policy's near misses
+    "out-of-reach": Regime(3, 6, new_op="@", max_completion_length=96, max_reviews=4),
 }
 
 

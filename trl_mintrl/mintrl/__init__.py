@@ -3,10 +3,12 @@
 from .config import MInTRLConfig
 from .judge_factory import build_judge
 from .rollout import InterventionRollout, RolloutSettings, Trajectory
+from .scheduler import ContinuousRollout
 from .steps import split_steps
 from .trainer import MInTRLTrainer
 
 __all__ = [
+    "ContinuousRollout",
     "InterventionRollout",
     "MInTRLConfig",
     "MInTRLTrainer",

@@ -12,6 +12,7 @@ from ..text import NO_THINKING, chat_template_kwargs_field
 
 ANCHORS = tuple(ANCHOR_VARIANTS)  # the variant table in losses.py
 JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
+ROLLOUT_SCHEDULES = ("auto", "continuous", "barrier")
 
 
 def _refused(names: str, why: str, instead: str) -> dict[str, tuple[str, str]]:
@@ -198,6 +199,12 @@ class MInTRLConfig(GRPOConfig):
         reference_column (`str`, *optional*, defaults to `"solution"`):
             Dataset column with the reference solution shown to the judge (required for `judge="self"` and
             `"base"`).
+        rollout_schedule (`str`, *optional*, defaults to `"auto"`):
+            `"continuous"`: each trajectory goes generate -> review -> correct at its own pace (a chunk is reviewed
+            as soon as it is done, the policy keeps generating for the others, judge calls run concurrently); needs
+            single-process colocated vLLM. `"barrier"`: lock-step rounds for every engine (the reference; vLLM
+            server mode and tensor parallelism use it). `"auto"`: continuous where the engine supports it. Same
+            trajectories for a greedy policy and a deterministic judge.
 
         > Parameters that control the absorption warning
 
@@ -394,6 +401,19 @@ class MInTRLConfig(GRPOConfig):
             "still-high NLL counts as being absorbed."
         },
     )
+    # rollout schedule
+    rollout_schedule: str = field(
+        default="auto",
+        metadata={
+            "help": "How intervention rollouts advance. 'continuous': each trajectory goes generate -> review -> "
+            "correct at its own pace, its chunks joining the policy engine's running batch and the judge answering "
+            "while the policy generates for the others (needs an engine with continuous batching: single-process "
+            "colocated vLLM). 'barrier': lock-step rounds, one policy call, one review call and one correction call "
+            "for all unfinished trajectories (every engine; vLLM server mode and tensor parallelism need it, since "
+            "each call there is a collective). 'auto': continuous where the engine supports it. Both give the same "
+            "trajectories for a greedy policy and a deterministic judge; see docs/mintrl.md."
+        },
+    )
 
     def __post_init__(self):
         self._split_group()
@@ -434,6 +454,8 @@ class MInTRLConfig(GRPOConfig):
         share = self.judge_vllm_gpu_memory_utilization
         if share is not None and not 0.0 < share < 1.0:
             raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")
+        if self.rollout_schedule not in ROLLOUT_SCHEDULES:
+            raise ValueError(f"rollout_schedule={self.rollout_schedule!r} is not one of {ROLLOUT_SCHEDULES}.")
         if self.regression_beta <= 0:
             raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
         if self.absorption_window < 2:

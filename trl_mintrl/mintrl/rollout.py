@@ -6,6 +6,10 @@ revised. Finished trajectories leave the batch. Completions are kept as token id
 tokens exactly as sampled, the cut on a token boundary at or before the first wrong step, corrections tokenised
 with the policy's tokenizer. Control trajectories are the same state machine with no reviews, so they never see
 the judge and share the policy call of the first round.
+
+This lock-step schedule is the reference. The steps of one trajectory (`take_chunk`, `take_verdicts`,
+`take_correction` and the requests they lead to) are separate methods, so the continuous schedule
+(`scheduler.ContinuousRollout`), where each trajectory advances on its own, runs exactly the same logic.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..engines.base import Generation, GenerationEngine
-from ..judges.base import CorrectionRequest, Judge, ReviewRequest, tally_votes
+from ..judges.base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict, tally_votes
 from .steps import cut_point, split_steps
 
 
@@ -57,6 +61,24 @@ class Trajectory:
     @property
     def judge_tokens(self) -> int:
         return len(self.env_mask) - sum(self.env_mask)
+
+
+@dataclass
+class PendingReview:
+    """A trajectory waiting for the judge's verdicts on its new chunk, split into `steps`."""
+
+    trajectory: Trajectory
+    chunk: Generation
+    steps: list[str]
+
+
+@dataclass
+class PendingCorrection:
+    """A trajectory waiting for a correction after the first `keep` tokens of its revised chunk."""
+
+    trajectory: Trajectory
+    chunk: Generation
+    keep: int
 
 
 @dataclass
@@ -109,101 +131,104 @@ class InterventionRollout:
         """One lock-step round: one policy call for every active trajectory, one review call for the chunks with
         steps to review, one correction call for the revised ones (each joined by every rank of a synchronized
         engine, or skipped by all of them)."""
-        to_review = self._generate_chunks(active, counts)
+        counts.rounds += 1
+        chunks = self.policy.generate([self.next_prompt(t) for t in active], [self.chunk_cap(t) for t in active])
+        counts.policy_calls += 1
+        to_review = [pending for t, c in zip(active, chunks, strict=True) if (pending := self.take_chunk(t, c))]
         if not self.policy.any_rank(bool(to_review)):
             return
-        revise = self._review(to_review, counts)
+        votes = self.settings.judge_votes  # k copies of each request in the one call: sampled independently
+        verdicts = self.judge.review([r for pending in to_review for r in self.review_requests(pending)])
+        counts.review_calls += 1
+        if len(verdicts) != len(to_review) * votes:
+            raise RuntimeError(
+                f"{self.judge!r} returned {len(verdicts)} verdicts for {len(to_review) * votes} reviews"
+            )
+        revise = [
+            cut
+            for i, pending in enumerate(to_review)
+            if (cut := self.take_verdicts(pending, verdicts[i * votes : (i + 1) * votes]))
+        ]
         if not self.policy.any_rank(bool(revise)):
             return
-        self._correct(revise, counts)
-
-    def _generate_chunks(self, active: list[Trajectory], counts: RoundCounts) -> list[tuple]:
-        """Each trajectory's next chunk; a chunk that will not be reviewed is accepted at once. Returns the
-        (trajectory, chunk, its steps) to review."""
-        counts.rounds += 1
-        caps = [
-            min(self.settings.chunk_size, self._remaining(t)) if self._reviewable(t) else self._remaining(t)
-            for t in active
-        ]
-        chunks = self.policy.generate([t.prompt_ids + t.completion_ids for t in active], caps)
-        counts.policy_calls += 1
-
-        to_review = []  # (trajectory, chunk, its steps); a chunk with no text (only EOS) has nothing to review
-        for t, chunk in zip(active, chunks, strict=True):
-            # the accepted prefix says whether the chunk starts inside a code block
-            steps = (
-                split_steps(self._decode(chunk.token_ids), self._decode(t.completion_ids))
-                if self._reviewable(t)
-                else []
-            )
-            if steps:
-                to_review.append((t, chunk, steps))
-            else:
-                self._accept(t, chunk)
-        return to_review
-
-    def _review(self, to_review: list[tuple], counts: RoundCounts) -> list[tuple]:
-        """The judge's verdicts on the chunks: kept ones are accepted. Returns the (trajectory, chunk, number of
-        chunk tokens kept before the wrong step) to correct."""
-        votes = self.settings.judge_votes  # k copies of each request in the one call: sampled independently
-        requests = [
-            ReviewRequest(
-                question=t.question,
-                prefix=self._decode(t.completion_ids),
-                steps=steps,
-                reference=t.reference,
-                last_step_complete=self._ends_with_eos(chunk.token_ids),
-            )
-            for t, chunk, steps in to_review
-        ]
-        verdicts = self.judge.review([request for request in requests for _ in range(votes)])
-        counts.review_calls += 1
-        if len(verdicts) != len(requests) * votes:
-            raise RuntimeError(f"{self.judge!r} returned {len(verdicts)} verdicts for {len(requests) * votes} reviews")
-
-        revise = []  # (trajectory, chunk, number of chunk tokens kept before the wrong step)
-        for i, (t, chunk, steps) in enumerate(to_review):
-            tally = tally_votes(verdicts[i * votes : (i + 1) * votes], len(steps), self.settings.judge_min_agree)
-            t.reviews += 1
-            t.judge_failures += tally.failures
-            t.votes_usable += tally.usable
-            t.votes_agreeing += tally.agreeing
-            t.vetoed += tally.vetoed
-            wrong = tally.wrong_step
-            if wrong is None:
-                self._accept(t, chunk)
-            else:
-                kept_chars = sum(len(s) for s in steps[:wrong])
-                revise.append((t, chunk, cut_point(chunk.token_ids, kept_chars, self._decode)))
-        return revise
-
-    def _correct(self, revise: list[tuple], counts: RoundCounts) -> None:
-        """The judge's corrections, appended after the kept part of each revised chunk."""
-        corrections = self.judge.correct(
-            [
-                CorrectionRequest(
-                    question=t.question,
-                    prefix=self._decode(t.completion_ids + chunk.token_ids[:keep]),
-                    reference=t.reference,
-                )
-                for t, chunk, keep in revise
-            ]
-        )
+        corrections = self.judge.correct([self.correction_request(cut) for cut in revise])
         counts.correction_calls += 1
-        for (t, chunk, keep), correction in zip(revise, corrections, strict=True):
-            # A failed correction (error, cut off by its cap, unclosed <think>) is never inserted. Keep the whole
-            # chunk as if the judge had said KEEP: a cut with nothing after it would hand the policy the same prefix
-            # it wrote the wrong step from, and it would likely write it again.
-            if correction.failed:
-                t.judge_failures += 1
-                self._accept(t, chunk)
-                continue
-            t.revisions += 1
-            kept = Generation(chunk.token_ids[:keep], None if chunk.logprobs is None else chunk.logprobs[:keep])
-            self._append(t, kept, policy=True)
-            correction_ids = self._correction_ids(correction.text, self._remaining(t))
-            self._append(t, Generation(correction_ids), policy=False)
-            t.finished = self._remaining(t) <= 0
+        for cut, correction in zip(revise, corrections, strict=True):
+            self.take_correction(cut, correction)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # One trajectory's steps, shared by this lock-step schedule and the continuous one (scheduler.py): each takes
+    # one answer (a chunk, a chunk's verdicts, a correction) and says what the trajectory waits for next.
+
+    def next_prompt(self, t: Trajectory) -> list[int]:
+        return t.prompt_ids + t.completion_ids
+
+    def chunk_cap(self, t: Trajectory) -> int:
+        """A reviewed chunk while reviews remain; after them, the whole remaining budget in one piece."""
+        return min(self.settings.chunk_size, self._remaining(t)) if self._reviewable(t) else self._remaining(t)
+
+    def take_chunk(self, t: Trajectory, chunk: Generation) -> PendingReview | None:
+        """A chunk to review, or None when it was accepted at once (no reviews left, or no text: only EOS)."""
+        # the accepted prefix says whether the chunk starts inside a code block
+        steps = (
+            split_steps(self._decode(chunk.token_ids), self._decode(t.completion_ids)) if self._reviewable(t) else []
+        )
+        if steps:
+            return PendingReview(t, chunk, steps)
+        self._accept(t, chunk)
+        return None
+
+    def review_requests(self, pending: PendingReview) -> list[ReviewRequest]:
+        """`judge_votes` copies of the chunk's review request, sampled independently in the same judge call."""
+        t, chunk = pending.trajectory, pending.chunk
+        request = ReviewRequest(
+            question=t.question,
+            prefix=self._decode(t.completion_ids),
+            steps=pending.steps,
+            reference=t.reference,
+            last_step_complete=self._ends_with_eos(chunk.token_ids),
+        )
+        return [request] * self.settings.judge_votes
+
+    def take_verdicts(self, pending: PendingReview, verdicts: Sequence[Verdict]) -> PendingCorrection | None:
+        """Counts the chunk's votes; a kept chunk is accepted (None), a revised one waits for its correction."""
+        t, chunk, steps = pending.trajectory, pending.chunk, pending.steps
+        tally = tally_votes(verdicts, len(steps), self.settings.judge_min_agree)
+        t.reviews += 1
+        t.judge_failures += tally.failures
+        t.votes_usable += tally.usable
+        t.votes_agreeing += tally.agreeing
+        t.vetoed += tally.vetoed
+        if tally.wrong_step is None:
+            self._accept(t, chunk)
+            return None
+        kept_chars = sum(len(s) for s in steps[: tally.wrong_step])
+        return PendingCorrection(t, chunk, cut_point(chunk.token_ids, kept_chars, self._decode))
+
+    def correction_request(self, cut: PendingCorrection) -> CorrectionRequest:
+        t = cut.trajectory
+        return CorrectionRequest(
+            question=t.question,
+            prefix=self._decode(t.completion_ids + cut.chunk.token_ids[: cut.keep]),
+            reference=t.reference,
+        )
+
+    def take_correction(self, cut: PendingCorrection, correction: Correction) -> None:
+        """The kept part of the chunk, then the correction."""
+        t, chunk, keep = cut.trajectory, cut.chunk, cut.keep
+        # A failed correction (error, cut off by its cap, unclosed <think>) is never inserted. Keep the whole chunk
+        # as if the judge had said KEEP: a cut with nothing after it would hand the policy the same prefix it wrote
+        # the wrong step from, and it would likely write it again.
+        if correction.failed:
+            t.judge_failures += 1
+            self._accept(t, chunk)
+            return
+        t.revisions += 1
+        kept = Generation(chunk.token_ids[:keep], None if chunk.logprobs is None else chunk.logprobs[:keep])
+        self._append(t, kept, policy=True)
+        correction_ids = self._correction_ids(correction.text, self._remaining(t))
+        self._append(t, Generation(correction_ids), policy=False)
+        t.finished = self._remaining(t) <= 0
 
     def _accept(self, t: Trajectory, chunk: Generation) -> None:
         self._append(t, chunk, policy=True)

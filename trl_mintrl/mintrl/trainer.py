@@ -1,8 +1,9 @@
 """`MInTRLTrainer`: GRPOTrainer with judge interventions during rollout and advantage regression (SPEC 2).
 
 The trainer only wires TRL's seams:
-- `rollout_func` runs `InterventionRollout` (controls and intervened rollouts in one batched state machine) and
-  hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's `tool_mask`);
+- `rollout_func` runs `InterventionRollout` or `ContinuousRollout` (`rollout_schedule`; controls and intervened
+  rollouts in one batch) and hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's
+  `tool_mask`);
 - `_score_batch` (after TRL's `_generate_and_score_completions`) replaces TRL's group-normalised advantages by
   `r - mean(control rewards)`;
 - `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included.
@@ -28,7 +29,8 @@ from .absorption import AbsorptionTracker, warn_not_absorbed
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
 from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend, check_judge_votes
-from .rollout import InterventionRollout, RolloutSettings, Trajectory
+from .rollout import RolloutSettings, Trajectory
+from .scheduler import check_rollout_schedule, rollout_for
 
 STATE_FILE = "mintrl_state.json"
 
@@ -128,25 +130,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             args = MInTRLConfig(default_output_dir(model, "MInTRL"))
         if not isinstance(args, MInTRLConfig):
             raise TypeError(f"MInTRLTrainer needs args=MInTRLConfig(...), got {type(args).__name__}.")
-        if kwargs.get("rollout_func") is not None:
-            raise ValueError("MInTRLTrainer provides its own rollout_func (the intervention loop); do not pass one.")
-        for name in ("tools", "environment_factory"):  # TRL's tool loop would overwrite the judge-token mask
-            if kwargs.get(name):
-                raise ValueError(
-                    f"MInTRLTrainer does not take {name}=: its rollout is the judge's intervention loop, which has no "
-                    "tool-calling loop. Train tool use with GRPOTrainer."
-                )
-        if judge is not None and not isinstance(judge, Judge):
-            raise TypeError(f"judge must be a trl_mintrl.judges.Judge (e.g. FunctionJudge), got {type(judge)}.")
-        if judge is None and args.judge in ("self", "base") and args.intervention_steps > 0:
-            check_reference_column(train_dataset, args.reference_column, f"judge={args.judge!r}")
-        if judge is None:
-            check_judge_backend(args, model, peft_config)
-        check_judge_votes(args, judge)
-        if args.use_vllm:
-            from ..engines.vllm import check_vllm_mode_supported
-
-            check_vllm_mode_supported(args)
+        check_mintrl_inputs(args, model, train_dataset, peft_config, judge, kwargs)
         super().__init__(
             model,
             reward_funcs,
@@ -235,7 +219,9 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         # the rollout's settings are config fields of the same names
         settings = RolloutSettings(**{f.name: getattr(args, f.name) for f in fields(RolloutSettings)})
         self.policy_engine.reset_cache_stats()
-        InterventionRollout(self.policy_engine, self.judge, self.processing_class, settings).run(trajectories)
+        rollout_for(self.policy_engine, self.judge, self.processing_class, settings, args.rollout_schedule).run(
+            trajectories
+        )
         stats = [
             [
                 t.review_budget > 0,
@@ -385,3 +371,28 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             self.intervention_budget = BudgetState.from_dict(state["intervention_budget"])
         if "judge_absorption" in state:
             self.absorption.load_state_dict(state["judge_absorption"])
+
+
+def check_mintrl_inputs(args: MInTRLConfig, model, train_dataset, peft_config, judge, trainer_kwargs: dict) -> None:
+    """What `MInTRLTrainer` refuses before the model loads: TRL arguments its rollout replaces, a judge object of the
+    wrong type, a judge backend or vote setting that cannot work, an unsupported vLLM mode or rollout schedule."""
+    if trainer_kwargs.get("rollout_func") is not None:
+        raise ValueError("MInTRLTrainer provides its own rollout_func (the intervention loop); do not pass one.")
+    for name in ("tools", "environment_factory"):  # TRL's tool loop would overwrite the judge-token mask
+        if trainer_kwargs.get(name):
+            raise ValueError(
+                f"MInTRLTrainer does not take {name}=: its rollout is the judge's intervention loop, which has no "
+                "tool-calling loop. Train tool use with GRPOTrainer."
+            )
+    if judge is not None and not isinstance(judge, Judge):
+        raise TypeError(f"judge must be a trl_mintrl.judges.Judge (e.g. FunctionJudge), got {type(judge)}.")
+    if judge is None and args.judge in ("self", "base") and args.intervention_steps > 0:
+        check_reference_column(train_dataset, args.reference_column, f"judge={args.judge!r}")
+    if judge is None:
+        check_judge_backend(args, model, peft_config)
+    check_judge_votes(args, judge)
+    if args.use_vllm:
+        from ..engines.vllm import check_vllm_mode_supported
+
+        check_vllm_mode_supported(args)
+    check_rollout_schedule(args)

@@ -2,6 +2,17 @@
 
 from .buffer import RepairBuffer, RepairItem, classify_groups
 from .config import SORTConfig
+from .planner import FunctionPlanner, Plan, Planner, PlanRequest
 from .trainer import SORTTrainer
 
-__all__ = ["RepairBuffer", "RepairItem", "SORTConfig", "SORTTrainer", "classify_groups"]
+__all__ = [
+    "FunctionPlanner",
+    "Plan",
+    "PlanRequest",
+    "Planner",
+    "RepairBuffer",
+    "RepairItem",
+    "SORTConfig",
+    "SORTTrainer",
+    "classify_groups",
+]

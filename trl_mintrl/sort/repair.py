@@ -35,6 +35,7 @@ from ..losses import REPAIR_WEIGHTINGS
 from ..text import fill_template, opens_thinking, outside_thinking, question_text
 from ..trainer_base import check_reference_column
 from .buffer import RepairBuffer, RepairItem, classify_groups, correctness_scores, resolve_reward_funcs
+from .planner import Planner, PlanRequest, check_planner
 
 logger = get_logger(__name__)
 
@@ -53,10 +54,11 @@ class WithReferenceRepair:
 
     repair: ReferenceRepair
 
-    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, *rest, **kwargs):
+    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, *rest, planner=None, **kwargs):
         correctness_funcs = check_repair_inputs(args, reward_funcs, train_dataset)
+        planner = check_planner(planner)
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
-        self.repair = ReferenceRepair(self, correctness_funcs)
+        self.repair = ReferenceRepair(self, correctness_funcs, planner)
 
     def _score_batch(self, output: dict, batch) -> None:
         super()._score_batch(output, batch)
@@ -89,13 +91,15 @@ class ReferenceRepair:
     # Generation batches in a row after which `_warn_if_failures_slip_through` warns.
     failures_slip_through_batches = 10
 
-    def __init__(self, host, correctness_funcs: list[int]):
+    def __init__(self, host, correctness_funcs: list[int], planner: Planner | None = None):
         """`host`: the trainer that repairs (a `GRPOTrainerBase` whose config has `SORTConfig`'s repair fields);
-        `correctness_funcs`: the indices `check_repair_inputs` resolved. With `repair_update="separate"` the
+        `correctness_funcs`: the indices `check_repair_inputs` resolved; `planner`: writes the plans (None: the
+        policy writes them through the host's generation engine). With `repair_update="separate"` the
         component adds the callback that runs the repair step to the host."""
         self.host = host
         self.args = host.args
         self.correctness_funcs = correctness_funcs
+        self.planner = planner
         self.buffer = RepairBuffer()
         self._prepared: dict[str, _Reference] = {}  # buffered references, tokenised once when deferred
         self._batches_failing_unseen = 0  # see `_warn_if_failures_slip_through`
@@ -313,14 +317,20 @@ class ReferenceRepair:
         return _Reference([*ids, self.host._tokenizer.eos_token_id], reference, truncated=False)
 
     def _write_plans(self, items: list[RepairItem], references: list[_Reference]) -> tuple[list[str], list[bool]]:
-        """The policy's plan per item, from one batched call of the trainer's generation engine (transformers or
-        vLLM), and whether each failed.
+        """The plan per item and whether each failed: from the `planner` when there is one (a failed plan is
+        empty), else the policy's, from one batched call of the trainer's generation engine (transformers or vLLM).
 
         A plan fails when it hits `max_plan_tokens` without ending or leaves a thinking block open. A failed item is
         still repaired, with what the plan has outside thinking (an empty plan when it only thought): the item was
         popped from the buffer, its reference is still worth learning, and an empty plan only takes the plan's
         salience out of its weights.
         """
+        if self.planner is not None:
+            requests = [PlanRequest(question_text(i.prompt), r.text) for i, r in zip(items, references, strict=True)]
+            written = self.planner.plan(requests)
+            if len(written) != len(requests):
+                raise ValueError(f"{self.planner!r} returned {len(written)} plans for {len(requests)} requests")
+            return [p.text.strip() for p in written], [p.failed for p in written]
         texts = [
             fill_template(self.args.plan_template, {"question": question_text(item.prompt), "reference": ref.text})
             for item, ref in zip(items, references, strict=True)

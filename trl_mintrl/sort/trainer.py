@@ -21,7 +21,8 @@ from .repair import WithReferenceRepair
 class SORTTrainer(WithReferenceRepair, ModelCardMixin, GRPOTrainerBase):
     """Selective Off-policy Reference Tuning: GRPO whose all-wrong prompts are repaired later from their references.
 
-    Used exactly like [`~trl.GRPOTrainer`] (same arguments) with a [`SORTConfig`]. The train dataset must have the
+    Used exactly like [`~trl.GRPOTrainer`] (same arguments, plus an optional `planner`: a `trl_mintrl.sort.Planner`
+    that writes the repair plans instead of the policy) with a [`SORTConfig`]. The train dataset must have the
     `reference_column` (default `"solution"`). The repair items of a step are dealt round-robin across processes;
     each process scores its share and the loss is normalised by the global token count, so the gradient averaged over
     processes is that of the repair over all items, as in a single process.
