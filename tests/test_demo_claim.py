@@ -110,8 +110,8 @@ def test_the_demo_defaults_are_the_committed_arm_and_it_prints_the_line(committe
 def test_readme_first_paragraph_states_the_demo_settings_and_the_committed_difference(committed):
     """The numbers are measured from a clean clone (not checkable here without the run); what the README says about
     the demo's settings and the committed benchmark must match the code and the JSON."""
-    readme = (ROOT / "README.md").read_text()
-    paragraph = " ".join(readme[readme.index("The first command") : readme.index("The second command")].split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    paragraph = readme[readme.index("The first command") : readme.index("The second command")]
     assert f"{ARM['steps']} steps x {ARM['prompts_per_step']} prompts" in paragraph
     assert f"on {ARM['final_prompts']} held-out problems" in paragraph
     assert "not (yet) shown to beat GRPO" in paragraph and "(#benchmarks)" in paragraph
