@@ -6,12 +6,13 @@ precondition.
     python benchmarks/learning.py --replot benchmarks/results/learning.json   # tables and plots from the JSON
 
 Regimes (`benchmarks.toy.training.REGIMES`): "out-of-reach" = short chains ending in an operator the warm start never
-saw, `a@b = a+b+7` (stated nowhere; only the judge and the references know it, and sampling does not find it);
+saw, `a@b = a+b-7` (stated nowhere; only the judge and the references know it, and sampling does not find it;
+answers uniform over 0-12, and a sample counts only with its `@` step written right: `step_reward`);
 "unreachable" = the same with `a#b = a+b+2` (the previous benchmark's regime: the policy's near misses find it);
 "reachable" = long chains of familiar operations. Each regime's calibration (warm-start pass@1 / pass@8 / pass@64,
 and pass@1 / pass@8 on the same problems in familiar notation) is computed in every run and printed with its results.
-MInTRL arms run with a "near" judge (corrections in the policy's notation, `1+2=10`) or a "far" one (the reference's,
-`1@2=10`); a label without suffix is the far judge, as before. Every arm starts from the committed warm start, trains
+MInTRL arms run with a "near" judge (corrections in the policy's notation, `14+3=10`) or a "far" one (the reference's,
+`14@3=10`); a label without suffix is the far judge, as before. Every arm starts from the committed warm start, trains
 for the same optimizer steps on the same prompts (per seed) with the same optimiser and lr schedule (chosen for
 GRPO), and is evaluated on the same held-out problems (pass@1 and pass@8 from 8 samples at temperature 1). Each arm is
 compared to GRPO by the paired difference over seeds with a 95% t-interval. `learning.json` records the command, the
@@ -183,7 +184,14 @@ def run_job(job: dict) -> dict:
         **overrides,
     )
     trainer = build_trainer(
-        job["method"], model, tokenizer, train, args, judge=job_judge(job), callbacks=[CurveCallback()]
+        job["method"],
+        model,
+        tokenizer,
+        train,
+        args,
+        judge=job_judge(job),
+        callbacks=[CurveCallback()],
+        reward=regime.reward,
     )
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
@@ -492,7 +500,7 @@ def calibration_text(base: dict) -> str:
     text = f"warm start {sampled}"
     if "familiar" in base:
         text += (
-            f"; the same problems in familiar notation (`a#b` as `a+(b+2)`, `a@b` as `a+(b+7)`): pass@1 "
+            f"; the same problems in familiar notation (`a#b` as `a+(b+2)`, `a@b` as `a-(7-b)`): pass@1 "
             f"{100 * base['familiar']['pass@1']:.1f}, pass@8 {100 * base['familiar']['pass@8']:.1f}"
         )
     return text

@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from benchmarks.toy.task import (
     parse_question,
     review_steps,
     rule_judge,
+    step_reward,
+    toy_reward,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +52,7 @@ def test_paired_interval_over_seeds():
     assert format_interval(diff) == "+10.0 [+3.5, +16.5]"
 
 
-@pytest.mark.parametrize(("new_op", "operator", "top"), [(True, NEW_OPERATOR, 19), ("@", FAR_OPERATOR, 15)])
+@pytest.mark.parametrize(("new_op", "operator", "top"), [(True, NEW_OPERATOR, 19), ("@", FAR_OPERATOR, 12)])
 def test_new_operator_problems_end_in_it_and_have_a_familiar_twin(new_op, operator, top):
     problems = make_problems(200, 3, 6, seed=3, new_op=new_op)
     for p in problems:
@@ -62,9 +65,56 @@ def test_new_operator_problems_end_in_it_and_have_a_familiar_twin(new_op, operat
         assert twin.steps[:-2] == p.steps[:-2] and twin.steps[-1] == p.steps[-1]
         assert all(b <= 9 for _, b in twin.ops)
     assert Problem(4, (("-", 3), ("#", 2))).solution == "4-3=1\n\n1#2=5\n\nAnswer: 5"
-    assert Problem(4, (("-", 3), ("@", 2))).solution == "4-3=1\n\n1@2=10\n\nAnswer: 10"
+    assert Problem(9, (("+", 5), ("@", 3))).solution == "9+5=14\n\n14@3=10\n\nAnswer: 10"
+    assert Problem(9, (("+", 5), ("@", 3))).familiar().solution == "9+5=14\n\n14-4=10\n\nAnswer: 10"
     # without the new operator the generator draws exactly the problems it drew before (warm start, reachable runs)
     assert make_problems(20, 8, 11, seed=1) == make_problems(20, 8, 11, seed=1, new_op=False)
+
+
+def test_out_of_reach_answers_are_uniform_and_reading_at_as_plus_stays_in_range():
+    """No constant guess scores on much more than 1/13 of out-of-reach problems (the old `a+b+7 <= 15` design put 31%
+    on 15), and `a+b` (the warm start's reading of `@`) stays in 0-19, where its values do not wrap onto the rule."""
+    problems = make_problems(2600, 3, 6, seed=4, new_op="@")
+    shares = Counter(p.answer for p in problems)
+    assert set(shares) == set(range(13))
+    assert max(shares.values()) / len(problems) < 0.1 and min(shares.values()) / len(problems) > 0.055
+    assert all(Problem(p.first, p.ops[:-1]).answer + p.ops[-1][1] <= 19 for p in problems)  # a + b <= 19
+    assert all(p.answer == p.familiar().answer and max(b for _, b in p.familiar().ops) <= 9 for p in problems)
+
+
+def test_step_reward_needs_the_new_step_written_right_not_only_the_answer():
+    problem = Problem(9, (("+", 5), ("@", 3)))  # 9+5=14, 14@3=10
+    prompt = [{"role": "user", "content": problem.question}]
+    texts = [
+        "9+5=14\n\n14@3=10\n\nAnswer: 10",  # the reference
+        "9+5=14\n\n14+3=10\n\nAnswer: 10",  # the policy's notation, right value
+        "Answer: 10",  # a guessed answer
+        "9+5=14\n\n14+3=17\n\nAnswer: 10",  # wrong step, answer guessed
+        "9+5=13\n\n13+3=10\n\nAnswer: 10",  # wrong running value
+        "9+5=14\n\n14-3=10\n\nAnswer: 10",  # not the policy's `+` reading
+        "9+5=14\n\n14+3=10\n\nAnswer: 9",  # right step, wrong answer
+        "9+5=14\n\n14+3=100\n\nAnswer: 10",
+    ]
+    answers = [problem.answer] * len(texts)
+    assert step_reward(texts, answers, [prompt] * len(texts)) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert toy_reward(texts, answers)[:6] == [1.0] * 6  # the answer-only reward pays the guesses
+    assert [problem.new_step_right(t) for t in texts] == [True, True, False, False, False, False, True, False]
+    # on the other regimes the step reward is the answer reward
+    for p in make_problems(30, 3, 6, seed=2, new_op=True) + make_problems(10, 8, 11, seed=2):
+        wrong = p.solution.replace(f"Answer: {p.answer}", f"Answer: {p.answer + 1}")
+        pr = [[{"role": "user", "content": p.question}]] * 3
+        assert step_reward([p.solution, wrong, f"Answer: {p.answer}"], [p.answer] * 3, pr) == [1.0, 0.0, 1.0]
+
+
+def test_regimes_train_and_score_with_the_same_test():
+    from benchmarks.toy.evaluate import scores_of
+    from benchmarks.toy.training import REGIMES
+
+    assert REGIMES["out-of-reach"].reward is step_reward
+    assert REGIMES["unreachable"].reward is toy_reward and REGIMES["reachable"].reward is toy_reward
+    [problem] = REGIMES["out-of-reach"].problems(1, seed=0)
+    guess = f"Answer: {problem.answer}"
+    assert scores_of([problem], [[guess, problem.solution]], ks=(1,))["pass@1"] == 0.5
 
 
 def test_rule_judge_knows_the_new_operator_and_writes_longer_corrections_on_request():
@@ -254,18 +304,18 @@ def test_learning_jobs_carry_each_arms_judge_notation_and_config():
     `repair_beta`."""
     from benchmarks.learning import LABELS, MODES, job_judge, plan_jobs
 
-    question = "Compute 4-3@2 ="
+    question = "Compute 9+5@3 ="
     settings = {**MODES["full"], "plan": {"out-of-reach": [*LABELS]}}
     jobs = {job["label"]: job for job in plan_jobs(settings) if job["seed"] == 0}
     for label, correction in [
-        ("mintrl-const-near", "1+2=10\n\n"),
-        ("mintrl-proxy-near", "1+2=10\n\n"),
-        ("mintrl-const-far", "1@2=10\n\n"),
-        ("mintrl-proxy-far", "1@2=10\n\n"),
-        ("mintrl-const", "1@2=10\n\n"),
-        ("sweep:reviews-1", "1+2=10\n\n"),
+        ("mintrl-const-near", "14+3=10\n\n"),
+        ("mintrl-proxy-near", "14+3=10\n\n"),
+        ("mintrl-const-far", "14@3=10\n\n"),
+        ("mintrl-proxy-far", "14@3=10\n\n"),
+        ("mintrl-const", "14@3=10\n\n"),
+        ("sweep:reviews-1", "14+3=10\n\n"),
     ]:
-        assert job_judge(jobs[label]).correct_fn(question, "4-3=1\n\n", None) == correction, label
+        assert job_judge(jobs[label]).correct_fn(question, "9+5=14\n\n", None) == correction, label
     assert jobs["mintrl-proxy-near"]["method"] == "mintrl-proxy"
     assert jobs["sort-beta0"]["overrides"] == {"repair_beta": 0.0}
     assert jobs["sort-beta1"]["overrides"] == {"repair_beta": 1.0}

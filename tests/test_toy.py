@@ -192,39 +192,39 @@ def test_mintrl_step_on_toy_task_intervenes_with_rule_judge(warm_start, tmp_path
     assert logs["mintrl/judge_failures"] == 0
 
 
-FAR = Problem(4, (("-", 3), ("@", 2)))  # 4-3=1, 1@2=10 (a@b = a+b+7)
+FAR = Problem(9, (("+", 5), ("@", 3)))  # 9+5=14, 14@3=10 (a@b = a+b-7)
 
 
 @pytest.mark.parametrize(
     ("notation", "chunk", "expected"),
     [
-        ("far", "1@2=10\n\n", None),
-        ("far", "1+2=10\n\n", 0),  # the policy's notation is a wrong step for the far judge
-        ("far", "1+2=3\n\n", 0),
-        ("near", "1+2=10\n\n", None),  # near: `+` in place of `@` is right iff the value is
-        ("near", "1@2=10\n\n", None),  # the reference's notation stays right
-        ("near", "1+2=3\n\n", 0),
-        ("near", "1-2=10\n\n", 0),  # only the policy's way of writing the step (`+`), not any operator
-        ("near", "1+2=1", None),  # unfinished, still a prefix of `1+2=10`
-        ("near", "1+2=11\n\n", 0),
-        ("near", "1+2=10\n\nAnswer: 10", None),
-        ("near", "1+2=10\n\nAnswer: 3", 1),
+        ("far", "14@3=10\n\n", None),
+        ("far", "14+3=10\n\n", 0),  # the policy's notation is a wrong step for the far judge
+        ("far", "14+3=17\n\n", 0),
+        ("near", "14+3=10\n\n", None),  # near: `+` in place of `@` is right iff the value is
+        ("near", "14@3=10\n\n", None),  # the reference's notation stays right
+        ("near", "14+3=17\n\n", 0),
+        ("near", "14-3=10\n\n", 0),  # only the policy's way of writing the step (`+`), not any operator
+        ("near", "14+3=1", None),  # unfinished, still a prefix of `14+3=10`
+        ("near", "14+3=11\n\n", 0),
+        ("near", "14+3=10\n\nAnswer: 10", None),
+        ("near", "14+3=10\n\nAnswer: 3", 1),
     ],
 )
 def test_rule_review_in_the_far_and_the_near_notation(notation, chunk, expected):
     judge = rule_judge(notation=notation)
-    assert judge.review_fn(FAR.question, "4-3=1\n\n", split_steps(chunk), None) == expected
+    assert judge.review_fn(FAR.question, "9+5=14\n\n", split_steps(chunk), None) == expected
 
 
 def test_rule_corrections_in_the_far_and_the_near_notation():
     far, near = rule_judge(), rule_judge(notation="near")
-    assert far.correct_fn(FAR.question, "4-3=1\n\n", None) == "1@2=10\n\n"
-    assert near.correct_fn(FAR.question, "4-3=1\n\n", None) == "1+2=10\n\n"
-    assert near.correct_fn(FAR.question, "", None) == "4-3=1\n\n"  # familiar steps are the same in both
-    assert near.correct_fn(FAR.question, "4-3=1\n\n1+2=", None) == "10\n\n"  # completes the step begun
-    assert near.correct_fn(FAR.question, "4-3=1\n\n1@2=", None) == "10\n\n"
-    assert rule_judge(8, notation="near").correct_fn(FAR.question, "", None) == "4-3=1\n\n1+2=10\n\nAnswer: 10"
-    assert FAR.written_steps("near") == ["4-3=1", "1+2=10", "Answer: 10"]
+    assert far.correct_fn(FAR.question, "9+5=14\n\n", None) == "14@3=10\n\n"
+    assert near.correct_fn(FAR.question, "9+5=14\n\n", None) == "14+3=10\n\n"
+    assert near.correct_fn(FAR.question, "", None) == "9+5=14\n\n"  # familiar steps are the same in both
+    assert near.correct_fn(FAR.question, "9+5=14\n\n14+3=", None) == "10\n\n"  # completes the step begun
+    assert near.correct_fn(FAR.question, "9+5=14\n\n14@3=", None) == "10\n\n"
+    assert rule_judge(8, notation="near").correct_fn(FAR.question, "", None) == "9+5=14\n\n14+3=10\n\nAnswer: 10"
+    assert FAR.written_steps("near") == ["9+5=14", "14+3=10", "Answer: 10"]
     with pytest.raises(ValueError, match="notation"):
         rule_judge(notation="close")
 
@@ -258,4 +258,4 @@ def test_near_judge_repairs_random_trajectories_written_in_the_policy_notation()
             prefix += "".join(steps[: verdict.wrong_step])
             prefix += judge.correct([CorrectionRequest(problem.question, prefix)])[0].text
         assert prefix == solution
-        assert toy_reward([prefix], [problem.answer]) == [1.0]
+        assert toy_reward([prefix], [problem.answer]) == [1.0] and problem.solved(prefix)

@@ -16,6 +16,7 @@ from .task import (
     parse_question,
     review_steps,
     rule_judge,
+    step_reward,
     toy_reward,
 )
 from .warm_start import WARM_START_DIR, build_warm_start
@@ -35,5 +36,6 @@ __all__ = [
     "review_steps",
     "rule_judge",
     "sample_completions",
+    "step_reward",
     "toy_reward",
 ]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from trl_mintrl.eval import pass_at_k
 
-from .task import OFFSETS, Problem, toy_reward
+from .task import OFFSETS, Problem
 
 _STEP = re.compile(rf"\d+\s*[-+{''.join(OFFSETS)}]\s*\d+\s*=")
 
@@ -61,7 +61,8 @@ def sample_completions(
 def evaluate(
     model, tokenizer, problems: Sequence[Problem], n_samples: int = 8, ks: Sequence[int] = (1, 8), **kwargs
 ) -> dict[str, float]:
-    """Mean unbiased pass@k over `problems` for each k <= n_samples (keys `pass@k`), plus the share of samples that
+    """Mean unbiased pass@k over `problems` for each k <= n_samples (keys `pass@k`; a sample passes when
+    `Problem.solved`: the right answer, and on the out-of-reach regime its `@` step right too), plus the share of samples that
     write fewer (`too_few_steps`) or more (`too_many_steps`) computation steps than the problem has operations."""
     return scores_of(problems, sample_completions(model, tokenizer, problems, n_samples, **kwargs), ks)
 
@@ -69,7 +70,7 @@ def evaluate(
 def scores_of(problems: Sequence[Problem], completions: list[list[str]], ks: Sequence[int] = (1, 8)) -> dict:
     """`evaluate`'s scores of completions already sampled (n per problem), e.g. of a prefix of an evaluated set."""
     n_samples = len(completions[0])
-    correct = [sum(toy_reward(texts, [p.answer] * len(texts))) for p, texts in zip(problems, completions, strict=True)]
+    correct = [sum(map(p.solved, texts)) for p, texts in zip(problems, completions, strict=True)]
     scores = {
         f"pass@{k}": sum(pass_at_k(n_samples, int(c), k) for c in correct) / len(problems)
         for k in ks

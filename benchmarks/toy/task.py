@@ -11,10 +11,13 @@ corrections and the reference solutions know it, so a policy sampling on its own
 the last operation so that no later step can land on the right answer by accident (a wrong value clamped at 0). `Problem.familiar()` is the same
 problem with `a#b` written as `a+(b+2)`: same steps and values, nothing new to know.
 
-The out-of-reach variant (`new_op="@"`) uses `a@b = a+b+7` (operand 0-2, value at most 15) instead. The warm start
-reads an unseen operator as `+` (or `-`) and its slips there are mostly a few units off, so `+2` is hit by a
-systematic near miss (about 2% of samples) while `+7` is reached only by the chance that an unrelated slip lands on
-it (`benchmarks.toy.calibration` measures both).
+The out-of-reach variant (`new_op="@"`) uses `a@b = a+b-7` instead (operand 0-9, `a+b` in 7-19, so that reading `@`
+as `+` stays in the familiar range), drawn so that its final answers are uniform over 0-12 (a constant guess scores
+on about 1/13 of problems), and it is scored
+by `step_reward`: the answer counts only when the `@` step is written with the right value too (`a@b=v`, or the
+policy's own `a+b=v`), so a guessed or slipped-into final answer earns nothing. The warm start reads an unseen
+operator as `+` (or `-`) and its slips there are mostly a few units off: `+2` is a systematic near miss (about 2% of
+samples), `-7` on the step itself is not (`benchmarks.toy.calibration` measures both).
 
 Notation: the reference writes the new operator's step as `1#2=5` ("far" from the policy, which never produced `#`);
 the "near" notation writes it the way the policy writes that step, `1+2=5`: same value, the policy's own tokens.
@@ -30,10 +33,11 @@ from dataclasses import dataclass
 STEP_SEPARATOR = "\n\n"
 NEW_OPERATOR = "#"  # the unreachable regime's operator
 FAR_OPERATOR = "@"  # the out-of-reach regime's operator
-OFFSETS = {NEW_OPERATOR: 2, FAR_OPERATOR: 7}  # new operator -> k in `a op b = a+b+k`
-# `@`'s value stays below 16: wrong chains pile up at the top of the value range (clamped at 19), so a rule value
-# there would be hit by slips of any kind
-MAX_RESULT = {FAR_OPERATOR: 15}
+OFFSETS = {NEW_OPERATOR: 2, FAR_OPERATOR: -7}  # new operator -> k in `a op b = a+b+k`
+# operators whose problems are drawn with a uniform final answer over 0..max_value (a constant guess scores ~1/20),
+# and whose new step `step_reward` checks as well as the answer
+UNIFORM_ANSWERS = {FAR_OPERATOR}
+STEP_CHECKED = {FAR_OPERATOR}
 NOTATIONS = ("far", "near")
 _OPS = "-+" + "".join(OFFSETS)
 _QUESTION = re.compile(rf"Compute\s+(\d+(?:\s*[{_OPS}]\s*\d+)+)\s*=")
@@ -99,9 +103,28 @@ class Problem:
         return len(self.ops)
 
     def familiar(self) -> Problem:
-        """The same problem without the new operator: `a#b` becomes `a+(b+2)`, `a@b` `a+(b+7)` (same running
-        values)."""
-        return Problem(self.first, tuple(("+", b + OFFSETS[op]) if op in OFFSETS else (op, b) for op, b in self.ops))
+        """The same problem without the new operator: `a#b` becomes `a+(b+2)`, `a@b` `a-(7-b)` (or `a+(b-7)` for
+        b >= 7; same running values)."""
+        ops = []
+        for op, b in self.ops:
+            c = b + OFFSETS[op] if op in OFFSETS else None
+            ops.append((op, b) if c is None else ("+", c) if c >= 0 else ("-", -c))
+        return Problem(self.first, tuple(ops))
+
+    def new_step_right(self, text: str) -> bool:
+        """Whether `text` writes the step of a `STEP_CHECKED` operator with the right operands and value, in the
+        reference's notation (`12@3=8`) or the policy's (`12+3=8`), before its answer; True without such a step."""
+        op, b = self.ops[-1]
+        if op not in STEP_CHECKED:
+            return True
+        a = self.answer - b - OFFSETS[op]
+        step = rf"(?<!\d){a}\s*[{re.escape(op)}+]\s*{b}\s*=\s*{self.answer}(?!\d)"
+        return re.search(step, text.split("Answer:")[0]) is not None
+
+    def solved(self, text: str) -> bool:
+        """The benchmark's success: the right final answer and, for a `STEP_CHECKED` operator, its step written
+        right (`toy_reward` on every other problem)."""
+        return final_answer(text) == self.answer and self.new_step_right(text)
 
     def row(self) -> dict:
         """A dataset row: conversational prompt, reference solution (for SORT and judges) and the answer."""
@@ -127,18 +150,33 @@ def make_problem(
     rng: random.Random, num_ops: int, max_operand: int = 9, max_value: int = 19, new_op: bool | str = False
 ) -> Problem:
     """A random problem with `num_ops` operations whose running value stays in `[0, max_value]`. With `new_op` (an
-    operator of `OFFSETS`; True: `#`) the last operation is that new operator, its operand at most `max_operand - k`
-    so that `familiar()` stays within the familiar operands (without it, the problems drawn are exactly the ones drawn
-    before the new operators existed)."""
+    operator of `OFFSETS`; True: `#`) the last operation is that new operator, its operand chosen so that `familiar()`
+    stays within the familiar operands (without it, the problems drawn are exactly the ones drawn before the new
+    operators existed). For an operator in `UNIFORM_ANSWERS` the final answer is first drawn uniformly from the
+    values it can take (`@`: 0..max_value-7) and problems are drawn until one has it."""
     op_new = NEW_OPERATOR if new_op is True else new_op
+    if op_new not in UNIFORM_ANSWERS:
+        return _draw_problem(rng, num_ops, max_operand, max_value, op_new)
+    k = OFFSETS[op_new]
+    target = rng.randint(max(0, k), max_value + min(0, k))  # every value the operator can produce
+    while (problem := _draw_problem(rng, num_ops, max_operand, max_value, op_new)).answer != target:
+        pass
+    return problem
+
+
+def _draw_problem(rng: random.Random, num_ops: int, max_operand: int, max_value: int, op_new) -> Problem:
     value = rng.randint(0, max_operand)
     first, ops = value, []
     for i in range(num_ops):
         if op_new and i == num_ops - 1:
-            k, top = OFFSETS[op_new], min(max_value, MAX_RESULT.get(op_new, max_value))
-            if value > top - k:  # no room for a op b >= a+k: draw the problem again
-                return make_problem(rng, num_ops, max_operand, max_value, new_op)
-            b = rng.randint(0, min(max_operand - k, top - value - k))
+            k = OFFSETS[op_new]
+            low = max(0, -k - value)  # a op b >= 0
+            # familiar operand; a op b <= max; a+b <= max (read as `+`, the step stays in the familiar range: above
+            # it the warm start's values wrap near the top and land on the rule by accident)
+            high = min(max_operand, max_operand - k, max_value - value - k, max_value - value)
+            if low > high:  # no legal operand: draw the problem again
+                return _draw_problem(rng, num_ops, max_operand, max_value, op_new)
+            b = rng.randint(low, high)
             ops.append((op_new, b))
             break
         choices = []
@@ -183,6 +221,17 @@ def toy_reward(completions, answer, **kwargs) -> list[float]:
     """1.0 when the completion's first `Answer:` is the right number, else 0.0 (plain or conversational)."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [float(final_answer(t) == int(a)) for t, a in zip(texts, answer, strict=True)]
+
+
+def step_reward(completions, answer, prompts, **kwargs) -> list[float]:
+    """The out-of-reach regime's reward: 1.0 when `Problem.solved` (the right answer and, for a `STEP_CHECKED`
+    operator, its step written with the right value), else 0.0; the problem is read from the prompt."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    questions = [" ".join(m["content"] for m in p) if isinstance(p, list) else p for p in prompts]
+    return [
+        float(problem.answer == int(a) and problem.solved(t))
+        for t, a, problem in zip(texts, answer, map(parse_question, questions), strict=True)
+    ]
 
 
 def _split(text: str) -> list[tuple[int, str, bool]]:

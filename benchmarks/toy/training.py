@@ -8,10 +8,11 @@ gain or loss is not an optimiser artefact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .task import make_dataset, make_problems, toy_reward
+from .task import make_dataset, make_problems, step_reward, toy_reward
 
 METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort", "mintrl-sort")
 # SORT's repair settings, shared by "sort" and "mintrl-sort" (MInTRL with SORT's repair, const anchor)
@@ -28,6 +29,7 @@ class Regime:
     new_op: bool | str  # every chain ends with this operator the warm start never saw (True: `#`)
     max_completion_length: int
     max_reviews: int  # MInTRL: reviews of 16 tokens, enough to reach the step that matters
+    reward: Callable = toy_reward  # the reward RL trains on (held-out scoring uses `Problem.solved`, the same test)
 
     def problems(self, n: int, seed: int):
         return make_problems(n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op)
@@ -42,8 +44,9 @@ REGIMES = {
     # unreachable: short chains ending in `a#b = a+b+2`, a rule no prompt states; warm-start pass@8 <= 5%, but the
     # policy's near misses (`a+b` off by 2) find it by luck and GRPO learns it from them
     "unreachable": Regime(3, 6, new_op=True, max_completion_length=96, max_reviews=4),
-    # out of reach: the same chains ending in `a@b = a+b+7`, far from the policy's near misses
-    "out-of-reach": Regime(3, 6, new_op="@", max_completion_length=96, max_reviews=4),
+    # out of reach: the same chains ending in `a@b = a+b-7`, far from the policy's near misses, answers uniform over
+    # 0-12 and the `@` step checked by the reward (`step_reward`), so neither a guess nor a slip scores
+    "out-of-reach": Regime(3, 6, new_op="@", max_completion_length=96, max_reviews=4, reward=step_reward),
 }
 
 
@@ -104,12 +107,15 @@ def rl_config(
     return MInTRLConfig(**{**common, **mintrl, **overrides})
 
 
-def build_trainer(method: str, model, tokenizer, train_dataset, args, judge="rule", callbacks=None):
+def build_trainer(
+    method: str, model, tokenizer, train_dataset, args, judge="rule", callbacks=None, reward: Callable = toy_reward
+):
     """A trainer for `method` (`rl_config(method, ...)` as `args`). MInTRL's `judge`: "rule" (the toy rule judge),
-    a `Judge` object, or None to build the one `args.judge` names (e.g. the self-judge)."""
+    a `Judge` object, or None to build the one `args.judge` names (e.g. the self-judge). `reward`: the regime's
+    (`REGIMES[name].reward`)."""
     kwargs = dict(
         model=model,
-        reward_funcs=toy_reward,
+        reward_funcs=reward,
         args=args,
         train_dataset=train_dataset,
         processing_class=tokenizer,
