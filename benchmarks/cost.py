@@ -526,14 +526,21 @@ def rollout_readme_block(saved: dict) -> str:
     return "\n".join(lines)
 
 
+def replot(args, md_name: str, render_fn, readme_block_fn) -> None:
+    """Re-render `md_name` next to the `--replot` JSON and, with `--readme`, the README block between the markers
+    (`readme_block_fn` = (start marker, end marker, block renderer))."""
+    saved = json.loads(args.replot.read_text())
+    text = render_fn(saved)
+    (args.replot.parent / md_name).write_text(text + "\n")
+    print(text)
+    if args.readme:
+        start, end, block = readme_block_fn
+        update_readme(args.readme, start, end, block(saved))
+
+
 def rollout_main(args, argv: list[str]) -> None:
     if args.replot:
-        saved = json.loads(args.replot.read_text())
-        text = render_rollout(saved)
-        (args.replot.parent / "cost_rollout.md").write_text(text + "\n")
-        print(text)
-        if args.readme:
-            update_readme(args.readme, ROLLOUT_START, ROLLOUT_END, rollout_readme_block(saved))
+        replot(args, "cost_rollout.md", render_rollout, (ROLLOUT_START, ROLLOUT_END, rollout_readme_block))
         return
     rounds = args.rounds or (2 if args.quick else 8)
     shape = dict(ROLLOUT_SHAPE, prompts=1) if args.quick else dict(ROLLOUT_SHAPE)
@@ -569,12 +576,7 @@ def main(argv: list[str] | None = None) -> None:
         rollout_main(args, argv)
         return
     if args.replot:
-        saved = json.loads(args.replot.read_text())
-        text = render(saved)
-        (args.replot.parent / "cost.md").write_text(text + "\n")
-        print(text)
-        if args.readme:
-            update_readme(args.readme, README_START, README_END, readme_block(saved))
+        replot(args, "cost.md", render, (README_START, README_END, readme_block))
         return
     if "grpo" not in args.variants:
         args.variants.insert(0, "grpo")
