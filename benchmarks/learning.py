@@ -9,10 +9,12 @@ Regimes (`benchmarks.toy.training.REGIMES`): "out-of-reach" = short chains endin
 saw, `a@b = a+b-7` (stated nowhere; only the judge and the references know it, and sampling does not find it;
 answers uniform over 0-12, and a sample counts only with its `@` step written right: `step_reward`);
 "unreachable" = the same with `a#b = a+b+2` (the previous benchmark's regime: the policy's near misses find it);
-"reachable" = long chains of familiar operations. Each regime's calibration (warm-start pass@1 / pass@8 / pass@64,
+"reachable" = long chains of familiar operations; "sort-hint" = SORT's regime, the out-of-reach problems from the
+hint warm start (`benchmarks/toy/warm_start_hint/`: it applies a rule stated in its prompt), with references in the
+policy's notation and the toy's rule planner writing SORT's plan (`benchmarks.toy.hint`). Each regime's calibration (warm-start pass@1 / pass@8 / pass@64,
 and pass@1 / pass@8 on the same problems in familiar notation) is computed in every run and printed with its results.
 MInTRL arms run with a "near" judge (corrections in the policy's notation, `14+3=10`) or a "far" one (the reference's,
-`14@3=10`); a label without suffix is the far judge, as before. Every arm starts from the committed warm start, trains
+`14@3=10`); a label without suffix is the far judge, as before. Every arm starts from its regime's committed warm start, trains
 for the same optimizer steps on the same prompts (per seed) with the same optimiser and lr schedule (chosen for
 GRPO), and is evaluated on the same held-out problems (pass@1 and pass@8 from 8 samples at temperature 1). Each arm is
 compared to GRPO by the paired difference over seeds with a 95% t-interval. `learning.json` records the command, the
@@ -110,6 +112,8 @@ MODES = {
         plan={
             "out-of-reach": ["grpo", "grpo-2x", *NOTATION_ARMS, "mintrl-off", "sort", "sort-uniform"],
             "reachable": TODAY,
+            # SORT's regime (issue 19 section 3): hint warm start, rule planner, references in the near notation
+            "sort-hint": ["grpo", "sort", "sort-uniform", "sort-beta0", "sort-beta1"],
         },
         seeds_per_regime={},
         sweep_seeds=3,
@@ -147,14 +151,14 @@ def run_job(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from benchmarks.toy import WARM_START_DIR, evaluate, sample_completions
+    from benchmarks.toy import evaluate, sample_completions
     from benchmarks.toy.evaluate import scores_of
     from benchmarks.toy.training import REGIMES, build_trainer, rl_config
 
     torch.set_num_threads(1)
     regime = REGIMES[job["regime"]]
-    tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
-    model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
+    tokenizer = AutoTokenizer.from_pretrained(regime.warm_start)
+    model = AutoModelForCausalLM.from_pretrained(regime.warm_start)
     final_problems = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
     curve_problems = final_problems[
         : job["curve_prompts"]
@@ -192,6 +196,7 @@ def run_job(job: dict) -> dict:
         judge=job_judge(job),
         callbacks=[CurveCallback()],
         reward=regime.reward,
+        planner=job_planner(job),
     )
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
@@ -223,6 +228,15 @@ def job_judge(job: dict):
     )
 
 
+def job_planner(job: dict):
+    """The SORT planner of a job: its regime's (`Regime.planner`, e.g. sort-hint's rule planner) for SORT methods,
+    else None (the policy writes the plans)."""
+    from benchmarks.toy.training import REGIMES
+
+    factory = REGIMES[job["regime"]].planner
+    return factory() if factory is not None and job["method"] in ("sort", "mintrl-sort") else None
+
+
 def _curve_point(scores: dict) -> dict:
     return {k: scores[k] for k in ("pass@1", "pass@8")}
 
@@ -234,14 +248,14 @@ def baseline(job: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.toy import WARM_START_DIR, evaluate
+    from benchmarks.toy import evaluate
     from benchmarks.toy.calibration import calibrate
     from benchmarks.toy.training import REGIMES
 
     torch.set_num_threads(1)
-    regime = REGIMES[job["regime"]]
-    tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
-    model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
+    regime = REGIMES[job["regime"]]  # its warm start: the committed one, or sort-hint's hint warm start
+    tokenizer = AutoTokenizer.from_pretrained(regime.warm_start)
+    model = AutoModelForCausalLM.from_pretrained(regime.warm_start)
     final = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
     curve = regime.problems(job["curve_prompts"], seed=HELDOUT_SEED)
     calibration = calibrate(model, tokenizer, final, job.get("calibration_samples", 8))

@@ -362,3 +362,23 @@ def test_cost_rollout_readme_block_follows_the_json(tmp_path):
     assert row.split(" | ")[1].startswith(f"{sum(ratios) / len(ratios):.2f} [")
     assert text.startswith("intro\n") and text.endswith(f"{ROLLOUT_END}\nrest\n") and "old" not in text
     assert (tmp_path / "cost_rollout.md").read_text().count("| rule, continuous |") == 1
+
+
+def test_sort_hint_jobs_get_the_rule_planner_and_the_hint_warm_start():
+    """SORT's regime in the full plan: GRPO and the four SORT arms, each SORT job with the regime's rule planner
+    (the hint in the training wording), GRPO and other regimes' SORT jobs without a planner."""
+    from benchmarks.learning import MODES, job_planner, plan_jobs
+    from benchmarks.toy.hint import WARM_START_HINT_DIR
+    from benchmarks.toy.training import REGIMES
+    from trl_mintrl.sort import FunctionPlanner, PlanRequest
+
+    assert MODES["full"]["plan"]["sort-hint"] == ["grpo", "sort", "sort-uniform", "sort-beta0", "sort-beta1"]
+    jobs = {(job["regime"], job["label"]): job for job in plan_jobs(MODES["full"]) if job["seed"] == 0}
+    question, reference = "Compute 9+5@3 =", "9+5=14\n\n14+3=10\n\nAnswer: 10"
+    for label in ("sort", "sort-uniform", "sort-beta0", "sort-beta1"):
+        planner = job_planner(jobs["sort-hint", label])
+        assert isinstance(planner, FunctionPlanner), label
+        assert planner.plan([PlanRequest(question, reference)])[0].text == "Rule: a@b = a+b-7."
+    assert job_planner(jobs["sort-hint", "grpo"]) is None
+    assert job_planner(jobs["out-of-reach", "sort"]) is None
+    assert REGIMES[jobs["sort-hint", "sort"]["regime"]].warm_start == WARM_START_HINT_DIR

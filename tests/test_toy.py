@@ -259,3 +259,88 @@ def test_near_judge_repairs_random_trajectories_written_in_the_policy_notation()
             prefix += judge.correct([CorrectionRequest(problem.question, prefix)])[0].text
         assert prefix == solution
         assert toy_reward([prefix], [problem.answer]) == [1.0] and problem.solved(prefix)
+
+
+def test_rule_planner_states_the_rule_from_the_reference_in_the_training_wording():
+    """SORT's regime: the rule planner writes `Rule: a@b = a+b-7.` from the question and the reference's step (in
+    either notation), the wording the hint warm start was trained on; it fails (not raises) without a new operator."""
+    from benchmarks.toy.hint import hint_prompt, plan_rule, rule_planner, rule_text
+    from trl_mintrl.sort import PlanRequest
+
+    problem = Problem(2, (("+", 7), ("+", 6), ("@", 1)))
+    near = STEP_SEPARATOR.join(problem.written_steps("near"))
+    assert near == "2+7=9\n\n9+6=15\n\n15+1=9\n\nAnswer: 9"
+    assert plan_rule(problem.question, near) == plan_rule(problem.question, problem.solution) == "Rule: a@b = a+b-7."
+    assert plan_rule("Compute 1+2#3 =", "1+2=3\n\n3+3=8\n\nAnswer: 8") == rule_text("#", 2) == "Rule: a#b = a+b+2."
+    assert hint_prompt(rule_text("@", -7), problem.question) == "Rule: a@b = a+b-7. Compute 2+7+6@1 ="
+    plans = rule_planner().plan([PlanRequest(problem.question, near), PlanRequest(EXAMPLE.question, EXAMPLE.solution)])
+    assert plans[0].text == "Rule: a@b = a+b-7." and not plans[0].failed
+    assert plans[1].failed
+
+
+def test_hinted_training_examples_apply_a_stated_rule_of_another_operator():
+    """The hint warm start's extra data: a rule for a symbol other than the regime's `@`, stated before the question
+    in `hint_prompt`'s wording, applied in the last step written the policy's way (`a+b=v`, v = a+b+k)."""
+    import re
+
+    from benchmarks.toy.hint import HINT_SYMBOLS, make_hinted_example
+
+    rng = random.Random(0)
+    for _ in range(200):
+        example = make_hinted_example(rng, rng.randint(1, 6))
+        content = example.row()["prompt"][0]["content"]
+        match = re.fullmatch(r"Rule: a(\S)b = a\+b([+-]\d)\. Compute (\d+(?:[-+]\d+)*)(\S)(\d+) =", content)
+        assert match, content
+        symbol, k, head, op, b = match.groups()
+        assert symbol == op and symbol in HINT_SYMBOLS and "@" not in content and int(k) != 0
+        steps = example.solution.split(STEP_SEPARATOR)
+        value = sum(int(term) for term in re.findall(r"[-+]?\d+", head))
+        assert steps[-2] == f"{value}+{b}={value + int(b) + int(k)}"
+        assert steps[-1] == f"Answer: {value + int(b) + int(k)}" and 0 <= value + int(b) + int(k) <= 19
+
+
+def test_sort_hint_regime_uses_the_hint_warm_start_near_references_and_the_hinted_teacher_prompt(tmp_path):
+    from benchmarks.toy.hint import HINT_TEACHER_TEMPLATE, WARM_START_HINT_DIR, hinted_prompt_fn
+    from benchmarks.toy.training import REGIMES, rl_config
+    from benchmarks.toy.warm_start import WARM_START_DIR
+
+    regime = REGIMES["sort-hint"]
+    assert regime.warm_start == WARM_START_HINT_DIR and REGIMES["out-of-reach"].warm_start == WARM_START_DIR
+    assert regime.problems(8, seed=999) == REGIMES["out-of-reach"].problems(8, seed=999)
+    rows = regime.dataset(4, seed=1)
+    for row, problem in zip(rows, regime.problems(4, seed=1), strict=True):
+        assert row["solution"] == STEP_SEPARATOR.join(problem.written_steps("near")) != problem.solution
+        assert hinted_prompt_fn()(problem)[0]["content"] == "Rule: a@b = a+b-7. " + problem.question
+    assert REGIMES["out-of-reach"].dataset(4, seed=1)["solution"][0] == regime.problems(4, seed=1)[0].solution
+    args = rl_config("sort", tmp_path, steps=1, regime="sort-hint")
+    assert args.teacher_template == HINT_TEACHER_TEMPLATE
+    assert rl_config("sort", tmp_path, steps=1, regime="out-of-reach").teacher_template != HINT_TEACHER_TEMPLATE
+
+
+def test_reference_logprobs_score_the_near_reference_after_its_prompt(warm_start):
+    """Calibration (c): mean per-token log-prob of the reference and of the decisive `@`-step result, <= 0."""
+    from benchmarks.toy.calibration import reference_logprobs
+    from benchmarks.toy.hint import hinted_prompt_fn
+
+    model, tokenizer = warm_start
+    problems = make_problems(2, 3, 4, seed=5, new_op="@")
+    base = reference_logprobs(model, tokenizer, problems)
+    teacher = reference_logprobs(model, tokenizer, problems, prompt_fn=hinted_prompt_fn())
+    for scores in (base, teacher):
+        assert scores["mean_token_logprob"] < 0 and scores["decisive_logprob"] < 0
+    assert base != teacher
+
+
+def test_sort_trainer_on_the_sort_hint_regime_takes_the_rule_planner(warm_start, tmp_path):
+    """`build_trainer` threads the planner into SORT's repair (constructed only; no training step)."""
+    from benchmarks.toy.hint import rule_planner
+    from benchmarks.toy.training import REGIMES, build_trainer, rl_config
+
+    model, tokenizer = warm_start
+    regime = REGIMES["sort-hint"]
+    planner = rule_planner()
+    args = rl_config("sort", tmp_path, steps=1, regime="sort-hint", per_device_train_batch_size=16)
+    trainer = build_trainer(
+        "sort", model, tokenizer, regime.dataset(4, seed=0), args, reward=regime.reward, planner=planner
+    )
+    assert trainer.repair.planner is planner

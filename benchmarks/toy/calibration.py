@@ -33,6 +33,65 @@ def calibrate(model, tokenizer, problems, n_samples: int = 64) -> dict[str, dict
     return result
 
 
+def reference_logprobs(model, tokenizer, problems, prompt_fn=None, notation: str = "near") -> dict[str, float]:
+    """Mean per-token log-prob of each problem's reference (`notation`, EOS appended, as SORT scores it) after its
+    prompt (`prompt_fn(problem)`, default the problem's own), averaged over problems (`mean_token_logprob`), and the
+    mean log-prob of the new operator's step result (`decisive_logprob`: the digits after `=` of the last step; the
+    token SORT's salience has to find), in nats."""
+    import torch
+
+    from trl_mintrl.text import prompt_token_ids
+
+    from .task import STEP_SEPARATOR
+
+    means, decisive = [], []
+    for problem in problems:
+        steps = problem.written_steps(notation)
+        reference = STEP_SEPARATOR.join(steps)
+        prompt = prompt_token_ids(tokenizer, prompt_fn(problem) if prompt_fn else problem.row()["prompt"])
+        ref_ids = tokenizer(reference, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ref_ids])).logits[0, len(prompt) - 1 : -1]
+        token_lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ref_ids)[:, None])[:, 0]
+        means.append(token_lp.mean().item())
+        last = steps[-2]  # the new operator's step (the last computation step)
+        start = len(STEP_SEPARATOR.join(steps[:-2]) + (STEP_SEPARATOR if len(steps) > 2 else "")) + last.index("=") + 1
+        decisive.append(token_lp[start : start + len(last) - last.index("=") - 1].mean().item())
+    return {
+        "mean_token_logprob": sum(means) / len(means),
+        "decisive_logprob": sum(decisive) / len(decisive),
+    }
+
+
+def hint_calibration(model, tokenizer, problems, n_samples: int = 64) -> dict[str, dict[str, float]]:
+    """SORT's regime at its warm start: pass@k without the hint ("no_hint"), with the rule planner's hint before the
+    question ("hint", the teacher prompt), and the near reference's log-probs under the base prompt ("base") and the
+    teacher prompt with the plan ("teacher")."""
+    from .evaluate import evaluate
+    from .hint import hinted_prompt_fn
+
+    ks = tuple(k for k in (1, 8, 64) if k <= n_samples)
+    hinted = hinted_prompt_fn()
+    return {
+        "no_hint": evaluate(model, tokenizer, problems, n_samples, ks=ks),
+        "hint": evaluate(model, tokenizer, problems, n_samples, ks=ks, prompt_fn=hinted),
+        "base": reference_logprobs(model, tokenizer, problems),
+        "teacher": reference_logprobs(model, tokenizer, problems, prompt_fn=hinted),
+    }
+
+
+def hint_table(result: dict) -> str:
+    """Markdown of `hint_calibration`: pass@k in %, log-probs in nats."""
+    ks = [k for k in (1, 8, 64) if f"pass@{k}" in result["no_hint"]]
+    lines = ["| prompt | " + " | ".join(f"pass@{k}" for k in ks) + " | mean token log-prob | @-step result log-prob |"]
+    lines.append("|---" * (len(ks) + 3) + "|")
+    for name, pass_key, lp_key in (("no hint (base)", "no_hint", "base"), ("rule hint (teacher)", "hint", "teacher")):
+        cells = [f"{100 * result[pass_key][f'pass@{k}']:.2f}" for k in ks]
+        cells += [f"{result[lp_key]['mean_token_logprob']:.3f}", f"{result[lp_key]['decisive_logprob']:.3f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def calibration_table(rows: dict[str, dict]) -> str:
     """Markdown table of `{regime: calibrate(...)}` in %; a missing k or familiar form is `-`."""
     lines = [
@@ -51,23 +110,30 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .training import REGIMES
-    from .warm_start import WARM_START_DIR
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.toy.calibration", description=__doc__)
     parser.add_argument("regimes", nargs="*", default=list(REGIMES))
     parser.add_argument("--problems", type=int, default=96)
     parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--model", default=str(WARM_START_DIR))
+    parser.add_argument("--model", default=None, help="default: each regime's warm start")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    rows = {
-        name: calibrate(model, tokenizer, REGIMES[name].problems(args.problems, seed=HELDOUT_SEED), args.samples)
-        for name in args.regimes
-    }
-    print(f"{args.problems} held-out problems x {args.samples} samples at temperature 1 (%), model {args.model}")
+    rows, hinted = {}, {}
+    for name in args.regimes:
+        path = args.model or REGIMES[name].warm_start
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        problems = REGIMES[name].problems(args.problems, seed=HELDOUT_SEED)
+        if REGIMES[name].planner is not None:
+            hinted[name] = (path, hint_calibration(model, tokenizer, problems, args.samples))
+            rows[name] = {"sampled": hinted[name][1]["no_hint"]}
+        else:
+            rows[name] = calibrate(model, tokenizer, problems, args.samples)
+    print(f"{args.problems} held-out problems x {args.samples} samples at temperature 1 (%)")
     print(calibration_table(rows))
+    for name, (path, result) in hinted.items():
+        print(f"\n{name} at {path}: without and with the rule planner's hint in the prompt")
+        print(hint_table(result))
 
 
 if __name__ == "__main__":

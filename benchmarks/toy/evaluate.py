@@ -22,8 +22,10 @@ def sample_completions(
     batch_size: int = 256,
     max_new_tokens: int | None = None,
     seed: int = 0,
+    prompt_fn=None,
 ) -> list[list[str]]:
-    """`n_samples` completions per problem (temperature sampling, top-p 1), reproducible for a seed."""
+    """`n_samples` completions per problem (temperature sampling, top-p 1), reproducible for a seed. `prompt_fn`:
+    `Problem -> prompt` (default: the problem's own prompt; e.g. `hint.hinted_prompt_fn()` states the rule first)."""
     import torch
     from transformers import GenerationConfig
 
@@ -37,7 +39,9 @@ def sample_completions(
         model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id], generation_config=config
     )
     rows = [
-        (i, prompt_token_ids(tokenizer, p.row()["prompt"])) for i, p in enumerate(problems) for _ in range(n_samples)
+        (i, prompt_token_ids(tokenizer, prompt_fn(p) if prompt_fn else p.row()["prompt"]))
+        for i, p in enumerate(problems)
+        for _ in range(n_samples)
     ]
     rows.sort(key=lambda r: len(r[1]))  # similar lengths share a batch: less padding
     completions: list[list[str]] = [[] for _ in problems]

@@ -9,10 +9,12 @@ gain or loss is not an optimiser artefact.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .task import make_dataset, make_problems, step_reward, toy_reward
+from .hint import HINT_TEACHER_TEMPLATE, WARM_START_HINT_DIR, rule_planner
+from .task import STEP_SEPARATOR, make_dataset, make_problems, step_reward, toy_reward
+from .warm_start import WARM_START_DIR
 
 METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort", "mintrl-sort")
 # SORT's repair settings, shared by "sort" and "mintrl-sort" (MInTRL with SORT's repair, const anchor)
@@ -30,12 +32,24 @@ class Regime:
     max_completion_length: int
     max_reviews: int  # MInTRL: reviews of 16 tokens, enough to reach the step that matters
     reward: Callable = toy_reward  # the reward RL trains on (held-out scoring uses `Problem.solved`, the same test)
+    warm_start: Path = WARM_START_DIR  # the checkpoint every arm starts from
+    notation: str = "far"  # the reference solutions' notation (`Problem.written_steps`): SORT's and judges' column
+    planner: Callable | None = None  # -> a `trl_mintrl.sort.Planner` for SORT arms (None: the policy writes plans)
+    sort_overrides: dict = field(default_factory=dict)  # SORT config fields of the regime (its teacher prompt)
 
     def problems(self, n: int, seed: int):
         return make_problems(n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op)
 
     def dataset(self, n: int, seed: int):
-        return make_dataset(n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op)
+        if self.notation == "far":
+            return make_dataset(n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op)
+        from datasets import Dataset
+
+        rows = [
+            {**p.row(), "solution": STEP_SEPARATOR.join(p.written_steps(self.notation))}
+            for p in self.problems(n, seed)
+        ]
+        return Dataset.from_list(rows)
 
 
 REGIMES = {
@@ -47,6 +61,21 @@ REGIMES = {
     # out of reach: the same chains ending in `a@b = a+b-7`, far from the policy's near misses, answers uniform over
     # 0-12 and the `@` step checked by the reward (`step_reward`), so neither a guess nor a slip scores
     "out-of-reach": Regime(3, 6, new_op="@", max_completion_length=96, max_reviews=4, reward=step_reward),
+    # SORT's regime (issue 19 section 3): the out-of-reach problems, from the hint warm start (it applies a rule stated
+    # in its prompt, trained on other operators and offsets; `benchmarks.toy.hint`), references in the policy's
+    # notation (`15+1=9`) and the rule planner's plan (`Rule: a@b = a+b-7.`) in the teacher prompt it was trained on
+    "sort-hint": Regime(
+        3,
+        6,
+        new_op="@",
+        max_completion_length=96,
+        max_reviews=4,
+        reward=step_reward,
+        warm_start=WARM_START_HINT_DIR,
+        notation="near",
+        planner=rule_planner,
+        sort_overrides={"teacher_template": HINT_TEACHER_TEMPLATE},
+    ),
 }
 
 
@@ -83,10 +112,11 @@ def rl_config(
         from trl import GRPOConfig
 
         return GRPOConfig(**{**common, "epsilon": 0.2, "epsilon_high": 0.28, **overrides})
+    sort_repair = {**SORT_REPAIR, **REGIMES[regime].sort_overrides}
     if method == "sort":
         from trl_mintrl.sort import SORTConfig
 
-        return SORTConfig(**{**common, **SORT_REPAIR, **overrides})
+        return SORTConfig(**{**common, **sort_repair, **overrides})
     from trl_mintrl.mintrl import MInTRLConfig
 
     del common["num_generations"]
@@ -103,16 +133,25 @@ def rl_config(
     if method == "mintrl-sort":
         from trl_mintrl.combined import MInTRLSORTConfig
 
-        return MInTRLSORTConfig(**{**common, **mintrl, **SORT_REPAIR, **overrides})
+        return MInTRLSORTConfig(**{**common, **mintrl, **sort_repair, **overrides})
     return MInTRLConfig(**{**common, **mintrl, **overrides})
 
 
 def build_trainer(
-    method: str, model, tokenizer, train_dataset, args, judge="rule", callbacks=None, reward: Callable = toy_reward
+    method: str,
+    model,
+    tokenizer,
+    train_dataset,
+    args,
+    judge="rule",
+    callbacks=None,
+    reward: Callable = toy_reward,
+    planner=None,
 ):
     """A trainer for `method` (`rl_config(method, ...)` as `args`). MInTRL's `judge`: "rule" (the toy rule judge),
     a `Judge` object, or None to build the one `args.judge` names (e.g. the self-judge). `reward`: the regime's
-    (`REGIMES[name].reward`)."""
+    (`REGIMES[name].reward`). `planner`: SORT's and MInTRL + SORT's (a `trl_mintrl.sort.Planner`; None: the policy
+    writes the plans)."""
     kwargs = dict(
         model=model,
         reward_funcs=reward,
@@ -128,11 +167,13 @@ def build_trainer(
     if method == "sort":
         from trl_mintrl.sort import SORTTrainer
 
-        return SORTTrainer(**kwargs)
+        return SORTTrainer(**kwargs, planner=planner)
     from trl_mintrl.combined import MInTRLSORTTrainer
     from trl_mintrl.mintrl import MInTRLTrainer
 
     from .task import rule_judge
 
+    if method == "mintrl-sort":
+        kwargs["planner"] = planner
     trainer_cls = MInTRLSORTTrainer if method == "mintrl-sort" else MInTRLTrainer
     return trainer_cls(**kwargs, judge=rule_judge() if judge == "rule" else judge)

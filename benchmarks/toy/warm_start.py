@@ -14,6 +14,7 @@ import random
 import time
 from pathlib import Path
 
+from .hint import HINT_MAX_OPS, HINT_MIN_OPS, make_hinted_example
 from .model import build_char_tokenizer, build_toy_model, save
 from .task import make_problem
 
@@ -55,11 +56,15 @@ def build_warm_start(
     max_ops: int = SFT_MAX_OPS,
     ops_decay: float = SFT_OPS_DECAY,
     log_every: int = 100,
+    init_dir: str | Path | None = None,
+    hint_fraction: float = 0.0,
 ) -> Path:
     """Train the toy model with next-token loss on reference solutions of `min_ops..max_ops`-operation problems.
 
     AdamW with linear warm-up and cosine decay to 10%, grad-norm clipping at 1.0. Runs on one CPU thread so the
-    result is identical for a seed; writes the model and tokenizer to `out_dir`.
+    result is identical for a seed; writes the model and tokenizer to `out_dir`. `init_dir`: start from that
+    checkpoint instead of a random model; `hint_fraction`: the share of each batch drawn as hinted examples
+    (`hint.make_hinted_example`, 1..6 operations; 0 draws exactly the stream of before).
     """
     import torch
 
@@ -67,7 +72,12 @@ def build_warm_start(
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = build_char_tokenizer()
-    model = build_toy_model(tokenizer, seed=seed)
+    if init_dir is None:
+        model = build_toy_model(tokenizer, seed=seed)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(init_dir)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
 
@@ -82,7 +92,9 @@ def build_warm_start(
     ops_weights = [ops_decay**i for i in range(len(ops))]
     start, running = time.time(), None
     for step in range(steps):
-        problems = [make_problem(rng, rng.choices(ops, ops_weights)[0]) for _ in range(batch_size)]
+        n_hinted = round(hint_fraction * batch_size)
+        problems = [make_problem(rng, rng.choices(ops, ops_weights)[0]) for _ in range(batch_size - n_hinted)]
+        problems += [make_hinted_example(rng, rng.randint(HINT_MIN_OPS, HINT_MAX_OPS)) for _ in range(n_hinted)]
         loss = model(**sft_batch(tokenizer, problems)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
