@@ -62,6 +62,17 @@ def multi_process_args(out_dir: str, **overrides) -> MInTRLConfig:
     return MInTRLConfig(**args)
 
 
+def scripted_trainer(model, args: MInTRLConfig, train_dataset, trainer_class=None) -> MInTRLTrainer:
+    """A trainer (`RecordingTrainer` unless given) with the scripted reward and judge of these tests."""
+    return (trainer_class or RecordingTrainer)(
+        model=model,
+        reward_funcs=role_reward,
+        args=args,
+        train_dataset=train_dataset,
+        judge=revise_first_step_judge(),
+    )
+
+
 class RecordingTrainer(MInTRLTrainer):
     """Keeps each generation batch's output and rewards for the assertions."""
 

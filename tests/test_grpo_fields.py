@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import digit_count_reward, params_changed, snapshot
-from mintrl_helpers import RecordingTrainer, revise_first_step_judge, role_reward
+from mintrl_helpers import RecordingTrainer, revise_first_step_judge, role_reward, scripted_trainer
 from transformers import TrainingArguments
 from trl import GRPOConfig
 
@@ -83,13 +83,7 @@ def test_group_refusals_name_the_fields(given, message):
 def test_num_generations_alone_trains_with_the_derived_split(tiny_model_path, cpu_args, toy_dataset, num_generations):
     """The first ceil(n/2) rollouts of each group are controls (their mean is the baseline), the rest intervened."""
     args = mintrl_config(cpu_args, num_generations=num_generations, per_device_train_batch_size=2 * num_generations)
-    trainer = RecordingTrainer(
-        model=tiny_model_path,
-        reward_funcs=role_reward,
-        args=args,
-        train_dataset=toy_dataset,
-        judge=revise_first_step_judge(),
-    )
+    trainer = scripted_trainer(tiny_model_path, args, toy_dataset)
     trainer.train()
     controls = (num_generations + 1) // 2
     (record,) = trainer.records
@@ -212,13 +206,7 @@ def test_several_optimizer_steps_per_generation_anchor_at_pi_old(tiny_model_path
     so the residual is exactly -A; the second step on the same batch, after an update, regresses
     sum(log pi_theta - log pi_old) != 0. Anchoring at the current (detached) log-probs would keep it at -A."""
     args = mintrl_config(cpu_args, anchor="proxy", regression_beta=1.0, max_steps=2, **setting)
-    trainer = LossSpy(
-        model=tiny_model_path,
-        reward_funcs=role_reward,
-        args=args,
-        train_dataset=toy_dataset,
-        judge=revise_first_step_judge(),
-    )
+    trainer = scripted_trainer(tiny_model_path, args, toy_dataset, LossSpy)
     trainer.train()
     assert len(trainer.records) == 1  # one generation batch for both optimizer steps
     (adv_first, residual_first, old_first), (adv_second, residual_second, old_second) = trainer.losses
@@ -231,13 +219,7 @@ def test_mask_truncated_completions_take_no_gradient(tiny_model_path, cpu_args, 
     """Completions cut at `max_completion_length` (all of them here, too short to end) keep their rewards and
     advantages but move no weight."""
     args = mintrl_config(cpu_args, mask_truncated_completions=True, max_completion_length=4, chunk_size=2)
-    trainer = RecordingTrainer(
-        model=tiny_model_path,
-        reward_funcs=role_reward,
-        args=args,
-        train_dataset=toy_dataset,
-        judge=revise_first_step_judge(),
-    )
+    trainer = scripted_trainer(tiny_model_path, args, toy_dataset)
     before = snapshot(trainer.model)
     trainer.train()
     (record,) = trainer.records

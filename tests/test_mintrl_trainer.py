@@ -9,7 +9,14 @@ import shutil
 import pytest
 import torch
 from conftest import assert_resume_refuses, params_changed, snapshot
-from mintrl_helpers import CORRECTION, RecordingTrainer, mintrl_args, revise_first_step_judge, role_reward
+from mintrl_helpers import (
+    CORRECTION,
+    RecordingTrainer,
+    mintrl_args,
+    revise_first_step_judge,
+    role_reward,
+    scripted_trainer,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_mintrl import MInTRLTrainer
@@ -375,13 +382,7 @@ def one_step(tiny_model_path, cpu_args, toy_dataset, **overrides):
     args = mintrl_args(
         cpu_args, max_steps=1, optim="sgd", learning_rate=1e-4, max_grad_norm=0.0, regression_beta=0.5, **overrides
     )
-    trainer = RecordingTrainer(
-        model=tiny_model_path,
-        reward_funcs=role_reward,
-        args=args,
-        train_dataset=toy_dataset,
-        judge=revise_first_step_judge(),
-    )
+    trainer = scripted_trainer(tiny_model_path, args, toy_dataset)
     before = snapshot(trainer.model)
     trainer.train()
     delta = {n: p.detach() - before[n] for n, p in trainer.model.named_parameters() if n in before}
@@ -446,13 +447,7 @@ def test_resume_refuses_a_missing_or_corrupt_state_file(tiny_model_path, cpu_arg
         args = mintrl_args(
             cpu_args, output_dir=str(tmp_path / "run"), max_steps=max_steps, save_strategy="steps", save_steps=1
         )
-        return MInTRLTrainer(
-            model=tiny_model_path,
-            reward_funcs=role_reward,
-            args=args,
-            train_dataset=toy_dataset,
-            judge=revise_first_step_judge(),
-        )
+        return scripted_trainer(tiny_model_path, args, toy_dataset, MInTRLTrainer)
 
     make(1).train()
     checkpoint = tmp_path / "run" / "checkpoint-1"
