@@ -96,13 +96,28 @@ def test_cpu_launches_set_the_threads_accelerate_would_announce(monkeypatch):
 @pytest.mark.slow
 def test_two_process_runs_exit_every_time(tiny_model_path, tmp_path):
     """A 2-process CPU run used to hang at exit now and then (rank 1 in `ProcessGroupGloo`'s destructor, 2 of 8
-    runs), so the CLI tears the process group down: several runs in a row must all exit, each in seconds."""
+    runs), or abort there (SIGABRT, once in CI), so each process skips the interpreter's native teardown: several
+    runs in a row must all exit, each in seconds, and the Python-level exit work (atexit handlers, as a user's
+    tracker registers) still runs on every rank."""
+    site = tmp_path / "site"  # a user's atexit handler, registered in every process of the launch
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import atexit, os\n"
+        "if 'RANK' in os.environ:\n"
+        "    atexit.register(lambda: open(os.environ['EXIT_MARKS'] + os.environ['RANK'], 'w').close())\n"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     flags = ["--max_steps", "1", "--save_strategy", "no", "--per_device_train_batch_size", "4"]
     for run in range(4):
+        env["EXIT_MARKS"] = str(tmp_path / f"exit{run}-rank")
         command = _two_process_command(tiny_model_path, tmp_path / f"run{run}", *flags)
         result = run_process_group(command, cwd=REPO, env=env, timeout=180)  # a hang: killed, TimeoutExpired
         assert result.returncode == 0 and "(trained on 2 processes)" in result.stdout, result.stderr[-3000:]
+        assert sorted(path.name for path in tmp_path.glob(f"exit{run}-rank*")) == [
+            f"exit{run}-rank0",
+            f"exit{run}-rank1",
+        ]
 
 
 def _alive(pid: int) -> bool:

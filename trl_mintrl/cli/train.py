@@ -598,20 +598,29 @@ def run(recipe: Recipe):
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_id)
         trainer.accelerator.print(f"pushed to https://huggingface.co/{trainer.hub_model_id}")
+    trainer.accelerator.wait_for_everyone()  # end_training destroys the process group: no rank leaves before the rest
     trainer.accelerator.end_training()
-    _destroy_process_group()
     return trainer
 
 
-def _destroy_process_group() -> None:
-    """Tear the process group down while every rank is still here. Left to the interpreter's exit, gloo's
-    `ProcessGroupGloo` destructor joins its worker thread and a rank intermittently hangs there for good (2-process
-    CPU runs, after the last line was printed)."""
-    import torch.distributed as dist
+def _exit_launched_process() -> None:
+    """End a process of a multi-process launch without the interpreter's native teardown.
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    Gloo's worker threads outlive `destroy_process_group` (the process group stays referenced), and tearing them
+    down during interpreter finalization intermittently hangs a rank for good or aborts it ("terminate called
+    without an active exception", SIGABRT, after the model was saved). So the Python-level exit work runs here
+    (other threads are joined, atexit handlers run, output is flushed), and the process ends with `os._exit(0)`.
+    """
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -637,3 +646,5 @@ def main(argv: list[str] | None = None) -> None:
         run(recipe)
     except (RecipeError, InputError, RewardFunctionError) as err:
         sys.exit(f"trl-mintrl train: error: {err}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _exit_launched_process()
