@@ -36,6 +36,8 @@ class FakeLM(GenerationEngine):
         self.streaming = streaming
         self.sessions = 0
         self.blocking_calls = 0  # `_generate` calls: the lock-step path, never the stream's
+        self.requests = 0  # prompts asked for: in `_generate` calls and stream submissions
+        self.cancels = 0  # stream requests cancelled
         self.steps = 0
         self.running: dict[str, list] = {}  # the stream's requests: id -> [context, generated, cap]
 
@@ -58,6 +60,7 @@ class FakeLM(GenerationEngine):
 
     def _generate(self, prompt_ids, max_new_tokens, temperature):
         self.blocking_calls += 1
+        self.requests += len(prompt_ids)
         return [self.complete(p, m) for p, m in zip(prompt_ids, max_new_tokens, strict=True)]
 
     def _open_stream(self, wake):
@@ -66,6 +69,10 @@ class FakeLM(GenerationEngine):
 
 class FakeStream(GenerationStream):
     """One token for every running request per step, like a continuously batched decode iteration."""
+
+    def submit(self, prompt_ids, max_new_tokens, temperature=None):
+        self.engine.requests += 1
+        return super().submit(prompt_ids, max_new_tokens, temperature)
 
     def _add(self, request_id, prompt_ids, max_new_tokens, temperature):
         self.engine.running[request_id] = [prompt_ids, [], max_new_tokens]
@@ -83,6 +90,10 @@ class FakeStream(GenerationStream):
     def _abort(self, request_ids):
         for request_id in request_ids:
             del self.engine.running[request_id]
+
+    def cancel(self, future):
+        self.engine.cancels += 1
+        super().cancel(future)
 
 
 def hashed_judge(delay: float = 0.0, fail_every: int = 0, **kwargs) -> FunctionJudge:
@@ -118,13 +129,16 @@ def trajectories(n: int = 24, budget: int = 4) -> list[Trajectory]:
 SETTINGS = dict(chunk_size=12, max_reviews=4, max_correction_tokens=6, max_completion_length=120)
 
 
-def run_both(tok, judge, n=24, **settings):
+def run_both(tok, judge, n=24, speculate=True, **settings):
+    """Both schedules on the same trajectories; the continuous one asks for the lock-step one's chunks (same
+    prompts, same caps: the same number of requests), plus the speculative chunks it dropped, each cancelled."""
     settings = RolloutSettings(**{**SETTINGS, **settings})
     barrier, continuous = trajectories(n), trajectories(n)
-    InterventionRollout(FakeLM(tok), judge, tok, settings).run(barrier)
-    lm = FakeLM(tok)
-    rollout = ContinuousRollout(lm, judge, tok, settings)
-    counts = rollout.run(continuous)
+    barrier_lm, lm = FakeLM(tok), FakeLM(tok)
+    InterventionRollout(barrier_lm, judge, tok, settings).run(barrier)
+    counts = ContinuousRollout(lm, judge, tok, settings, speculate=speculate).run(continuous)
+    dropped = counts.speculative_calls - counts.speculative_kept
+    assert lm.requests == counts.policy_calls == barrier_lm.requests + dropped and lm.cancels == dropped
     return barrier, continuous, lm, counts
 
 
@@ -143,13 +157,51 @@ def assert_same(barrier, continuous):
         (hashed_judge(), {"max_reviews": 1, "chunk_size": 5, "max_completion_length": 40}),
     ],
 )
-def test_continuous_gives_the_lock_step_trajectories(tiny_tokenizer, judge, settings):
-    barrier, continuous, lm, counts = run_both(tiny_tokenizer, judge, **settings)
+@pytest.mark.parametrize("speculate", [True, False])
+def test_continuous_gives_the_lock_step_trajectories(tiny_tokenizer, judge, settings, speculate):
+    barrier, continuous, lm, counts = run_both(tiny_tokenizer, judge, speculate=speculate, **settings)
     assert_same(barrier, continuous)
     assert sum(t.revisions for t in barrier) >= 3 and sum(t.reviews for t in barrier) >= 20  # the judge mattered
     assert len({len(t.completion_ids) for t in barrier}) > 5  # lengths spread
     assert lm.blocking_calls == 0 and lm.sessions == 1 and not lm.running  # all through one stream, nothing left
     assert counts.rounds == 0 and counts.review_calls < sum(t.reviews for t in continuous)  # reviews were batched
+    if speculate:  # kept where the judge kept the chunk, dropped (and aborted: nothing left running) where it revised
+        assert 0 < counts.speculative_kept < counts.speculative_calls
+    else:
+        assert counts.speculative_calls == 0
+
+
+@pytest.mark.parametrize("verdict", ["keep", "revise"])
+def test_speculative_chunks_are_used_when_the_judge_keeps_and_dropped_when_it_revises(tiny_tokenizer, verdict):
+    """A slow judge: every chunk under review already has its successor asked for. A judge that keeps every chunk
+    gets every speculative chunk used (the policy never waited for a verdict); one that revises every chunk gets
+    none used, and the same trajectories as the lock-step schedule either way."""
+    keep = verdict == "keep"
+
+    def review(question, prefix, steps, reference):
+        time.sleep(0.005)
+        return None if keep else 0
+
+    judge = FunctionJudge(review, lambda question, prefix, reference: "fix\n\n", concurrent_batches=2)
+    barrier, continuous, lm, counts = run_both(tiny_tokenizer, judge, n=12)
+    assert_same(barrier, continuous)
+    reviews = sum(t.reviews for t in continuous)
+    assert reviews >= 12 and not lm.running
+    # a review is speculated on unless keeping its chunk ends the trajectory (EOS, budget), at most once per rollout
+    intervened = sum(1 for t in continuous if t.review_budget)
+    assert reviews - intervened <= counts.speculative_calls <= reviews
+    assert counts.speculative_kept == (counts.speculative_calls if keep else 0)
+
+
+def test_cancelling_a_stream_request_drops_it_waiting_or_running(tiny_tokenizer):
+    lm = FakeLM(tiny_tokenizer)
+    with lm.stream() as stream:
+        running, waiting = stream.submit([1, 2, 3], 50), stream.submit([4, 5], 50)
+        stream.cancel(waiting)  # never admitted
+        stream.step()
+        assert list(lm.running.values()) == [[[1, 2, 3], [lm.next_token([1, 2, 3])], 50]]
+        stream.cancel(running)
+        assert not lm.running and not stream.has_work() and running.cancelled() and waiting.cancelled()
 
 
 def test_a_chunk_is_reviewed_while_the_policy_generates_for_others(tiny_tokenizer):

@@ -89,6 +89,8 @@ def test_continuous_matches_lock_step_on_vllm(greedy_engine, tokenizer, judge_ki
     if judge_kind == "function":
         assert sum(t.revisions for t in barrier) >= 2  # cuts and corrections happened
         assert greedy_engine.num_calls == calls_before  # no blocking LLM.generate: everything went through the stream
+        # next chunks asked for during reviews: used where the judge kept, aborted in vLLM where it revised
+        assert counts.speculative_calls > counts.speculative_kept > 0
     else:
         assert greedy_engine.num_calls > calls_before  # the judge's calls, served by the stream
         assert sum(t.judge_failures for t in barrier) > 0  # the random tiny model's answers do not parse

@@ -211,6 +211,17 @@ class GenerationStream(ABC):
             future, cap = self._running.pop(request_id)
             future.set_result(self.engine._truncate(generation, cap))
 
+    def cancel(self, future: Future) -> None:
+        """Drop one request (owner thread only): a waiting one is never admitted, a running one is aborted in the
+        backend; its future is cancelled. A request that already finished is left as it is."""
+        with self._lock:
+            self._inbox = [item for item in self._inbox if item[0] is not future]
+        running = [request_id for request_id, (f, _) in self._running.items() if f is future]
+        if running:
+            self._abort(running)
+            del self._running[running[0]]
+        future.cancel()
+
     def close(self) -> None:
         """Abort what is still running or waiting; their futures fail (a waiting judge thread then raises)."""
         with self._lock:

@@ -205,6 +205,10 @@ class MInTRLConfig(GRPOConfig):
             single-process colocated vLLM. `"barrier"`: lock-step rounds for every engine (the reference; vLLM
             server mode and tensor parallelism use it). `"auto"`: continuous where the engine supports it. Same
             trajectories for a greedy policy and a deterministic judge.
+        speculative_chunks (`bool`, *optional*, defaults to `True`):
+            Continuous schedule only: while a chunk is under review, the policy already writes the next chunk from
+            its end. Kept by the judge (most reviews), the next chunk is ready and the review's latency is hidden;
+            revised, it is aborted and its tokens are wasted compute. Same trajectories for a greedy policy.
 
         > Parameters that control the absorption warning
 
@@ -412,6 +416,14 @@ class MInTRLConfig(GRPOConfig):
             "for all unfinished trajectories (every engine; vLLM server mode and tensor parallelism need it, since "
             "each call there is a collective). 'auto': continuous where the engine supports it. Both give the same "
             "trajectories for a greedy policy and a deterministic judge; see docs/mintrl.md."
+        },
+    )
+    speculative_chunks: bool = field(
+        default=True,
+        metadata={
+            "help": "Continuous schedule only: while a chunk is under review, generate the next chunk from its end; "
+            "used when the judge keeps the chunk (the review's latency hidden), aborted when it revises (its tokens "
+            "wasted). Same trajectories for a greedy policy and a deterministic judge."
         },
     )
 

@@ -89,6 +89,8 @@ class RoundCounts:
     policy_calls: int = 0
     review_calls: int = 0
     correction_calls: int = 0
+    speculative_calls: int = 0  # continuous schedule: next chunks asked for while their prefix was under review
+    speculative_kept: int = 0  # ... of which the judge kept the prefix, so the chunk was used
 
 
 class InterventionRollout:
@@ -163,9 +165,12 @@ class InterventionRollout:
     def next_prompt(self, t: Trajectory) -> list[int]:
         return t.prompt_ids + t.completion_ids
 
-    def chunk_cap(self, t: Trajectory) -> int:
-        """A reviewed chunk while reviews remain; after them, the whole remaining budget in one piece."""
-        return min(self.settings.chunk_size, self._remaining(t)) if self._reviewable(t) else self._remaining(t)
+    def chunk_cap(self, t: Trajectory, ahead: Generation | None = None) -> int:
+        """A reviewed chunk while reviews remain; after them, the whole remaining budget in one piece. `ahead`: a
+        chunk under review that the request continues (a speculative next chunk), counted as kept and reviewed."""
+        remaining = self._remaining(t) - (0 if ahead is None else ahead.num_tokens)
+        reviewable = t.reviews + (ahead is not None) < t.review_budget
+        return min(self.settings.chunk_size, remaining) if reviewable else remaining
 
     def take_chunk(self, t: Trajectory, chunk: Generation) -> PendingReview | None:
         """A chunk to review, or None when it was accepted at once (no reviews left, or no text: only EOS)."""

@@ -8,8 +8,13 @@ works. Here a trajectory's chunk is a request of the policy engine's running bat
 the others meanwhile. Judge calls run on worker threads (`JudgeQueue`), batched: every request that arrives while
 the judge is busy goes into its next call.
 
+While a chunk is under review the policy already writes the next one from the chunk's end (`speculate`): when
+the judge keeps the chunk, which is most reviews, the next chunk is done or under way and the review's latency is
+hidden; when it revises, the speculative chunk is aborted and its tokens are thrown away.
+
 The per-trajectory steps (accept, cut, correct, append, votes, failures) are `InterventionRollout`'s own, so with a
-greedy policy and a deterministic judge both schedules give the same trajectories; only the order in which
+greedy policy and a deterministic judge both schedules give the same trajectories (a speculative chunk continues
+the same prefix with the same budget as the chunk asked for after the verdict); only the order in which
 trajectories advance differs. All trajectory state is changed on the calling thread: the engine's and the judge's
 answers come back as events on one queue.
 """
@@ -21,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 from ..engines.base import Generation
 from ..judges.base import Judge
@@ -74,24 +80,38 @@ class JudgeQueue:
         self._dispatch()
 
 
-class ContinuousRollout(InterventionRollout):
-    """`InterventionRollout` on an engine with continuous batching (`policy.supports_streaming`): same arguments,
-    same trajectories for a greedy policy and a deterministic judge, no round barriers.
+@dataclass
+class Speculation:
+    """A next chunk asked for while its prefix is under review. Whichever comes second, the chunk or the verdict
+    that keeps the prefix, takes the chunk (both run on the owner thread, so exactly one of them sees the other)."""
 
-    `run` returns `RoundCounts` with `rounds` 0, `policy_calls` the chunk requests and `review_calls` /
-    `correction_calls` the batched judge calls; `policy_busy_seconds` is the time the engine spent stepping.
+    future: Future
+    chunk: Generation | None = None  # set when it arrives
+    kept: bool = False  # set when the verdict keeps the prefix
+
+
+class ContinuousRollout(InterventionRollout):
+    """`InterventionRollout` on an engine with continuous batching (`policy.supports_streaming`): same arguments
+    (and `speculate`: ask for the next chunk while a chunk is under review), same trajectories for a greedy policy
+    and a deterministic judge, no round barriers.
+
+    `run` returns `RoundCounts` with `rounds` 0, `policy_calls` the chunk requests (speculative ones included),
+    `speculative_calls` / `speculative_kept` and `review_calls` / `correction_calls` the batched judge calls;
+    `policy_busy_seconds` is the time the engine spent stepping.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, speculate: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         if not self.policy.supports_streaming:
             raise ValueError(f"{type(self.policy).__name__} has no continuous batching: use InterventionRollout.")
+        self.speculate = speculate
         self.policy_busy_seconds = 0.0
 
     def run(self, trajectories: Sequence[Trajectory]) -> RoundCounts:
         if self.judge is None and any(t.review_budget > 0 for t in trajectories):
             raise ValueError("trajectories with a review budget need a judge")
         self.counts = RoundCounts()
+        self.speculations: dict[int, Speculation] = {}  # id(trajectory) -> its next chunk, asked for ahead
         self.events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.unfinished = len(trajectories)
         workers = 1 if self.judge is None else max(1, self.judge.concurrent_batches)
@@ -149,13 +169,47 @@ class ContinuousRollout(InterventionRollout):
         pending = self.take_chunk(t, chunk)
         if pending is None:
             self._next_chunk(t)
-        else:
-            self.judges.submit("review", self.review_requests(pending), lambda v: self._on_verdicts(pending, v))
+            return
+        self.judges.submit("review", self.review_requests(pending), lambda v: self._on_verdicts(pending, v))
+        if self.speculate:
+            self._speculate(pending)
+
+    def _speculate(self, pending: PendingReview) -> None:
+        """Ask for the chunk that follows `pending`'s if the judge keeps it (none when keeping it ends the
+        trajectory: EOS, or no budget left)."""
+        t, chunk = pending.trajectory, pending.chunk
+        cap = self.chunk_cap(t, ahead=chunk)
+        if not chunk.token_ids or self._ends_with_eos(chunk.token_ids) or cap <= 0:
+            return
+        self.counts.policy_calls += 1
+        self.counts.speculative_calls += 1
+        speculation = Speculation(self.stream.submit(self.next_prompt(t) + chunk.token_ids, cap))
+        self.speculations[id(t)] = speculation
+        speculation.future.add_done_callback(
+            lambda f: self.events.put(lambda: self._on_speculative_chunk(t, speculation))
+        )
+
+    def _on_speculative_chunk(self, t: Trajectory, speculation: Speculation) -> None:
+        if speculation.future.cancelled():
+            return
+        speculation.chunk = speculation.future.result()
+        if speculation.kept:
+            self._on_chunk(t, speculation.chunk)
 
     def _on_verdicts(self, pending: PendingReview, verdicts: list) -> None:
+        t = pending.trajectory
         cut = self.take_verdicts(pending, verdicts)
+        speculation = self.speculations.pop(id(t), None)
+        if speculation is not None and cut is None and not t.finished:
+            self.counts.speculative_kept += 1
+            speculation.kept = True
+            if speculation.chunk is not None:
+                self._on_chunk(t, speculation.chunk)
+            return
+        if speculation is not None:  # the judge revised the prefix (or keeping it ended the trajectory)
+            self.stream.cancel(speculation.future)
         if cut is None:
-            self._next_chunk(pending.trajectory)
+            self._next_chunk(t)
         else:
             self.judges.submit("correct", [self.correction_request(cut)], lambda c: self._on_correction(cut, c[0]))
 
@@ -164,12 +218,15 @@ class ContinuousRollout(InterventionRollout):
         self._next_chunk(cut.trajectory)
 
 
-def rollout_for(policy, judge: Judge | None, tokenizer, settings, schedule: str = "auto") -> InterventionRollout:
-    """The rollout of `schedule`: "continuous" (refused on an engine without continuous batching), "barrier" (the
-    lock-step reference), or "auto" (continuous where the engine supports it)."""
+def rollout_for(
+    policy, judge: Judge | None, tokenizer, settings, schedule: str = "auto", speculate: bool = True
+) -> InterventionRollout:
+    """The rollout of `schedule`: "continuous" (refused on an engine without continuous batching; `speculate`: next
+    chunks asked for during reviews), "barrier" (the lock-step reference), or "auto" (continuous where the engine
+    supports it)."""
     if schedule == "barrier" or (schedule == "auto" and not policy.supports_streaming):
         return InterventionRollout(policy, judge, tokenizer, settings)
-    return ContinuousRollout(policy, judge, tokenizer, settings)
+    return ContinuousRollout(policy, judge, tokenizer, settings, speculate=speculate)
 
 
 def check_rollout_schedule(args) -> None:

@@ -219,9 +219,11 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         # the rollout's settings are config fields of the same names
         settings = RolloutSettings(**{f.name: getattr(args, f.name) for f in fields(RolloutSettings)})
         self.policy_engine.reset_cache_stats()
-        rollout_for(self.policy_engine, self.judge, self.processing_class, settings, args.rollout_schedule).run(
-            trajectories
-        )
+        rollout = rollout_for(
+            self.policy_engine, self.judge, self.processing_class, settings, args.rollout_schedule,
+            speculate=args.speculative_chunks,
+        )  # fmt: skip
+        rollout.run(trajectories)
         stats = [
             [
                 t.review_budget > 0,
