@@ -389,8 +389,9 @@ def _stop_tokens(engine, prompts: list[list[int]], cap: int, mean_length: int) -
 
 
 def _rollout_judges(shape: dict, delay_s: float, stack):
-    """The rule judge (instant: flags a step a hash picks) and the endpoint judge against a local server that
-    answers after `delay_s` (tests/fault_server.py, keep-alive)."""
+    """The rule judge (flags a step a hash picks, or keeps the chunk) answering at once and, as a judge model on
+    other hardware would, after `delay_s` per call (4 calls in flight); and the endpoint judge against a local
+    server that answers after `delay_s` and revises every chunk (tests/fault_server.py, keep-alive)."""
     import zlib
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -402,23 +403,44 @@ def _rollout_judges(shape: dict, delay_s: float, stack):
         pick = zlib.crc32((prefix + "".join(steps)).encode()) % (len(steps) + 2)
         return pick if pick < len(steps) else None
 
+    def correct(question, prefix, reference):
+        return "Check: 2+2=4.\n\n"
+
+    def delayed(function):
+        return lambda *args: time.sleep(delay_s) or function(*args)
+
     server = stack.enter_context(FaultServer(mix="ok=1", keep_alive=True, delay_s=delay_s, lifetime_s=3600))
     endpoint = EndpointJudge(server.url, "judge", api_key_env=None, timeout_s=30 + 10 * delay_s,
                              max_correction_tokens=shape["max_correction_tokens"])  # fmt: skip
-    return {"rule": FunctionJudge(review, lambda q, prefix, r: "Check: 2+2=4.\n\n"), "endpoint": endpoint}
+    return {
+        "rule": FunctionJudge(review, correct),
+        "rule-delayed": FunctionJudge(delayed(review), delayed(correct), concurrent_batches=4),
+        "endpoint": endpoint,
+    }
 
 
-def _time_rollout(rollout_cls, policy, judge, tok, settings, prompts, review_budgets) -> dict:
+ROLLOUT_SCHEDULES = ("barrier", "continuous", "speculative")  # speculative: continuous with speculative_chunks
+
+
+def _rollout_of(schedule: str, policy, judge, tok, settings):
+    from trl_mintrl.mintrl.rollout import InterventionRollout
+    from trl_mintrl.mintrl.scheduler import ContinuousRollout
+
+    if schedule == "barrier":
+        return InterventionRollout(policy, judge, tok, settings)
+    return ContinuousRollout(policy, judge, tok, settings, speculate=schedule == "speculative")
+
+
+def _time_rollout(rollout, policy, prompts, review_budgets) -> dict:
     from trl_mintrl.mintrl.rollout import Trajectory
 
     trajectories = [
         Trajectory(prompt_ids=list(p), question="Compute 2+2.", review_budget=b)
         for p, b in zip(prompts, review_budgets, strict=True)
     ]
-    rollout = rollout_cls(policy, judge, tok, settings)
     generating = CallCounter(policy, "_generate")  # the lock-step path's blocking calls
     start = time.perf_counter()
-    rollout.run(trajectories)
+    counts = rollout.run(trajectories)
     seconds = time.perf_counter() - start
     del policy._generate  # CallCounter's instance attribute: back to the class method
     busy = getattr(rollout, "policy_busy_seconds", 0.0) + generating.seconds
@@ -429,20 +451,22 @@ def _time_rollout(rollout_cls, policy, judge, tok, settings, prompts, review_bud
         "judge_tokens": sum(t.judge_tokens for t in trajectories),
         "reviews": sum(t.reviews for t in trajectories),
         "revisions": sum(t.revisions for t in trajectories),
+        "speculative_calls": counts.speculative_calls,
+        "speculative_kept": counts.speculative_kept,
     }
 
 
 def measure_rollout(rounds: int, delay_fraction: float, shape: dict) -> dict:
-    """Per round and judge, in turn: a barrier rollout, a continuous one, and plain generation (one `generate` call,
-    no stopping) of each one's policy tokens per row; the ratios are paired within the round."""
+    """Per round and judge, in turn: a barrier rollout, a continuous one without and one with speculative chunks,
+    and after each plain generation (one `generate` call, no stopping) of its policy tokens per row; the ratios are
+    paired within the round."""
     import contextlib
     import tempfile
 
     from transformers import AutoTokenizer
 
     from trl_mintrl.engines.vllm import VLLMEngine
-    from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings
-    from trl_mintrl.mintrl.scheduler import ContinuousRollout
+    from trl_mintrl.mintrl.rollout import RolloutSettings
     from trl_mintrl.text import chat_token_ids
     from trl_mintrl.tiny import build_tiny_model
 
@@ -466,11 +490,12 @@ def measure_rollout(rounds: int, delay_fraction: float, shape: dict) -> dict:
         judges = _rollout_judges(shape, delay_fraction * full_length_s, stack)
         settings = RolloutSettings(**{k: shape[k] for k in ("chunk_size", "max_reviews", "max_correction_tokens",
                                                               "max_completion_length")})  # fmt: skip
-        records = {f"{j}_{s}": [] for j in judges for s in ("barrier", "continuous")}
+        records = {f"{j}_{s}": [] for j in judges for s in ROLLOUT_SCHEDULES}
         for _ in range(rounds):
             for judge_name, judge in judges.items():
-                for schedule, cls in (("barrier", InterventionRollout), ("continuous", ContinuousRollout)):
-                    record = _time_rollout(cls, policy, judge, tok, settings, prompts, budgets)
+                for schedule in ROLLOUT_SCHEDULES:
+                    rollout = _rollout_of(schedule, policy, judge, tok, settings)
+                    record = _time_rollout(rollout, policy, prompts, budgets)
                     start = time.perf_counter()
                     plain.generate(prompts, record["policy_tokens"])
                     record["plain_seconds"] = time.perf_counter() - start
@@ -489,11 +514,13 @@ def render_rollout(saved: dict) -> str:
         f"completions up to {shape['max_completion_length']} tokens (long-tailed, mean ~{shape['mean_length']}), "
         f"chunks of {shape['chunk_size']}, {shape['max_reviews']} reviews. The endpoint judge's server answers "
         f"after {result['judge_delay_s']:.3f} s ({saved['settings']['delay_fraction']:g} of the batch's full-length "
-        f"generation, {result['full_length_seconds']:.2f} s); the rule judge answers at once.",
+        f"generation, {result['full_length_seconds']:.2f} s) and revises every chunk; the rule judge answers at "
+        "once, rule-delayed gives the same verdicts after the endpoint's delay per call. Speculative: the "
+        "continuous schedule with `speculative_chunks` (next chunks asked for during reviews: kept / asked).",
         "",
         "| judge, schedule | x plain generation of the same tokens [95% CI] | policy engine busy | rollout s | "
-        "policy tokens | judge tokens | reviews | revisions |",
-        "|---|---|---|---|---|---|---|---|",
+        "policy tokens | judge tokens | reviews | revisions | speculative kept / asked |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, records in result["records"].items():
         ratio = mean_interval([r["seconds"] / r["plain_seconds"] for r in records])
@@ -501,6 +528,9 @@ def render_rollout(saved: dict) -> str:
         cells = [_ratio_interval(ratio), f"{100 * busy.mean:.0f}%", f"{_mean(records, 'seconds'):.2f}",
                  f"{statistics.mean(sum(r['policy_tokens']) for r in records):,.0f}",
                  *(f"{_mean(records, key):,.0f}" for key in ("judge_tokens", "reviews", "revisions"))]  # fmt: skip
+        asked = sum(r.get("speculative_calls", 0) for r in records)
+        cells.append(f"{sum(r['speculative_kept'] for r in records) / len(records):.0f} / {asked / len(records):.0f}"
+                     if asked else "-")  # fmt: skip
         lines.append(f"| {name.replace('_', ', ')} | {' | '.join(cells)} |")
     lines += ["", f"{saved['settings']['rounds']} rounds, each variant in turn; ratios paired within a round."]
     return "\n".join(lines)
@@ -512,7 +542,8 @@ def rollout_readme_block(saved: dict) -> str:
     lines = [
         f"One MInTRL rollout on vLLM, {saved['settings']['rounds']} rounds, relative to plain generation of the same "
         f"tokens (paired within a round, 95% t-interval); the endpoint judge answers after "
-        f"{saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk. From "
+        f"{saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk, "
+        "rule-delayed keeps some chunks (the rule judge's verdicts) after the same delay. From "
         f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`); full table in "
         "`benchmarks/results/cost_rollout.md`.",
         "",

@@ -326,9 +326,10 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
     """`cost.py --rollout`: each rollout's time over the plain generation of the same round, mean and t-interval."""
     from benchmarks.cost import render_rollout
 
-    def record(seconds, plain, busy):
+    def record(seconds, plain, busy, asked=0, kept=0):
         return {"seconds": seconds, "plain_seconds": plain, "busy_share": busy, "policy_tokens": [60, 40],
-                "judge_tokens": 8, "reviews": 4, "revisions": 2}  # fmt: skip
+                "judge_tokens": 8, "reviews": 4, "revisions": 2, "speculative_calls": asked,
+                "speculative_kept": kept}  # fmt: skip
 
     saved = {
         "provenance": {"command": "python benchmarks/cost.py --rollout", "commit": "b" * 40},
@@ -336,11 +337,13 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
                      "max_completion_length": 384, "mean_length": 96, "chunk_size": 48, "max_reviews": 4}},
         "result": {"judge_delay_s": 0.3, "full_length_seconds": 3.0, "records": {
             "rule_barrier": [record(3.0, 2.0, 0.9), record(2.0, 2.0, 0.7)],
-            "rule_continuous": [record(1.1, 1.0, 1.0), record(1.3, 1.0, 0.9)]}},
+            "rule_continuous": [record(1.1, 1.0, 1.0), record(1.3, 1.0, 0.9)],
+            "rule_speculative": [record(1.0, 1.0, 1.0, 10, 6), record(1.0, 1.0, 1.0, 8, 4)]}},
     }  # fmt: skip
     rows = {line.split(" | ")[0]: line for line in render_rollout(saved).splitlines() if line.startswith("| rule")}
     # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25; busy share 80%
-    assert rows["| rule, barrier"] == "| rule, barrier | 1.25 [-1.93, 4.43] | 80% | 2.50 | 100 | 8 | 4 | 2 |"
+    assert rows["| rule, barrier"] == "| rule, barrier | 1.25 [-1.93, 4.43] | 80% | 2.50 | 100 | 8 | 4 | 2 | - |"
+    assert rows["| rule, speculative"].endswith("| 8 | 4 | 2 | 5 / 9 |")  # speculative chunks: kept / asked per round
     assert rows["| rule, continuous"].startswith("| rule, continuous | 1.20 [-0.07, 2.47] | 95% | 1.20 |")
 
 
