@@ -390,14 +390,14 @@ def _stop_tokens(engine, prompts: list[list[int]], cap: int, mean_length: int) -
 
 def _rollout_judges(shape: dict, delay_s: float, stack):
     """The rule judge (flags a step a hash picks, or keeps the chunk) answering at once and, as a judge model on
-    other hardware would, after `delay_s` per call (4 calls in flight); and the endpoint judge against a local
-    server that answers after `delay_s` and revises every chunk (tests/fault_server.py, keep-alive)."""
+    other hardware would, after `delay_s` per call (a batch; 4 calls in flight); and the endpoint judge against a
+    local server that answers after `delay_s` and revises every chunk (tests/fault_server.py, keep-alive)."""
     import zlib
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from fault_server import FaultServer
 
-    from trl_mintrl.judges import EndpointJudge, FunctionJudge
+    from trl_mintrl.judges import EndpointJudge, FunctionJudge, Judge
 
     def review(question, prefix, steps, reference):
         pick = zlib.crc32((prefix + "".join(steps)).encode()) % (len(steps) + 2)
@@ -406,15 +406,28 @@ def _rollout_judges(shape: dict, delay_s: float, stack):
     def correct(question, prefix, reference):
         return "Check: 2+2=4.\n\n"
 
-    def delayed(function):
-        return lambda *args: time.sleep(delay_s) or function(*args)
+    rule = FunctionJudge(review, correct)
+
+    class DelayedRule(Judge):
+        """The rule judge's answers to each call (a batch of requests) after `delay_s`, like the endpoint's server
+        (which answers a batch's requests concurrently, each after `delay_s`)."""
+
+        concurrent_batches = 4  # as the endpoint judge
+
+        def review(self, requests):
+            time.sleep(delay_s)
+            return rule.review(requests)
+
+        def correct(self, requests):
+            time.sleep(delay_s)
+            return rule.correct(requests)
 
     server = stack.enter_context(FaultServer(mix="ok=1", keep_alive=True, delay_s=delay_s, lifetime_s=3600))
     endpoint = EndpointJudge(server.url, "judge", api_key_env=None, timeout_s=30 + 10 * delay_s,
                              max_correction_tokens=shape["max_correction_tokens"])  # fmt: skip
     return {
-        "rule": FunctionJudge(review, correct),
-        "rule-delayed": FunctionJudge(delayed(review), delayed(correct), concurrent_batches=4),
+        "rule": rule,
+        "rule-delayed": DelayedRule(),
         "endpoint": endpoint,
     }
 

@@ -131,6 +131,18 @@ MODES = {
         sweep_seeds=0,
         prompts_per_step=8,
     ),
+    "horizon": dict(  # how long GRPO keeps improving on each regime: the steps the full mode needs (issue 19)
+        steps=96,
+        seeds=[0, 1, 2],
+        final_prompts=96,
+        curve_prompts=32,
+        curve_points=8,
+        calibration_samples=64,
+        plan={"out-of-reach": ["grpo"], "reachable": ["grpo"], "sort-hint": ["grpo"]},
+        seeds_per_regime={},
+        sweep_seeds=0,
+        prompts_per_step=8,
+    ),
     "smoke": dict(  # the test: seconds
         steps=1,
         seeds=[0, 1],
@@ -404,6 +416,10 @@ def report(results: dict) -> str:
         if any(peaks):  # records of the previous version have pass@1 curves only
             text = ", ".join(f"{100 * max(p):.1f}" if p else "-" for p in peaks)
             lines += [f"GRPO's highest held-out pass@8 on the curve set over the run, per seed: {text}.", ""]
+            lines += [
+                f"GRPO's curve (curve set, mean over seeds, pass@1 / pass@8 by step): {_mean_curve(grpo, base)}.",
+                "",
+            ]
         lines += [
             "| method | seeds | pass@1 | pass@8 | pass@1 - GRPO [95% CI] | resolved | pass@8 - GRPO [95% CI] "
             "| judge-token share | reward interv. - control | judge-token NLL | train s/run |",
@@ -518,6 +534,17 @@ def calibration_text(base: dict) -> str:
             f"{100 * base['familiar']['pass@1']:.1f}, pass@8 {100 * base['familiar']['pass@8']:.1f}"
         )
     return text
+
+
+def _mean_curve(runs: list[dict], base: dict | None) -> str:
+    """`step: pass@1 / pass@8` in % at every curve point all runs share, from step 0 (the warm start's `curve0`)."""
+    steps = sorted(set.intersection(*(set(r["curve"]) for r in runs)), key=int)
+    start = base.get("curve0") if base else None
+    points = [] if start is None else [f"0: {100 * start['pass@1']:.1f} / {100 * start['pass@8']:.1f}"]
+    for step in steps:
+        p1, p8 = (statistics.fmean(r["curve"][step][k] for r in runs) for k in ("pass@1", "pass@8"))
+        points.append(f"{step}: {100 * p1:.1f} / {100 * p8:.1f}")
+    return ", ".join(points)
 
 
 def _verdict(diff) -> str:
@@ -690,6 +717,9 @@ def main(argv: list[str] | None = None) -> None:
         "--quick", action="store_true", help="1 seed, 6 steps, 4 arms on out-of-reach, no sweep (< 5 min)"
     )
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 2 methods (the test)")
+    parser.add_argument(
+        "--horizon", action="store_true", help="GRPO alone, 96 steps, 3 seeds, every regime: when its curve flattens"
+    )
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
     parser.add_argument(
         "--out", type=Path, default=None, help="output folder (with --replot: default the JSON's folder)"
@@ -705,7 +735,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.readme:
             update_readme(args.readme, README_START, README_END, readme_block(results))
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mode = "smoke" if args.smoke else "quick" if args.quick else "horizon" if args.horizon else "full"
     out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"mode": mode, **MODES[mode]}
