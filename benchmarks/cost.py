@@ -545,8 +545,29 @@ def render_rollout(saved: dict) -> str:
         cells.append(f"{sum(r['speculative_kept'] for r in records) / len(records):.0f} / {asked / len(records):.0f}"
                      if asked else "-")  # fmt: skip
         lines.append(f"| {name.replace('_', ', ')} | {' | '.join(cells)} |")
-    lines += ["", f"{saved['settings']['rounds']} rounds, each variant in turn; ratios paired within a round."]
+    lines += ["", f"{saved['settings']['rounds']} rounds, each variant in turn; ratios paired within a round.", ""]
+    lines += _schedule_differences(result["records"])
     return "\n".join(lines)
+
+
+def _schedule_differences(records: dict) -> list[str]:
+    """Per judge, the paired (by round) differences of the x-plain ratios: continuous - barrier and, where it ran,
+    speculative - continuous."""
+    lines = ["| judge | continuous - barrier [95% CI] | speculative - continuous [95% CI] |", "|---|---|---|"]
+    for judge in dict.fromkeys(name.rsplit("_", 1)[0] for name in records):
+        ratio = {
+            schedule: [r["seconds"] / r["plain_seconds"] for r in records[f"{judge}_{schedule}"]]
+            for schedule in ROLLOUT_SCHEDULES
+            if f"{judge}_{schedule}" in records
+        }
+        cells = [
+            _ratio_interval(mean_interval([a - b for a, b in zip(ratio[x], ratio[y], strict=True)]))
+            if x in ratio and y in ratio
+            else "-"
+            for x, y in (("continuous", "barrier"), ("speculative", "continuous"))
+        ]
+        lines.append(f"| {judge} | {' | '.join(cells)} |")
+    return lines
 
 
 def rollout_readme_block(saved: dict) -> str:
