@@ -385,3 +385,26 @@ def test_sort_hint_jobs_get_the_rule_planner_and_the_hint_warm_start():
     assert job_planner(jobs["sort-hint", "grpo"]) is None
     assert job_planner(jobs["out-of-reach", "sort"]) is None
     assert REGIMES[jobs["sort-hint", "sort"]["regime"]].warm_start == WARM_START_HINT_DIR
+
+
+def test_learning_report_gives_grpos_mean_curve_from_the_warm_start():
+    """learning.md says how GRPO's held-out curve moves (the horizon run reads where it flattens from this line)."""
+    from benchmarks.learning import report
+
+    def run(seed, p1, p8):
+        curve = {"12": {"pass@1": p1[0], "pass@8": p8[0]}, "24": {"pass@1": p1[1], "pass@8": p8[1]}}
+        return {"regime": "reachable", "label": "grpo", "seed": seed, "group": "main", "curve": curve,
+                "final": {"pass@1": p1[1], "pass@8": p8[1]}, "logs": [], "train_seconds": 1.0, "steps": 24,
+                "overrides": {}}  # fmt: skip
+
+    results = {
+        "provenance": {"command": "python benchmarks/learning.py --horizon", "commit": "c" * 40,
+                       "changed_files_that_matter": []},
+        "settings": {"steps": 24, "prompts_per_step": 8, "final_prompts": 96, "seeds": [0, 1],
+                     "plan": {"reachable": ["grpo"]}, "sweep_seeds": 0},
+        "baselines": [{"regime": "reachable", "final": {"pass@1": 0.1, "pass@8": 0.3, "pass@64": 0.6},
+                       "curve0": {"pass@1": 0.1, "pass@8": 0.3}}],
+        "runs": [run(0, (0.2, 0.3), (0.4, 0.5)), run(1, (0.4, 0.5), (0.6, 0.7))],
+    }  # fmt: skip
+    line = next(line for line in report(results).splitlines() if line.startswith("GRPO's curve"))
+    assert line.endswith("by step): 0: 10.0 / 30.0, 12: 30.0 / 50.0, 24: 40.0 / 60.0.")
