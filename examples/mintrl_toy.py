@@ -1,6 +1,6 @@
 """MInTRL on CPU in a few minutes: a ~1M-parameter model learns longer arithmetic chains with a rule judge.
 
-    python examples/mintrl_toy.py [--steps 24] [--no-grpo]
+    python examples/mintrl_toy.py [--steps 48] [--no-grpo]
 
 The warm start (committed in benchmarks/toy/) solves short problems but fails most 8-11 step ones. MInTRL samples 4
 on-policy control rollouts and 4 intervened rollouts per prompt; on the intervened ones a rule judge reviews each
@@ -8,7 +8,7 @@ on-policy control rollouts and 4 intervened rollouts per prompt; on the interven
 MInTRL's advantage regression (baseline: mean reward of the controls). Held-out accuracy is measured before and
 after; the same demo then runs with plain GRPO (same prompts, steps and optimiser) for comparison.
 
-The defaults are one seed of the learning benchmark's "reachable" arm (benchmarks/learning.py: 24 steps x 8 prompts,
+The defaults are one seed of the learning benchmark's "reachable" arm (benchmarks/learning.py: 48 steps x 8 prompts,
 96 held-out problems). One seed cannot resolve a difference between the two methods, so the demo ends with what the
 committed benchmark (benchmarks/results/learning.json, several seeds) found for this arm, read from the JSON.
 """
@@ -80,7 +80,7 @@ def train_and_evaluate(method: str, args, heldout) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--eval-problems", type=int, default=96)
     parser.add_argument("--seed", type=int, default=0)

@@ -13,7 +13,7 @@ from benchmarks.learning import final_by_seed, runs_of
 from benchmarks.stats import format_interval, paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
-ARM = dict(steps=24, prompts_per_step=8, final_prompts=96, seed=0)
+ARM = dict(steps=48, prompts_per_step=8, final_prompts=96, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_the_line_names_how_the_benchmark_arm_differs_from_the_demo(committed):
     for run in longer["runs"]:
         run["steps"] = 96
     text = committed_comparison(longer, ARM)
-    assert "the closest committed benchmark arm, which differs: 96 optimizer steps, the demo 24" in text
+    assert f"the closest committed benchmark arm, which differs: 96 optimizer steps, the demo {ARM['steps']}" in text
     assert "the same arm" not in text
     other = committed_comparison(committed, dict(ARM, final_prompts=128, seed=7))
     assert "96 held-out problems, the demo 128" in other and "do not include the demo's seed 7" in other
