@@ -469,10 +469,27 @@ def _time_rollout(rollout, policy, prompts, review_budgets) -> dict:
     }
 
 
+# name -> rows per engine step as a share of the batch's rows (None: the engine's default, every row at once)
+ROLLOUT_REGIMES = {"all rows at once": None, "saturated": 4}
+
+
 def measure_rollout(rounds: int, delay_fraction: float, shape: dict) -> dict:
-    """Per round and judge, in turn: a barrier rollout, a continuous one without and one with speculative chunks,
-    and after each plain generation (one `generate` call, no stopping) of its policy tokens per row; the ratios are
-    paired within the round."""
+    """Per regime (a fresh engine each), per round and judge, in turn: a barrier rollout, a continuous one without
+    and one with speculative chunks, and after each plain generation (one `generate` call, no stopping) of its
+    policy tokens per row; the ratios are paired within the round.
+
+    Regimes: "all rows at once" is this CPU with the tiny model, where the engine runs every row in each step, so
+    a row's wait for the judge is on the rollout's critical path; "saturated" caps the engine at a quarter of the
+    rows per step (`max_num_seqs`), as a GPU's batch at real lengths is capped by its KV cache, so there is always
+    other work to run while a row waits."""
+    return {
+        "regimes": [
+            _measure_regime(name, share, rounds, delay_fraction, shape) for name, share in ROLLOUT_REGIMES.items()
+        ]
+    }
+
+
+def _measure_regime(name: str, share: int | None, rounds: int, delay_fraction: float, shape: dict) -> dict:
     import contextlib
     import tempfile
 
@@ -483,23 +500,26 @@ def measure_rollout(rounds: int, delay_fraction: float, shape: dict) -> dict:
     from trl_mintrl.text import chat_token_ids
     from trl_mintrl.tiny import build_tiny_model
 
+    group = shape["controls"] + shape["intervened"]
+    rows = shape["prompts"] * group
+    max_num_seqs = None if share is None else rows // share
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         path = str(build_tiny_model(Path(tmp) / "model"))
         tok = AutoTokenizer.from_pretrained(path)
+        engine_args = {} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}
         base = VLLMEngine.from_model_path(path, dtype="float32", enforce_eager=True, gpu_memory_utilization=0.3,
-                                          return_logprobs=True, seed=0)  # fmt: skip
+                                          return_logprobs=True, seed=0, **engine_args)  # fmt: skip
         stack.callback(base.close)
-        group = shape["controls"] + shape["intervened"]
         prompts = [chat_token_ids(tok, f"Compute {a} + {2 * a} step by step.") for a in range(shape["prompts"])]
         prompts = [p for p in prompts for _ in range(group)]
-        budgets = [shape["max_reviews"] if i % group >= shape["controls"] else 0 for i in range(len(prompts))]
+        budgets = [shape["max_reviews"] if i % group >= shape["controls"] else 0 for i in range(rows)]
         cap = shape["max_completion_length"]
         stops = _stop_tokens(base, prompts, cap, shape["mean_length"])
         policy = VLLMEngine(base.llm, eos_token_ids=stops, sampling_defaults={"temperature": 1.0})
         plain = VLLMEngine(base.llm, eos_token_ids=[], sampling_defaults={"temperature": 1.0, "ignore_eos": True})
         start = time.perf_counter()
-        plain.generate(prompts, cap)
-        full_length_s = time.perf_counter() - start  # the batch at the cap: the longest a rollout's tokens take
+        plain.generate(prompts[: max_num_seqs or rows], cap)
+        full_length_s = time.perf_counter() - start  # rows that run together, to the cap: one full-length generation
         judges = _rollout_judges(shape, delay_fraction * full_length_s, stack)
         settings = RolloutSettings(**{k: shape[k] for k in ("chunk_size", "max_reviews", "max_correction_tokens",
                                                               "max_completion_length")})  # fmt: skip
@@ -513,12 +533,13 @@ def measure_rollout(rounds: int, delay_fraction: float, shape: dict) -> dict:
                     plain.generate(prompts, record["policy_tokens"])
                     record["plain_seconds"] = time.perf_counter() - start
                     records[f"{judge_name}_{schedule}"].append(record)
-        return {"full_length_seconds": full_length_s, "judge_delay_s": delay_fraction * full_length_s,
-                "stop_tokens": len(stops), "records": records}  # fmt: skip
+        return {"name": name, "max_num_seqs": max_num_seqs, "rows": rows, "full_length_seconds": full_length_s,
+                "judge_delay_s": delay_fraction * full_length_s, "stop_tokens": len(stops),
+                "records": records}  # fmt: skip
 
 
 def render_rollout(saved: dict) -> str:
-    prov, result, shape = saved["provenance"], saved["result"], saved["settings"]["shape"]
+    prov, shape = saved["provenance"], saved["settings"]["shape"]
     lines = [
         "# Rollout cost, barrier vs continuous schedule (written by benchmarks/cost.py --rollout; do not edit)",
         "",
@@ -526,27 +547,38 @@ def render_rollout(saved: dict) -> str:
         f"in fp32, {shape['prompts']} prompts x ({shape['controls']} controls + {shape['intervened']} intervened), "
         f"completions up to {shape['max_completion_length']} tokens (long-tailed, mean ~{shape['mean_length']}), "
         f"chunks of {shape['chunk_size']}, {shape['max_reviews']} reviews. The endpoint judge's server answers "
-        f"after {result['judge_delay_s']:.3f} s ({saved['settings']['delay_fraction']:g} of the batch's full-length "
-        f"generation, {result['full_length_seconds']:.2f} s) and revises every chunk; the rule judge answers at "
-        "once, rule-delayed gives the same verdicts after the endpoint's delay per call. Speculative: the "
-        "continuous schedule with `speculative_chunks` (next chunks asked for during reviews: kept / asked).",
-        "",
-        "| judge, schedule | x plain generation of the same tokens [95% CI] | policy engine busy | rollout s | "
-        "policy tokens | judge tokens | reviews | revisions | speculative kept / asked |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"after {saved['settings']['delay_fraction']:g} of a full-length generation (the rows one engine step "
+        "holds, to the cap) and revises every chunk; the rule judge answers at once, rule-delayed gives the same "
+        "verdicts after the endpoint's delay per call. Speculative: the continuous schedule with "
+        "`speculative_chunks` (next chunks asked for during reviews: kept / asked). Regimes: every row in each "
+        "engine step (this CPU's default), and the engine saturated (`max_num_seqs` a quarter of the rows, as a "
+        "GPU's batch at real lengths is capped by its KV cache).",
     ]
-    for name, records in result["records"].items():
-        ratio = mean_interval([r["seconds"] / r["plain_seconds"] for r in records])
-        busy = mean_interval([r["busy_share"] for r in records])
-        cells = [_ratio_interval(ratio), f"{100 * busy.mean:.0f}%", f"{_mean(records, 'seconds'):.2f}",
-                 f"{statistics.mean(sum(r['policy_tokens']) for r in records):,.0f}",
-                 *(f"{_mean(records, key):,.0f}" for key in ("judge_tokens", "reviews", "revisions"))]  # fmt: skip
-        asked = sum(r.get("speculative_calls", 0) for r in records)
-        cells.append(f"{sum(r['speculative_kept'] for r in records) / len(records):.0f} / {asked / len(records):.0f}"
-                     if asked else "-")  # fmt: skip
-        lines.append(f"| {name.replace('_', ', ')} | {' | '.join(cells)} |")
-    lines += ["", f"{saved['settings']['rounds']} rounds, each variant in turn; ratios paired within a round.", ""]
-    lines += _schedule_differences(result["records"])
+    for regime in saved["result"]["regimes"]:
+        held = "every row" if regime["max_num_seqs"] is None else f"{regime['max_num_seqs']} rows"
+        lines += [
+            "",
+            f"## {regime['name']}: {regime['rows']} rows, {held} per engine step",
+            "",
+            f"Full-length generation {regime['full_length_seconds']:.2f} s; judge delay "
+            f"{regime['judge_delay_s']:.3f} s.",
+            "",
+            "| judge, schedule | x plain generation of the same tokens [95% CI] | policy engine busy | rollout s | "
+            "policy tokens | judge tokens | reviews | revisions | speculative kept / asked |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, records in regime["records"].items():
+            ratio = mean_interval([r["seconds"] / r["plain_seconds"] for r in records])
+            busy = mean_interval([r["busy_share"] for r in records])
+            cells = [_ratio_interval(ratio), f"{100 * busy.mean:.0f}%", f"{_mean(records, 'seconds'):.2f}",
+                     f"{statistics.mean(sum(r['policy_tokens']) for r in records):,.0f}",
+                     *(f"{_mean(records, key):,.0f}" for key in ("judge_tokens", "reviews", "revisions"))]  # fmt: skip
+            asked = sum(r.get("speculative_calls", 0) for r in records)
+            cells.append(f"{sum(r['speculative_kept'] for r in records) / len(records):.0f} / "
+                         f"{asked / len(records):.0f}" if asked else "-")  # fmt: skip
+            lines.append(f"| {name.replace('_', ', ')} | {' | '.join(cells)} |")
+        lines += ["", f"{saved['settings']['rounds']} rounds, each variant in turn; ratios paired within a round.", ""]
+        lines += _schedule_differences(regime["records"])
     return "\n".join(lines)
 
 
@@ -571,23 +603,26 @@ def _schedule_differences(records: dict) -> list[str]:
 
 
 def rollout_readme_block(saved: dict) -> str:
-    """The README's rollout headline: each schedule's time over plain generation of the same tokens."""
-    prov, result = saved["provenance"], saved["result"]
+    """The README's rollout headline: each schedule's time over plain generation of the same tokens, per regime."""
+    prov, regimes = saved["provenance"], saved["result"]["regimes"]
     lines = [
         f"One MInTRL rollout on vLLM, {saved['settings']['rounds']} rounds, relative to plain generation of the same "
         f"tokens (paired within a round, 95% t-interval); the endpoint judge answers after "
         f"{saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk, "
-        "rule-delayed keeps some chunks (the rule judge's verdicts) after the same delay. From "
+        "rule-delayed keeps some chunks (the rule judge's verdicts) after the same delay. Regimes: every row in each "
+        "engine step, and the engine saturated (a quarter of the rows per step, as on a GPU at real lengths). From "
         f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`); full table in "
         "`benchmarks/results/cost_rollout.md`.",
         "",
-        "| judge, schedule | x plain generation [95% CI] | policy engine busy |",
-        "|---|---|---|",
+        "| judge, schedule | " + " | ".join(f"{r['name']}: x plain [95% CI]" for r in regimes) + " |",
+        "|---|" + "---|" * len(regimes),
     ]
-    for name, records in result["records"].items():
-        ratio = mean_interval([r["seconds"] / r["plain_seconds"] for r in records])
-        busy = mean_interval([r["busy_share"] for r in records])
-        lines.append(f"| {name.replace('_', ', ')} | {_ratio_interval(ratio)} | {100 * busy.mean:.0f}% |")
+    for name in regimes[0]["records"]:
+        cells = [
+            _ratio_interval(mean_interval([r["seconds"] / r["plain_seconds"] for r in regime["records"][name]]))
+            for regime in regimes
+        ]
+        lines.append(f"| {name.replace('_', ', ')} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 

@@ -335,12 +335,21 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
         "provenance": {"command": "python benchmarks/cost.py --rollout", "commit": "b" * 40},
         "settings": {"rounds": 2, "delay_fraction": 0.1, "shape": {"prompts": 1, "controls": 8, "intervened": 8,
                      "max_completion_length": 384, "mean_length": 96, "chunk_size": 48, "max_reviews": 4}},
-        "result": {"judge_delay_s": 0.3, "full_length_seconds": 3.0, "records": {
-            "rule_barrier": [record(3.0, 2.0, 0.9), record(2.0, 2.0, 0.7)],
-            "rule_continuous": [record(1.1, 1.0, 1.0), record(1.3, 1.0, 0.9)],
-            "rule_speculative": [record(1.0, 1.0, 1.0, 10, 6), record(1.0, 1.0, 1.0, 8, 4)]}},
+        "result": {"regimes": [
+            {"name": "all rows at once", "max_num_seqs": None, "rows": 16, "judge_delay_s": 0.3,
+             "full_length_seconds": 3.0, "records": {
+                 "rule_barrier": [record(3.0, 2.0, 0.9), record(2.0, 2.0, 0.7)],
+                 "rule_continuous": [record(1.1, 1.0, 1.0), record(1.3, 1.0, 0.9)],
+                 "rule_speculative": [record(1.0, 1.0, 1.0, 10, 6), record(1.0, 1.0, 1.0, 8, 4)]}},
+            {"name": "saturated", "max_num_seqs": 4, "rows": 16, "judge_delay_s": 0.1, "full_length_seconds": 1.0,
+             "records": {"rule_barrier": [record(4.0, 1.0, 0.5), record(2.0, 1.0, 0.5)]}}]},
     }  # fmt: skip
-    rows = {line.split(" | ")[0]: line for line in render_rollout(saved).splitlines() if line.startswith("| rule")}
+    text = render_rollout(saved)
+    first, saturated = text.split("## saturated")
+    assert "## all rows at once: 16 rows, every row per engine step" in first
+    assert saturated.startswith(": 16 rows, 4 rows per engine step") and "judge delay 0.100 s" in saturated
+    assert "| rule, barrier | 3.00 [-9.71, 15.71] | 50% |" in saturated  # ratios 4 and 2
+    rows = {line.split(" | ")[0]: line for line in first.splitlines() if line.startswith("| rule")}
     # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25; busy share 80%
     assert rows["| rule, barrier"] == "| rule, barrier | 1.25 [-1.93, 4.43] | 80% | 2.50 | 100 | 8 | 4 | 2 | - |"
     assert rows["| rule, speculative"].endswith("| 8 | 4 | 2 | 5 / 9 |")  # speculative chunks: kept / asked per round
@@ -352,7 +361,8 @@ def test_cost_rollout_readme_block_follows_the_json(tmp_path):
     from benchmarks.cost import ROLLOUT_END, ROLLOUT_START, main
 
     saved = json.loads((ROOT / "benchmarks/results/cost_rollout.json").read_text())
-    first = saved["result"]["records"]["rule_continuous"][0]
+    records = saved["result"]["regimes"][-1]["records"]["rule_continuous"]  # the last regime: the last column
+    first = records[0]
     first["seconds"] = first["plain_seconds"] * 9.0  # one round 9x slower: the mean ratio must move
     path = tmp_path / "cost_rollout.json"
     path.write_text(json.dumps(saved))
@@ -360,11 +370,12 @@ def test_cost_rollout_readme_block_follows_the_json(tmp_path):
     readme.write_text(f"intro\n{ROLLOUT_START}\nold\n{ROLLOUT_END}\nrest\n")
     main(["--rollout", "--replot", str(path), "--readme", str(readme)])
     text = readme.read_text()
-    ratios = [r["seconds"] / r["plain_seconds"] for r in saved["result"]["records"]["rule_continuous"]]
+    ratios = [r["seconds"] / r["plain_seconds"] for r in records]
     row = next(line for line in text.splitlines() if line.startswith("| rule, continuous |"))
-    assert row.split(" | ")[1].startswith(f"{sum(ratios) / len(ratios):.2f} [")
+    assert row.split(" | ")[-1].startswith(f"{sum(ratios) / len(ratios):.2f} [")
     assert text.startswith("intro\n") and text.endswith(f"{ROLLOUT_END}\nrest\n") and "old" not in text
-    assert (tmp_path / "cost_rollout.md").read_text().count("| rule, continuous |") == 1
+    regimes = len(saved["result"]["regimes"])
+    assert (tmp_path / "cost_rollout.md").read_text().count("| rule, continuous |") == regimes
 
 
 def test_sort_hint_jobs_get_the_rule_planner_and_the_hint_warm_start():

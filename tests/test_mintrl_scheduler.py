@@ -37,6 +37,7 @@ class FakeLM(GenerationEngine):
         self.sessions = 0
         self.blocking_calls = 0  # `_generate` calls: the lock-step path, never the stream's
         self.requests = 0  # prompts asked for: in `_generate` calls and stream submissions
+        self.submitted: list[list[int]] = []  # the stream's request prompts, in submission order
         self.cancels = 0  # stream requests cancelled
         self.steps = 0
         self.running: dict[str, list] = {}  # the stream's requests: id -> [context, generated, cap]
@@ -72,6 +73,7 @@ class FakeStream(GenerationStream):
 
     def submit(self, prompt_ids, max_new_tokens, temperature=None):
         self.engine.requests += 1
+        self.engine.submitted.append(list(prompt_ids))
         return super().submit(prompt_ids, max_new_tokens, temperature)
 
     def _add(self, request_id, prompt_ids, max_new_tokens, temperature):
@@ -231,6 +233,18 @@ def test_a_chunk_is_reviewed_while_the_policy_generates_for_others(tiny_tokenize
     assert seen[0][0] >= 1 and seen[0][1] >= 3  # a control still ran at the first review, and advanced meanwhile
     controls = [t for t in ts if not t.review_budget]
     assert max(len(t.completion_ids) for t in controls) > SETTINGS["chunk_size"]  # longer than a chunk
+
+
+def test_trajectories_with_reviews_ahead_start_before_the_controls(tiny_tokenizer):
+    """A full engine admits requests in arrival order: the intervened trajectories (they will wait for the judge)
+    are submitted first, so their waits overlap the controls' generation; the trajectories keep their order."""
+    tok = tiny_tokenizer
+    lm, ts = FakeLM(tok), trajectories(8)
+    ContinuousRollout(lm, hashed_judge(), tok, RolloutSettings(**SETTINGS)).run(ts)
+    intervened = [t.prompt_ids for t in ts if t.review_budget]
+    controls = [t.prompt_ids for t in ts if not t.review_budget]
+    assert lm.submitted[:8] == intervened + controls
+    assert [t.question for t in ts] == [f"q{i}" for i in range(8)]
 
 
 class EngineJudge(Judge):

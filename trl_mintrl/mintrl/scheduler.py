@@ -122,7 +122,10 @@ class ContinuousRollout(InterventionRollout):
             streams = [open_.enter_context(engine.stream(wake)) for engine in self._streaming_engines()]
             self.stream = streams[0]
             self.judges = None if self.judge is None else JudgeQueue(self.judge, pool, self.events.put)
-            for t in trajectories:
+            # Trajectories with reviews ahead go first: a full engine admits requests in arrival order, and a
+            # trajectory that will wait for the judge should start before the controls that never wait, so its
+            # waits overlap their generation instead of trailing at the end of the rollout.
+            for t in sorted(trajectories, key=lambda t: t.review_budget == 0):
                 self._next_chunk(t)
             while self.unfinished:
                 busy = [stream for stream in streams if stream.has_work()]
