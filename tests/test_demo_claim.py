@@ -84,27 +84,52 @@ def test_the_line_names_how_the_benchmark_arm_differs_from_the_demo(committed):
     assert "96 held-out problems, the demo 128" in other and "do not include the demo's seed 7" in other
 
 
-def test_the_demo_defaults_are_the_committed_arm_and_it_prints_the_line(committed, monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("mintrl_toy", ROOT / "examples" / "mintrl_toy.py")
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
-    args = demo.parse_args([])
-    assert demo.demo_arm(args) == ARM
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "example, method, regime", [("mintrl_toy", "mintrl-const", "reachable"), ("sort_toy", "sort", "sort-hint")]
+)
+def test_the_demo_defaults_are_the_committed_arm_and_it_prints_the_line(
+    committed, monkeypatch, capsys, example, method, regime
+):
+    import benchmarks.toy.demo as shared
+
+    demo = _load_example(example)
+    args = shared.parse_args("", "out", [])
+    assert shared.demo_arm(args) == ARM
     # the README states "the same arm" as the committed benchmark: this breaks when either side changes
-    assert "the same arm as this demo" in committed_comparison(load_results(), demo.demo_arm(args))
+    line = committed_comparison(load_results(), shared.demo_arm(args), regime=regime, label=method)
+    assert "the same arm as this demo" in line
 
     # main() with training and evaluation stubbed: the printed closing lines are the function's, from the JSON
-    scores = {"pass@1": 0.2, "pass@8": 0.5, "minutes": 0.0, "judge_share": 0.05, "intervention_steps": 9}
-    monkeypatch.setattr(demo, "train_and_evaluate", lambda method, args, heldout: dict(scores))
-    monkeypatch.setattr(demo, "evaluate", lambda *a, **k: {"pass@1": 0.1, "pass@8": 0.4})
-    monkeypatch.setattr(demo.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: None)
-    monkeypatch.setattr(demo.torch, "set_num_threads", lambda n: None)  # keep the test process's threads
+    trained = []
+    scores = {"pass@1": 0.2, "pass@8": 0.5, "minutes": 0.0, "judge_share": 0.05, "intervention_steps": 9,
+              "repair_steps": 7}  # fmt: skip
+
+    def train_and_evaluate(name, regime_name, args, heldout):
+        trained.append((name, regime_name))
+        return dict(scores)
+
+    monkeypatch.setattr(shared, "train_and_evaluate", train_and_evaluate)
+    monkeypatch.setattr(shared, "evaluate", lambda *a, **k: {"pass@1": 0.1, "pass@8": 0.4})
+    monkeypatch.setattr(shared.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(shared.torch, "set_num_threads", lambda n: None)  # keep the test process's threads
     edited = _set_mintrl(committed, "reachable", {"pass@1": 0.1, "pass@8": 0.1})
-    monkeypatch.setattr(demo, "load_results", lambda: edited)
+    monkeypatch.setattr(shared, "load_results", lambda: edited)
     demo.main([])
     out = capsys.readouterr().out
+    assert trained == [(method, regime), ("grpo", regime)]
     assert "96 held-out problems" in out and "One seed cannot resolve a difference" in out
-    assert committed_comparison(edited, ARM) in out and "mintrl-const beats grpo" in out
+    assert committed_comparison(edited, ARM, regime=regime, label=method) in out
+    if method == "mintrl-const":
+        assert "mintrl-const beats grpo" in out and "judge wrote 5.0% of completion tokens" in out
+    else:
+        assert "sort beats grpo on this regime (pass@1, pass@8)" in out and "at 7 of its 48 steps" in out
 
 
 def test_readme_first_paragraph_states_the_demo_settings_and_the_committed_difference(committed):

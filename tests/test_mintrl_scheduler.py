@@ -193,6 +193,10 @@ def test_speculative_chunks_are_used_when_the_judge_keeps_and_dropped_when_it_re
     intervened = sum(1 for t in continuous if t.review_budget)
     assert reviews - intervened <= counts.speculative_calls <= reviews
     assert counts.speculative_kept == (counts.speculative_calls if keep else 0)
+    # per trajectory (what the trainer logs): the same totals, and none on a control
+    assert sum(t.speculative_chunks for t in continuous) == counts.speculative_calls
+    assert sum(t.speculative_kept for t in continuous) == counts.speculative_kept
+    assert not any(t.speculative_chunks for t in continuous if not t.review_budget)
 
 
 def test_cancelling_a_stream_request_drops_it_waiting_or_running(tiny_tokenizer):

@@ -119,22 +119,29 @@ def test_stream_collects_requests_as_they_finish_and_adds_new_ones(greedy_engine
     assert [f.result().token_ids for f in (long, short, late)] == [g.token_ids for g in expected]
 
 
-def test_colocated_mintrl_takes_the_continuous_path(tiny_model_path, cpu_args, toy_dataset):
+@pytest.mark.parametrize("speculative", [True, False])
+def test_colocated_mintrl_takes_the_continuous_path(tiny_model_path, cpu_args, toy_dataset, speculative):
     """`rollout_schedule="auto"` on colocated vLLM: the rollout streams (no blocking generate call) and its rows
-    keep the invariants the loss relies on."""
+    keep the invariants the loss relies on; `speculative_chunks` reaches the rollout (its chunks are logged only
+    when it is on)."""
     from mintrl_helpers import RecordingTrainer, mintrl_args, revise_first_step_judge, role_reward
 
     calls = {"review": 0, "correct": 0}
     trainer = RecordingTrainer(
         model=tiny_model_path,
         reward_funcs=role_reward,
-        args=mintrl_args(cpu_args, use_vllm=True, vllm_mode="colocate", max_steps=1),
+        args=mintrl_args(cpu_args, use_vllm=True, vllm_mode="colocate", max_steps=1, speculative_chunks=speculative),
         train_dataset=toy_dataset,
         judge=revise_first_step_judge(calls),
     )
     trainer.train()
     assert trainer.policy_engine.supports_streaming and trainer.policy_engine.num_calls == 0
     assert calls["correct"] > 0
+    logged = trainer.state.log_history[0]
+    if speculative:
+        assert logged["mintrl/speculative_chunks"] > 0 and 0 <= logged["mintrl/speculative_kept_frac"] <= 1
+    else:
+        assert "mintrl/speculative_chunks" not in logged and "mintrl/speculative_kept_frac" not in logged
     record = trainer.records[0]
     for ids, mask in zip(record["completion_ids"], record["tool_mask"], strict=True):
         assert len(ids) == len(mask) and len(ids) <= trainer.args.max_completion_length

@@ -41,7 +41,9 @@ class Trajectory:
     """One rollout in progress. `review_budget` is 0 for control rollouts. `env_mask` is 1 on policy tokens and 0
     on judge tokens; `logprobs` holds the engine's sampling log-probs (None on judge tokens, or no list at all when
     the engine does not report them). `judge_failures` counts unusable answers (each failed review vote, each failed
-    correction); `votes_usable` / `votes_agreeing` / `vetoed` count the review votes and the revisions voted down."""
+    correction); `votes_usable` / `votes_agreeing` / `vetoed` count the review votes and the revisions voted down;
+    `speculative_chunks` / `speculative_kept` count the next chunks the continuous schedule asked for while this
+    trajectory's chunk was under review, and those it used (the judge kept the chunk)."""
 
     prompt_ids: list[int]
     question: str
@@ -56,6 +58,8 @@ class Trajectory:
     votes_usable: int = 0
     votes_agreeing: int = 0
     vetoed: int = 0
+    speculative_chunks: int = 0
+    speculative_kept: int = 0
     finished: bool = False
 
     @property

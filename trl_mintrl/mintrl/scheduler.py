@@ -186,6 +186,7 @@ class ContinuousRollout(InterventionRollout):
             return
         self.counts.policy_calls += 1
         self.counts.speculative_calls += 1
+        t.speculative_chunks += 1
         speculation = Speculation(self.stream.submit(self.next_prompt(t) + chunk.token_ids, cap))
         self.speculations[id(t)] = speculation
         speculation.future.add_done_callback(
@@ -205,6 +206,7 @@ class ContinuousRollout(InterventionRollout):
         speculation = self.speculations.pop(id(t), None)
         if speculation is not None and cut is None and not t.finished:
             self.counts.speculative_kept += 1
+            t.speculative_kept += 1
             speculation.kept = True
             if speculation.chunk is not None:
                 self._on_chunk(t, speculation.chunk)

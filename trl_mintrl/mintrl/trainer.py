@@ -49,6 +49,8 @@ class RolloutBatch:
         "votes_usable",
         "votes_agreeing",
         "vetoed",
+        "speculative_chunks",
+        "speculative_kept",
     )
 
     intervening: bool  # interventions were on for this batch
@@ -235,6 +237,8 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
                 t.votes_usable,
                 t.votes_agreeing,
                 t.vetoed,
+                t.speculative_chunks,
+                t.speculative_kept,
             ]
             for t in trajectories
         ]
@@ -295,6 +299,10 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         if self.intervention_budget is not None and rollout.intervening and mode == "train":
             metrics["mintrl/judge_token_target"].append(self.args.judge_token_target)
             metrics["mintrl/intervention_share"].append(self.intervention_budget.share)  # the setting of this batch
+        asked = stats["speculative_chunks"].sum().item()
+        if asked > 0:  # the continuous schedule's speculative next chunks (`speculative_chunks`): how many paid off
+            metrics["mintrl/speculative_chunks"].append(asked / n_intervened)
+            metrics["mintrl/speculative_kept_frac"].append(stats["speculative_kept"].sum().item() / asked)
         if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
             metrics["mintrl/prefix_cache_hit_rate"].append(rollout.prefix_cache_hit_rate)
         metrics["mintrl/reward_control"].append(measured.reward_control)
