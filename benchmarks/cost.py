@@ -469,8 +469,8 @@ def _time_rollout(rollout, policy, prompts, review_budgets) -> dict:
     }
 
 
-# name -> rows per engine step as a share of the batch's rows (None: the engine's default, every row at once)
-ROLLOUT_REGIMES = {"all rows at once": None, "saturated": 4}
+# name -> the batch's rows over the rows one engine step holds (None: the engine's default, every row at once)
+ROLLOUT_REGIMES = {"all rows at once": None, "saturated": 4, "deeply saturated": 16}
 
 
 def measure_rollout(rounds: int, delay_fraction: float, shape: dict) -> dict:
@@ -479,9 +479,9 @@ def measure_rollout(rounds: int, delay_fraction: float, shape: dict) -> dict:
     policy tokens per row; the ratios are paired within the round.
 
     Regimes: "all rows at once" is this CPU with the tiny model, where the engine runs every row in each step, so
-    a row's wait for the judge is on the rollout's critical path; "saturated" caps the engine at a quarter of the
-    rows per step (`max_num_seqs`), as a GPU's batch at real lengths is capped by its KV cache, so there is always
-    other work to run while a row waits."""
+    a row's wait for the judge is on the rollout's critical path; "saturated" and "deeply saturated" cap the engine
+    at a quarter and a sixteenth of the rows per step (`max_num_seqs`), as a GPU's batch at real lengths is capped by
+    its KV cache, so there is other work to run while a row waits."""
     return {
         "regimes": [
             _measure_regime(name, share, rounds, delay_fraction, shape) for name, share in ROLLOUT_REGIMES.items()
@@ -551,7 +551,7 @@ def render_rollout(saved: dict) -> str:
         "holds, to the cap) and revises every chunk; the rule judge answers at once, rule-delayed gives the same "
         "verdicts after the endpoint's delay per call. Speculative: the continuous schedule with "
         "`speculative_chunks` (next chunks asked for during reviews: kept / asked). Regimes: every row in each "
-        "engine step (this CPU's default), and the engine saturated (`max_num_seqs` a quarter of the rows, as a "
+        "engine step (this CPU's default), and the engine saturated (`max_num_seqs` a fraction of the rows, as a "
         "GPU's batch at real lengths is capped by its KV cache).",
     ]
     for regime in saved["result"]["regimes"]:
@@ -610,7 +610,7 @@ def rollout_readme_block(saved: dict) -> str:
         f"tokens (paired within a round, 95% t-interval); the endpoint judge answers after "
         f"{saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk, "
         "rule-delayed keeps some chunks (the rule judge's verdicts) after the same delay. Regimes: every row in each "
-        "engine step, and the engine saturated (a quarter of the rows per step, as on a GPU at real lengths). From "
+        "engine step, and the engine saturated (a fraction of the rows per step, as on a GPU at real lengths). From "
         f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`); full table in "
         "`benchmarks/results/cost_rollout.md`.",
         "",
