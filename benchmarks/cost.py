@@ -432,7 +432,20 @@ def _rollout_judges(shape: dict, delay_s: float, stack):
     }
 
 
-ROLLOUT_SCHEDULES = ("barrier", "continuous", "speculative")  # speculative: continuous with speculative_chunks
+# arrival: the continuous schedule with a full engine admitting in arrival order (no priorities, no speculation);
+# continuous: admission by priority (the package's default); speculative: that plus speculative_chunks
+ROLLOUT_SCHEDULES = ("barrier", "arrival", "continuous", "speculative")
+SCHEDULE_LABELS = {"arrival": "continuous, arrival order"}
+
+
+def _label(name: str) -> str:
+    """A record's row label: "judge, schedule"."""
+    judge, schedule = name.rsplit("_", 1)
+    return f"{judge}, {_schedule_label(schedule)}"
+
+
+def _schedule_label(schedule: str) -> str:
+    return SCHEDULE_LABELS.get(schedule, schedule)
 
 
 def _rollout_of(schedule: str, policy, judge, tok, settings):
@@ -441,7 +454,8 @@ def _rollout_of(schedule: str, policy, judge, tok, settings):
 
     if schedule == "barrier":
         return InterventionRollout(policy, judge, tok, settings)
-    return ContinuousRollout(policy, judge, tok, settings, speculate=schedule == "speculative")
+    return ContinuousRollout(policy, judge, tok, settings, speculate=schedule == "speculative",
+                             prioritize=schedule != "arrival")  # fmt: skip
 
 
 def _time_rollout(rollout, policy, prompts, review_budgets) -> dict:
@@ -452,15 +466,25 @@ def _time_rollout(rollout, policy, prompts, review_budgets) -> dict:
         for p, b in zip(prompts, review_budgets, strict=True)
     ]
     generating = CallCounter(policy, "_generate")  # the lock-step path's blocking calls
+    generated = []  # every finished request's tokens, kept or thrown away (both paths convert each one here)
+    to_generation = policy._to_generation
+
+    def counting(request_output):
+        generation = to_generation(request_output)
+        generated.append(generation.num_tokens)
+        return generation
+
+    policy._to_generation = counting
     start = time.perf_counter()
     counts = rollout.run(trajectories)
     seconds = time.perf_counter() - start
-    del policy._generate  # CallCounter's instance attribute: back to the class method
+    del policy._generate, policy._to_generation  # the instance attributes: back to the class methods
     busy = getattr(rollout, "policy_busy_seconds", 0.0) + generating.seconds
     return {
         "seconds": seconds,
         "busy_share": busy / seconds,
         "policy_tokens": [sum(t.env_mask) for t in trajectories],
+        "generated_tokens": sum(generated),
         "judge_tokens": sum(t.judge_tokens for t in trajectories),
         "reviews": sum(t.reviews for t in trajectories),
         "revisions": sum(t.revisions for t in trajectories),
@@ -564,28 +588,41 @@ def render_rollout(saved: dict) -> str:
             f"{regime['judge_delay_s']:.3f} s.",
             "",
             "| judge, schedule | x plain generation of the same tokens [95% CI] | policy engine busy | rollout s | "
-            "policy tokens | judge tokens | reviews | revisions | speculative kept / asked |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "policy tokens | generated / kept | judge tokens | reviews | revisions | speculative kept / asked |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, records in regime["records"].items():
             ratio = mean_interval([r["seconds"] / r["plain_seconds"] for r in records])
             busy = mean_interval([r["busy_share"] for r in records])
+            kept = statistics.mean(sum(r["policy_tokens"]) for r in records)
+            waste = f"{_mean(records, 'generated_tokens') / kept:.2f}" if "generated_tokens" in records[0] else "-"
             cells = [_ratio_interval(ratio), f"{100 * busy.mean:.0f}%", f"{_mean(records, 'seconds'):.2f}",
-                     f"{statistics.mean(sum(r['policy_tokens']) for r in records):,.0f}",
+                     f"{kept:,.0f}", waste,
                      *(f"{_mean(records, key):,.0f}" for key in ("judge_tokens", "reviews", "revisions"))]  # fmt: skip
             asked = sum(r.get("speculative_calls", 0) for r in records)
             cells.append(f"{sum(r['speculative_kept'] for r in records) / len(records):.0f} / "
                          f"{asked / len(records):.0f}" if asked else "-")  # fmt: skip
-            lines.append(f"| {name.replace('_', ', ')} | {' | '.join(cells)} |")
-        lines += ["", f"{saved['settings']['rounds']} rounds, each variant in turn; ratios paired within a round.", ""]
+            lines.append(f"| {_label(name)} | {' | '.join(cells)} |")
+        lines += [
+            "",
+            f"{saved['settings']['rounds']} rounds, each variant in turn; ratios paired within a round. "
+            "Generated / kept: tokens the engine generated (finished requests: cut chunks' tails and dropped "
+            "speculative chunks included) over the policy tokens kept, the floor of the ratio on an engine "
+            "that is never idle.",
+            "",
+        ]
         lines += _schedule_differences(regime["records"])
     return "\n".join(lines)
 
 
+SCHEDULE_PAIRS = (("continuous", "barrier"), ("continuous", "arrival"), ("speculative", "continuous"))
+
+
 def _schedule_differences(records: dict) -> list[str]:
-    """Per judge, the paired (by round) differences of the x-plain ratios: continuous - barrier and, where it ran,
-    speculative - continuous."""
-    lines = ["| judge | continuous - barrier [95% CI] | speculative - continuous [95% CI] |", "|---|---|---|"]
+    """Per judge, the paired (by round) differences of the x-plain ratios, for each pair of `SCHEDULE_PAIRS` that
+    ran: continuous - barrier, priority admission - arrival order, speculative - continuous."""
+    header = " | ".join(f"{_schedule_label(x)} - {_schedule_label(y)} [95% CI]" for x, y in SCHEDULE_PAIRS)
+    lines = [f"| judge | {header} |", "|---|" + "---|" * len(SCHEDULE_PAIRS)]
     for judge in dict.fromkeys(name.rsplit("_", 1)[0] for name in records):
         ratio = {
             schedule: [r["seconds"] / r["plain_seconds"] for r in records[f"{judge}_{schedule}"]]
@@ -596,7 +633,7 @@ def _schedule_differences(records: dict) -> list[str]:
             _ratio_interval(mean_interval([a - b for a, b in zip(ratio[x], ratio[y], strict=True)]))
             if x in ratio and y in ratio
             else "-"
-            for x, y in (("continuous", "barrier"), ("speculative", "continuous"))
+            for x, y in SCHEDULE_PAIRS
         ]
         lines.append(f"| {judge} | {' | '.join(cells)} |")
     return lines
@@ -622,7 +659,7 @@ def rollout_readme_block(saved: dict) -> str:
             _ratio_interval(mean_interval([r["seconds"] / r["plain_seconds"] for r in regime["records"][name]]))
             for regime in regimes
         ]
-        lines.append(f"| {name.replace('_', ', ')} | {' | '.join(cells)} |")
+        lines.append(f"| {_label(name)} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 

@@ -29,10 +29,11 @@ model="$work/tiny"
 
 # 1. colocate, TP 1, on GPU 0
 CUDA_VISIBLE_DEVICES=0 "$python" scripts/gpu_smoke.py --model "$model" "$@"
-# 1b. one MInTRL rollout, lock-step rounds vs continuous batching (without and with speculative chunks), each against
-#     plain generation of its tokens, with the rule judge (instant, and delayed per call) and the endpoint judge behind
-#     a local server answering after a tenth of a full-length generation; every row per engine step, then the engine
-#     saturated (max_num_seqs a quarter, then a sixteenth of the rows)
+# 1b. one MInTRL rollout, lock-step rounds vs continuous batching (admitting a full engine in arrival order, by
+#     priority, and by priority with speculative chunks), each against plain generation of its tokens, with the rule
+#     judge (instant, and delayed per call) and the endpoint judge behind a local server answering after a tenth of a
+#     full-length generation; every row per engine step, then the engine saturated (max_num_seqs a quarter, then a
+#     sixteenth of the rows)
 CUDA_VISIBLE_DEVICES=0 "$python" benchmarks/cost.py --rollout --rounds 3 --out "$work/rollout"
 
 if [ "$gpus" -lt 2 ]; then

@@ -328,8 +328,8 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
 
     def record(seconds, plain, busy, asked=0, kept=0):
         return {"seconds": seconds, "plain_seconds": plain, "busy_share": busy, "policy_tokens": [60, 40],
-                "judge_tokens": 8, "reviews": 4, "revisions": 2, "speculative_calls": asked,
-                "speculative_kept": kept}  # fmt: skip
+                "generated_tokens": 130, "judge_tokens": 8, "reviews": 4, "revisions": 2,
+                "speculative_calls": asked, "speculative_kept": kept}  # fmt: skip
 
     saved = {
         "provenance": {"command": "python benchmarks/cost.py --rollout", "commit": "b" * 40},
@@ -339,6 +339,7 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
             {"name": "all rows at once", "max_num_seqs": None, "rows": 16, "judge_delay_s": 0.3,
              "full_length_seconds": 3.0, "records": {
                  "rule_barrier": [record(3.0, 2.0, 0.9), record(2.0, 2.0, 0.7)],
+                 "rule_arrival": [record(1.5, 1.0, 1.0), record(1.6, 1.0, 0.9)],
                  "rule_continuous": [record(1.1, 1.0, 1.0), record(1.3, 1.0, 0.9)],
                  "rule_speculative": [record(1.0, 1.0, 1.0, 10, 6), record(1.0, 1.0, 1.0, 8, 4)]}},
             {"name": "saturated", "max_num_seqs": 4, "rows": 16, "judge_delay_s": 0.1, "full_length_seconds": 1.0,
@@ -351,9 +352,19 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
     assert "| rule, barrier | 3.00 [-9.71, 15.71] | 50% |" in saturated  # ratios 4 and 2
     rows = {line.split(" | ")[0]: line for line in first.splitlines() if line.startswith("| rule")}
     # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25; busy share 80%
-    assert rows["| rule, barrier"] == "| rule, barrier | 1.25 [-1.93, 4.43] | 80% | 2.50 | 100 | 8 | 4 | 2 | - |"
+    # 130 tokens generated for 100 kept
+    assert (
+        rows["| rule, barrier"] == "| rule, barrier | 1.25 [-1.93, 4.43] | 80% | 2.50 | 100 | 1.30 | 8 | 4 | 2 | - |"
+    )
     assert rows["| rule, speculative"].endswith("| 8 | 4 | 2 | 5 / 9 |")  # speculative chunks: kept / asked per round
     assert rows["| rule, continuous"].startswith("| rule, continuous | 1.20 [-0.07, 2.47] | 95% | 1.20 |")
+    assert rows["| rule, continuous, arrival order"].startswith("| rule, continuous, arrival order | 1.55 [")
+    # paired differences per pair of schedules: continuous - barrier (1.1 - 1.5, 1.3 - 1.0), continuous - arrival
+    # order (1.1 - 1.5, 1.3 - 1.6: -0.35 +- 12.706 * 0.05), speculative - continuous; a pair that did not run: "-"
+    header = "| judge | continuous - barrier [95% CI] | continuous - continuous, arrival order [95% CI] |"
+    assert header in first
+    assert "| rule | -0.05 [-4.50, 4.40] | -0.35 [-0.99, 0.29] | -0.20 [-1.47, 1.07] |" in first
+    assert saturated.rstrip().endswith("| rule | - | - | - |")
 
 
 def test_cost_rollout_readme_block_follows_the_json(tmp_path):

@@ -26,18 +26,26 @@ def _hash(ids) -> int:
 class FakeLM(GenerationEngine):
     """Greedy and deterministic: the next token is a hash of the whole context, so a trajectory's tokens do not
     depend on which schedule or batch produced them. Tokens are letters, newlines (steps at blank lines) and EOS
-    (about one in 40: long-tailed lengths). `streaming=False` makes it an engine without continuous batching."""
+    (about one in 40: long-tailed lengths). `streaming=False` makes it an engine without continuous batching;
+    `capacity` caps the requests its stream runs at once (vLLM's `max_num_seqs`); `step_seconds` makes each stream
+    step take that long, as a real engine's does (the judge's threads answer while the engine works)."""
 
-    def __init__(self, tokenizer, streaming: bool = True):
+    def __init__(self, tokenizer, streaming: bool = True, capacity: int | None = None, step_seconds: float = 0.0):
         super().__init__([tokenizer.eos_token_id])
         letters = [tokenizer(c, add_special_tokens=False)["input_ids"][0] for c in "abcdefghijklmnop"]
         newline = tokenizer("\n", add_special_tokens=False)["input_ids"][0]
         self.table = letters * 2 + [newline] * 6 + [tokenizer.eos_token_id]
         self.streaming = streaming
+        self.capacity = capacity
+        self.step_seconds = step_seconds
         self.sessions = 0
         self.blocking_calls = 0  # `_generate` calls: the lock-step path, never the stream's
         self.requests = 0  # prompts asked for: in `_generate` calls and stream submissions
         self.submitted: list[list[int]] = []  # the stream's request prompts, in submission order
+        self.admitted: list[list[int]] = []  # the same, in the order the backend got them
+        self.priorities: list[int] = []  # each submission's priority
+        self.promotions = 0  # waiting requests given a new priority
+        self.most_running = 0
         self.cancels = 0  # stream requests cancelled
         self.steps = 0
         self.running: dict[str, list] = {}  # the stream's requests: id -> [context, generated, cap]
@@ -65,23 +73,31 @@ class FakeLM(GenerationEngine):
         return [self.complete(p, m) for p, m in zip(prompt_ids, max_new_tokens, strict=True)]
 
     def _open_stream(self, wake):
-        return FakeStream(self, wake)
+        return FakeStream(self, wake, capacity=self.capacity)
 
 
 class FakeStream(GenerationStream):
     """One token for every running request per step, like a continuously batched decode iteration."""
 
-    def submit(self, prompt_ids, max_new_tokens, temperature=None):
+    def submit(self, prompt_ids, max_new_tokens, temperature=None, priority=0):
         self.engine.requests += 1
         self.engine.submitted.append(list(prompt_ids))
-        return super().submit(prompt_ids, max_new_tokens, temperature)
+        self.engine.priorities.append(priority)
+        return super().submit(prompt_ids, max_new_tokens, temperature, priority)
+
+    def promote(self, future, priority):
+        self.engine.promotions += any(entry[2] is future for entry in self._waiting)
+        super().promote(future, priority)
 
     def _add(self, request_id, prompt_ids, max_new_tokens, temperature):
         self.engine.running[request_id] = [prompt_ids, [], max_new_tokens]
+        self.engine.admitted.append(prompt_ids)
+        self.engine.most_running = max(self.engine.most_running, len(self.engine.running))
 
     def _step(self):
         lm, finished = self.engine, []
         lm.steps += 1
+        time.sleep(lm.step_seconds)
         for request_id, (prompt, out, cap) in list(lm.running.items()):
             out.append(lm.next_token(prompt + out))
             if len(out) >= cap or out[-1] in lm.eos_token_ids:
@@ -131,12 +147,13 @@ def trajectories(n: int = 24, budget: int = 4) -> list[Trajectory]:
 SETTINGS = dict(chunk_size=12, max_reviews=4, max_correction_tokens=6, max_completion_length=120)
 
 
-def run_both(tok, judge, n=24, speculate=True, **settings):
+def run_both(tok, judge, n=24, speculate=True, capacity=None, **settings):
     """Both schedules on the same trajectories; the continuous one asks for the lock-step one's chunks (same
-    prompts, same caps: the same number of requests), plus the speculative chunks it dropped, each cancelled."""
+    prompts, same caps: the same number of requests), plus the speculative chunks it dropped, each cancelled.
+    `capacity`: the continuous engine runs at most that many requests at once."""
     settings = RolloutSettings(**{**SETTINGS, **settings})
     barrier, continuous = trajectories(n), trajectories(n)
-    barrier_lm, lm = FakeLM(tok), FakeLM(tok)
+    barrier_lm, lm = FakeLM(tok), FakeLM(tok, capacity=capacity)
     InterventionRollout(barrier_lm, judge, tok, settings).run(barrier)
     counts = ContinuousRollout(lm, judge, tok, settings, speculate=speculate).run(continuous)
     dropped = counts.speculative_calls - counts.speculative_kept
@@ -160,9 +177,13 @@ def assert_same(barrier, continuous):
     ],
 )
 @pytest.mark.parametrize("speculate", [True, False])
-def test_continuous_gives_the_lock_step_trajectories(tiny_tokenizer, judge, settings, speculate):
-    barrier, continuous, lm, counts = run_both(tiny_tokenizer, judge, speculate=speculate, **settings)
+@pytest.mark.parametrize("capacity", [None, 5])  # 5: a full engine, requests admitted by priority
+def test_continuous_gives_the_lock_step_trajectories(tiny_tokenizer, judge, settings, speculate, capacity):
+    barrier, continuous, lm, counts = run_both(
+        tiny_tokenizer, judge, speculate=speculate, capacity=capacity, **settings
+    )
     assert_same(barrier, continuous)
+    assert lm.most_running == (capacity or len(continuous))
     assert sum(t.revisions for t in barrier) >= 3 and sum(t.reviews for t in barrier) >= 20  # the judge mattered
     assert len({len(t.completion_ids) for t in barrier}) > 5  # lengths spread
     assert lm.blocking_calls == 0 and lm.sessions == 1 and not lm.running  # all through one stream, nothing left
@@ -239,16 +260,45 @@ def test_a_chunk_is_reviewed_while_the_policy_generates_for_others(tiny_tokenize
     assert max(len(t.completion_ids) for t in controls) > SETTINGS["chunk_size"]  # longer than a chunk
 
 
-def test_trajectories_with_reviews_ahead_start_before_the_controls(tiny_tokenizer):
-    """A full engine admits requests in arrival order: the intervened trajectories (they will wait for the judge)
-    are submitted first, so their waits overlap the controls' generation; the trajectories keep their order."""
-    tok = tiny_tokenizer
-    lm, ts = FakeLM(tok), trajectories(8)
-    ContinuousRollout(lm, hashed_judge(), tok, RolloutSettings(**SETTINGS)).run(ts)
-    intervened = [t.prompt_ids for t in ts if t.review_budget]
-    controls = [t.prompt_ids for t in ts if not t.review_budget]
-    assert lm.submitted[:8] == intervened + controls
-    assert [t.question for t in ts] == [f"q{i}" for i in range(8)]
+def test_a_full_stream_admits_by_priority_then_arrival(tiny_tokenizer):
+    """Beyond `capacity` the stream keeps requests waiting and admits the lowest priority first, ties in arrival
+    order; a promoted request moves up, a cancelled one is never admitted."""
+    lm = FakeLM(tiny_tokenizer, capacity=2)
+    with lm.stream() as stream:
+        futures = {name: stream.submit([n], 1, priority=p) for n, (name, p) in
+                   enumerate([("a", 2), ("b", 1), ("c", 3), ("d", 1), ("e", 0), ("f", 3), ("g", 2)])}  # fmt: skip
+        stream.promote(futures["f"], 1)
+        stream.cancel(futures["g"])
+        while stream.has_work():
+            stream.step()
+            assert len(lm.running) <= 2
+    order = "abcdefg"
+    assert ["".join(order[p[0]] for p in lm.admitted)] == ["ebdfac"]
+    assert futures["g"].cancelled() and all(futures[k].done() for k in "abcdef")
+
+
+def test_a_full_engine_runs_reviewed_chunks_first_and_speculative_chunks_last(tiny_tokenizer):
+    """With more trajectories than the engine runs at once, the chunks the judge will review (the intervened
+    trajectories' first chunks) are admitted before the controls, and the controls before any speculative chunk;
+    with `prioritize=False` the engine admits in arrival order. The trajectories keep their order either way."""
+    tok, settings = tiny_tokenizer, RolloutSettings(**SETTINGS)
+    for prioritize in (True, False):
+        lm, ts = FakeLM(tok, capacity=3), trajectories(8)
+        ContinuousRollout(lm, hashed_judge(), tok, settings, prioritize=prioritize).run(ts)
+        intervened = [t.prompt_ids for t in ts if t.review_budget]
+        controls = [t.prompt_ids for t in ts if not t.review_budget]
+        first = [t.prompt_ids for t in ts]
+        if prioritize:  # the intervened trajectories' next chunks may come before a control, too
+            assert lm.admitted[:4] == intervened
+            assert [p for p in lm.admitted if p in controls] == controls
+        else:
+            assert lm.admitted[:8] == first
+        assert [t.question for t in ts] == [f"q{i}" for i in range(8)]
+    # speculative chunks wait behind everything else, and one the judge keeps while it waits moves up
+    lm, ts = FakeLM(tok, capacity=2, step_seconds=0.001), trajectories(24)
+    counts = ContinuousRollout(lm, hashed_judge(), tok, settings).run(ts)
+    assert lm.priorities.count(3) == counts.speculative_calls > 0 and set(lm.priorities) == {1, 2, 3}
+    assert 0 < lm.promotions <= counts.speculative_kept
 
 
 class EngineJudge(Judge):

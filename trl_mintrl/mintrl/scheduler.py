@@ -12,6 +12,12 @@ While a chunk is under review the policy already writes the next one from the ch
 the judge keeps the chunk, which is most reviews, the next chunk is done or under way and the review's latency is
 hidden; when it revises, the speculative chunk is aborted and its tokens are thrown away.
 
+When the engine is full (more requests than its `max_num_seqs`), the stream admits waiting requests by priority
+(`Admission`): the judge's own requests, then chunks the judge will review, then chunks no wait follows
+(controls, and the rest of a trajectory after its last review), then speculative chunks. A trajectory that will
+wait for the judge gets its chunk first, so its waits overlap work that never waits; a speculative chunk, which
+may be thrown away, only takes a slot nothing else needs until the verdict keeps its prefix.
+
 The per-trajectory steps (accept, cut, correct, append, votes, failures) are `InterventionRollout`'s own, so with a
 greedy policy and a deterministic judge both schedules give the same trajectories (a speculative chunk continues
 the same prefix with the same budget as the chunk asked for after the verdict); only the order in which
@@ -27,6 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from enum import IntEnum
 
 from ..engines.base import Generation
 from ..judges.base import Judge
@@ -80,6 +87,15 @@ class JudgeQueue:
         self._dispatch()
 
 
+class Admission(IntEnum):
+    """Stream priorities of the rollout's requests, admitted lowest first when the engine is full. A judge's
+    requests through the policy engine (the self-judge) are submitted by `generate` at priority 0."""
+
+    REVIEWED = 1  # a chunk the judge will review: the trajectory waits for the judge after it
+    UNREVIEWED = 2  # a control's completion, or a trajectory's rest after its last review: nothing waits on it
+    SPECULATIVE = 3  # a next chunk asked for during a review: thrown away if the judge revises
+
+
 @dataclass
 class Speculation:
     """A next chunk asked for while its prefix is under review. Whichever comes second, the chunk or the verdict
@@ -92,19 +108,21 @@ class Speculation:
 
 class ContinuousRollout(InterventionRollout):
     """`InterventionRollout` on an engine with continuous batching (`policy.supports_streaming`): same arguments
-    (and `speculate`: ask for the next chunk while a chunk is under review), same trajectories for a greedy policy
-    and a deterministic judge, no round barriers.
+    (and `speculate`: ask for the next chunk while a chunk is under review; `prioritize`: admit by `Admission`
+    when the engine is full, else in arrival order), same trajectories for a greedy policy and a deterministic
+    judge, no round barriers.
 
     `run` returns `RoundCounts` with `rounds` 0, `policy_calls` the chunk requests (speculative ones included),
     `speculative_calls` / `speculative_kept` and `review_calls` / `correction_calls` the batched judge calls;
     `policy_busy_seconds` is the time the engine spent stepping.
     """
 
-    def __init__(self, *args, speculate: bool = True, **kwargs):
+    def __init__(self, *args, speculate: bool = True, prioritize: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         if not self.policy.supports_streaming:
             raise ValueError(f"{type(self.policy).__name__} has no continuous batching: use InterventionRollout.")
         self.speculate = speculate
+        self.prioritize = prioritize  # False: a full engine admits in arrival order (the benchmark's reference)
         self.policy_busy_seconds = 0.0
 
     def run(self, trajectories: Sequence[Trajectory]) -> RoundCounts:
@@ -122,10 +140,7 @@ class ContinuousRollout(InterventionRollout):
             streams = [open_.enter_context(engine.stream(wake)) for engine in self._streaming_engines()]
             self.stream = streams[0]
             self.judges = None if self.judge is None else JudgeQueue(self.judge, pool, self.events.put)
-            # Trajectories with reviews ahead go first: a full engine admits requests in arrival order, and a
-            # trajectory that will wait for the judge should start before the controls that never wait, so its
-            # waits overlap their generation instead of trailing at the end of the rollout.
-            for t in sorted(trajectories, key=lambda t: t.review_budget == 0):
+            for t in trajectories:
                 self._next_chunk(t)
             while self.unfinished:
                 busy = [stream for stream in streams if stream.has_work()]
@@ -165,8 +180,15 @@ class ContinuousRollout(InterventionRollout):
             self.unfinished -= 1
             return
         self.counts.policy_calls += 1
-        future = self.stream.submit(self.next_prompt(t), self.chunk_cap(t))
+        future = self.stream.submit(self.next_prompt(t), self.chunk_cap(t), priority=self._chunk_priority(t))
         future.add_done_callback(lambda f: self.events.put(lambda: self._on_chunk(t, f.result())))
+
+    def _priority(self, admission: Admission) -> int:
+        return int(admission) if self.prioritize else 0
+
+    def _chunk_priority(self, t: Trajectory) -> int:
+        """The priority of `t`'s next chunk: reviewed while reviews remain, else nothing waits on it."""
+        return self._priority(Admission.REVIEWED if self._reviewable(t) else Admission.UNREVIEWED)
 
     def _on_chunk(self, t: Trajectory, chunk: Generation) -> None:
         pending = self.take_chunk(t, chunk)
@@ -187,7 +209,8 @@ class ContinuousRollout(InterventionRollout):
         self.counts.policy_calls += 1
         self.counts.speculative_calls += 1
         t.speculative_chunks += 1
-        speculation = Speculation(self.stream.submit(self.next_prompt(t) + chunk.token_ids, cap))
+        prompt = self.next_prompt(t) + chunk.token_ids
+        speculation = Speculation(self.stream.submit(prompt, cap, priority=self._priority(Admission.SPECULATIVE)))
         self.speculations[id(t)] = speculation
         speculation.future.add_done_callback(
             lambda f: self.events.put(lambda: self._on_speculative_chunk(t, speculation))
@@ -210,6 +233,8 @@ class ContinuousRollout(InterventionRollout):
             speculation.kept = True
             if speculation.chunk is not None:
                 self._on_chunk(t, speculation.chunk)
+            else:  # now the trajectory's next chunk: if it is still waiting, it waits as one
+                self.stream.promote(speculation.future, self._chunk_priority(t))
             return
         if speculation is not None:  # the judge revised the prefix (or keeping it ended the trajectory)
             self.stream.cancel(speculation.future)
