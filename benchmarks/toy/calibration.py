@@ -33,6 +33,100 @@ def calibrate(model, tokenizer, problems, n_samples: int = 64) -> dict[str, dict
     return result
 
 
+def judge_calibration(
+    model,
+    tokenizer,
+    problems,
+    *,
+    notation: str,
+    reviewed_tokens: int,
+    n_samples: int = 8,
+    max_new_tokens: int = 96,
+    max_rounds: int = 8,
+    seed: int = 0,
+) -> dict[str, float]:
+    """How far the judge's corrections are from the warm start, and whether its reviews reach the errors (issue 27).
+
+    The warm start's own rollouts (`n_samples` per problem) go through the intervention loop with the whole
+    completion reviewed: the rule judge (`notation`) finds the first wrong step, the rollout is cut there, the judge
+    writes the step, and the warm start continues from the correction (up to `max_rounds` corrections). Returns
+    `correction_nats`: the mean (and std, n) over corrections of their NLL under the warm start, summed over a
+    correction's tokens, given the prompt and everything before it; `corrected_share`: rollouts corrected at least
+    once; `coverage`: the share of corrected wrong steps that start within the first `reviewed_tokens` completion
+    tokens (the span `max_reviews` chunks review; corrections shift later chunks, so this is the share a review of
+    the first `reviewed_tokens` tokens reaches)."""
+    import statistics
+
+    from trl_mintrl.mintrl.steps import split_steps
+    from trl_mintrl.text import prompt_token_ids
+
+    from .evaluate import sample_texts
+    from .task import correct_step, review_steps
+
+    rows = [(p, prompt_token_ids(tokenizer, p.row()["prompt"])) for p in problems for _ in range(n_samples)]
+    accepted = [""] * len(rows)  # the completion so far: policy text up to a cut, and corrections
+    active = list(range(len(rows)))
+    nats, starts, corrected = [], [], set()
+    for round_ in range(max_rounds + 1):
+        prompts = [rows[i][1] + _ids(tokenizer, accepted[i]) for i in active]
+        budgets = [max_new_tokens - len(_ids(tokenizer, accepted[i])) for i in active]
+        texts = sample_texts(model, tokenizer, prompts, max(budgets), seed=seed + round_)
+        scored, still = [], []
+        for i, text, budget in zip(active, texts, budgets, strict=True):
+            text = tokenizer.decode(_ids(tokenizer, text)[:budget])
+            problem, prefix = rows[i][0], accepted[i]
+            steps = split_steps(text)
+            index = review_steps(problem.question, prefix, steps, notation=notation) if round_ < max_rounds else None
+            if index is None:
+                continue
+            prefix += "".join(steps[:index])
+            correction = correct_step(problem.question, prefix, notation=notation)
+            if not correction:
+                continue
+            starts.append(len(_ids(tokenizer, prefix)))
+            scored.append((rows[i][1] + _ids(tokenizer, prefix), _ids(tokenizer, correction)))
+            accepted[i] = prefix + correction
+            corrected.add(i)
+            if len(_ids(tokenizer, accepted[i])) < max_new_tokens:
+                still.append(i)
+        nats += _sequence_nll(model, scored)
+        active = still
+        if not active:
+            break
+    return {
+        "correction_nats": statistics.fmean(nats) if nats else float("nan"),
+        "correction_nats_std": statistics.stdev(nats) if len(nats) > 1 else 0.0,
+        "corrections": len(nats),
+        "corrected_share": len(corrected) / len(rows),
+        "coverage": sum(s < reviewed_tokens for s in starts) / len(starts) if starts else float("nan"),
+    }
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+def _sequence_nll(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 64) -> list[float]:
+    """-sum log p(target | context) per (context ids, target ids) pair, right-padded batches, no gradient."""
+    import torch
+
+    out = []
+    for start in range(0, len(pairs), batch_size):
+        batch = pairs[start : start + batch_size]
+        width = max(len(c) + len(t) for c, t in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, (context, target) in enumerate(batch):
+            ids[row, : len(context) + len(target)] = torch.tensor(context + target)
+            mask[row, : len(context) + len(target)] = 1
+        with torch.no_grad():
+            logps = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        for row, (context, target) in enumerate(batch):
+            positions = torch.arange(len(context) - 1, len(context) + len(target) - 1)
+            out.append(-logps[row, positions, torch.tensor(target)].sum().item())
+    return out
+
+
 def reference_logprobs(model, tokenizer, problems, prompt_fn=None, notation: str = "near") -> dict[str, float]:
     """Mean per-token log-prob of each problem's reference (`notation`, EOS appended, as SORT scores it) after its
     prompt (`prompt_fn(problem)`, default the problem's own), averaged over problems (`mean_token_logprob`), and the

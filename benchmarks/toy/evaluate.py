@@ -26,40 +26,56 @@ def sample_completions(
 ) -> list[list[str]]:
     """`n_samples` completions per problem (temperature sampling, top-p 1), reproducible for a seed. `prompt_fn`:
     `Problem -> prompt` (default: the problem's own prompt; e.g. `hint.hinted_prompt_fn()` states the rule first)."""
-    import torch
-    from transformers import GenerationConfig
-
-    from trl_mintrl.engines import TransformersEngine
     from trl_mintrl.text import prompt_token_ids
 
     if max_new_tokens is None:
         max_new_tokens = 2 * max(len(p.solution) for p in problems) + 8
-    config = GenerationConfig(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
-    engine = TransformersEngine(
-        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id], generation_config=config
-    )
     rows = [
         (i, prompt_token_ids(tokenizer, prompt_fn(p) if prompt_fn else p.row()["prompt"]))
         for i, p in enumerate(problems)
         for _ in range(n_samples)
     ]
-    rows.sort(key=lambda r: len(r[1]))  # similar lengths share a batch: less padding
+    texts = sample_texts(
+        model, tokenizer, [ids for _, ids in rows], max_new_tokens, temperature=temperature, batch_size=batch_size,
+        seed=seed,
+    )  # fmt: skip
     completions: list[list[str]] = [[] for _ in problems]
+    for (i, _), text in zip(rows, texts, strict=True):
+        completions[i].append(text)
+    return completions
+
+
+def sample_texts(
+    model, tokenizer, prompts: list[list[int]], max_new_tokens: int, *, temperature=1.0, batch_size=256, seed=0
+) -> list[str]:
+    """One sampled completion (decoded, special tokens dropped) per token-id prompt, in order; reproducible for a
+    seed; batches of similar prompt lengths (less padding)."""
+    import torch
+    from transformers import GenerationConfig
+
+    from trl_mintrl.engines import TransformersEngine
+
+    config = GenerationConfig(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+    engine = TransformersEngine(
+        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id], generation_config=config
+    )
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    texts: list[str] = [""] * len(prompts)
     was_training = model.training
     model.eval()
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        for start in range(0, len(rows), batch_size):
-            batch = rows[start : start + batch_size]
-            outputs = engine.generate([ids for _, ids in batch], max_new_tokens)
-            texts = tokenizer.batch_decode([o.token_ids for o in outputs], skip_special_tokens=True)
-            for (i, _), text in zip(batch, texts, strict=True):
-                completions[i].append(text)
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            outputs = engine.generate([prompts[i] for i in batch], max_new_tokens)
+            decoded = tokenizer.batch_decode([o.token_ids for o in outputs], skip_special_tokens=True)
+            for i, text in zip(batch, decoded, strict=True):
+                texts[i] = text
     finally:
         torch.random.set_rng_state(rng_state)
         model.train(was_training)
-    return completions
+    return texts
 
 
 def evaluate(

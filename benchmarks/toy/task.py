@@ -33,11 +33,15 @@ from dataclasses import dataclass
 STEP_SEPARATOR = "\n\n"
 NEW_OPERATOR = "#"  # the unreachable regime's operator
 FAR_OPERATOR = "@"  # the out-of-reach regime's operator
-OFFSETS = {NEW_OPERATOR: 2, FAR_OPERATOR: -7}  # new operator -> k in `a op b = a+b+k`
-# operators whose problems are drawn with a uniform final answer over 0..max_value (a constant guess scores ~1/20),
-# and whose new step `step_reward` checks as well as the answer
+# The in-band regime's rules (issue 27): `a op b = a+b+k` applied at several steps of a chain, each a correction the
+# warm start finds unlikely but not impossible; one symbol per offset k so that the distance sweep's regimes differ
+# only in k. `~` (k = -1) is the in-band regime's rule.
+BAND_OPERATORS = {"~": -1, "^": 1, "&": -2, "$": 2, "%": -3, "!": -7}
+OFFSETS = {NEW_OPERATOR: 2, FAR_OPERATOR: -7, **BAND_OPERATORS}  # new operator -> k in `a op b = a+b+k`
+# operators whose problems are drawn with a uniform final answer over 0..max_value (a constant guess scores ~1/20)
 UNIFORM_ANSWERS = {FAR_OPERATOR}
-STEP_CHECKED = {FAR_OPERATOR}
+# operators whose every step `step_reward` checks as well as the answer
+STEP_CHECKED = {FAR_OPERATOR, *BAND_OPERATORS}
 NOTATIONS = ("far", "near")
 _OPS = "-+" + "".join(OFFSETS)
 _QUESTION = re.compile(rf"Compute\s+(\d+(?:\s*[{_OPS}]\s*\d+)+)\s*=")
@@ -112,14 +116,16 @@ class Problem:
         return Problem(self.first, tuple(ops))
 
     def new_step_right(self, text: str) -> bool:
-        """Whether `text` writes the step of a `STEP_CHECKED` operator with the right operands and value, in the
+        """Whether `text` writes every step of a `STEP_CHECKED` operator with the right operands and value, in the
         reference's notation (`12@3=8`) or the policy's (`12+3=8`), before its answer; True without such a step."""
-        op, b = self.ops[-1]
-        if op not in STEP_CHECKED:
-            return True
-        a = self.answer - b - OFFSETS[op]
-        step = rf"(?<!\d){a}\s*[{re.escape(op)}+]\s*{b}\s*=\s*{self.answer}(?!\d)"
-        return re.search(step, text.split("Answer:")[0]) is not None
+        body, value = text.split("Answer:")[0], self.first
+        for op, b in self.ops:
+            new = apply_op(value, op, b)
+            step = rf"(?<!\d){value}\s*[{re.escape(op)}+]\s*{b}\s*=\s*{new}(?!\d)"
+            if op in STEP_CHECKED and re.search(step, body) is None:
+                return False
+            value = new
+        return True
 
     def solved(self, text: str) -> bool:
         """The benchmark's success: the right final answer and, for a `STEP_CHECKED` operator, its step written
@@ -147,38 +153,52 @@ def parse_question(question: str) -> Problem:
 
 
 def make_problem(
-    rng: random.Random, num_ops: int, max_operand: int = 9, max_value: int = 19, new_op: bool | str = False
+    rng: random.Random,
+    num_ops: int,
+    max_operand: int = 9,
+    max_value: int = 19,
+    new_op: bool | str = False,
+    new_op_count: int = 1,
 ) -> Problem:
     """A random problem with `num_ops` operations whose running value stays in `[0, max_value]`. With `new_op` (an
-    operator of `OFFSETS`; True: `#`) the last operation is that new operator, its operand chosen so that `familiar()`
-    stays within the familiar operands (without it, the problems drawn are exactly the ones drawn before the new
-    operators existed). For an operator in `UNIFORM_ANSWERS` the final answer is first drawn uniformly from the
-    values it can take (`@`: 0..max_value-7) and problems are drawn until one has it."""
+    operator of `OFFSETS`; True: `#`) the last operation is that new operator, and so are `new_op_count - 1` earlier
+    ones drawn at random (the in-band regime applies its rule more than once), each operand chosen so that
+    `familiar()` stays within the familiar operands (without it, the problems drawn are exactly the ones drawn before
+    the new operators existed). For an operator in `UNIFORM_ANSWERS` the final answer is first drawn uniformly from
+    the values it can take (`@`: 0..max_value-7) and problems are drawn until one has it."""
     op_new = NEW_OPERATOR if new_op is True else new_op
+    if not 1 <= new_op_count <= max(num_ops, 1):
+        raise ValueError(f"new_op_count must be in 1..num_ops ({num_ops}), got {new_op_count}")
     if op_new not in UNIFORM_ANSWERS:
-        return _draw_problem(rng, num_ops, max_operand, max_value, op_new)
+        return _draw_problem(rng, num_ops, max_operand, max_value, op_new, new_op_count)
     k = OFFSETS[op_new]
     target = rng.randint(max(0, k), max_value + min(0, k))  # every value the operator can produce
-    while (problem := _draw_problem(rng, num_ops, max_operand, max_value, op_new)).answer != target:
+    while (problem := _draw_problem(rng, num_ops, max_operand, max_value, op_new, new_op_count)).answer != target:
         pass
     return problem
 
 
-def _draw_problem(rng: random.Random, num_ops: int, max_operand: int, max_value: int, op_new) -> Problem:
+def _draw_problem(
+    rng: random.Random, num_ops: int, max_operand: int, max_value: int, op_new, new_op_count: int = 1
+) -> Problem:
+    # the new operator's positions: the last, and (count > 1 only, so that single-rule problems draw as before)
+    # `new_op_count - 1` of the others
+    at = {num_ops - 1} | (set(rng.sample(range(num_ops - 1), new_op_count - 1)) if new_op_count > 1 else set())
     value = rng.randint(0, max_operand)
     first, ops = value, []
     for i in range(num_ops):
-        if op_new and i == num_ops - 1:
+        if op_new and i in at:
             k = OFFSETS[op_new]
             low = max(0, -k - value)  # a op b >= 0
             # familiar operand; a op b <= max; a+b <= max (read as `+`, the step stays in the familiar range: above
             # it the warm start's values wrap near the top and land on the rule by accident)
             high = min(max_operand, max_operand - k, max_value - value - k, max_value - value)
             if low > high:  # no legal operand: draw the problem again
-                return _draw_problem(rng, num_ops, max_operand, max_value, op_new)
+                return _draw_problem(rng, num_ops, max_operand, max_value, op_new, new_op_count)
             b = rng.randint(low, high)
             ops.append((op_new, b))
-            break
+            value = apply_op(value, op_new, b)
+            continue
         choices = []
         while not choices:  # terminates: b = 0 is always legal
             b = rng.randint(0, max_operand)
@@ -197,11 +217,15 @@ def make_problems(
     max_operand: int = 9,
     max_value: int = 19,
     new_op: bool | str = False,
+    new_op_count: int = 1,
 ) -> list[Problem]:
-    """`n` problems with `min_ops..max_ops` operations (uniform), ending in a new operator with `new_op`;
-    deterministic."""
+    """`n` problems with `min_ops..max_ops` operations (uniform), ending in a new operator with `new_op` (used
+    `new_op_count` times); deterministic."""
     rng = random.Random(seed)
-    return [make_problem(rng, rng.randint(min_ops, max_ops), max_operand, max_value, new_op) for _ in range(n)]
+    return [
+        make_problem(rng, rng.randint(min_ops, max_ops), max_operand, max_value, new_op, new_op_count)
+        for _ in range(n)
+    ]
 
 
 def make_dataset(n: int, min_ops: int, max_ops: int, seed: int, **kwargs):

@@ -3,7 +3,8 @@ MInTRL, SORT or MInTRL + SORT trainer on the warm start with the same data, budg
 
 The optimiser settings are the ones that keep plain GRPO stable on this task (constant learning rate after a short
 warm-up, grad-norm clipping at 1.0, no KL, asymmetric clipping 0.2/0.28 as in SORT's main update), so a method's
-gain or loss is not an optimiser artefact.
+gain or loss is not an optimiser artefact. The warm-up is `warmup_schedule`'s: `constant_with_warmup` trains the first
+optimizer step at learning rate 0, which loses MInTRL's first intervention step (issue 27).
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .hint import HINT_TEACHER_TEMPLATE, WARM_START_HINT_DIR, rule_planner
-from .task import STEP_SEPARATOR, make_dataset, make_problems, step_reward, toy_reward
+from .task import BAND_OPERATORS, STEP_SEPARATOR, make_problems, step_reward, toy_reward
 from .warm_start import WARM_START_DIR
 
 METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort", "mintrl-sort")
 # SORT's repair settings, shared by "sort" and "mintrl-sort" (MInTRL with SORT's repair, const anchor)
 SORT_REPAIR = dict(reference_column="solution", repair_batch_size=8, max_plan_tokens=64)
 RL_MIN_OPS, RL_MAX_OPS = 8, 11
+WARMUP_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class Regime:
     new_op: bool | str  # every chain ends with this operator the warm start never saw (True: `#`)
     max_completion_length: int
     max_reviews: int  # MInTRL: reviews of 16 tokens, enough to reach the step that matters
+    new_op_count: int = 1  # how many of a chain's operations are the new operator (the last, and others at random)
+    judge_notation: str = "far"  # the rule judge's notation (`benchmarks.toy.task.rule_judge`)
     reward: Callable = toy_reward  # the reward RL trains on (held-out scoring uses `Problem.solved`, the same test)
     warm_start: Path = WARM_START_DIR  # the checkpoint every arm starts from
     notation: str = "far"  # the reference solutions' notation (`Problem.written_steps`): SORT's and judges' column
@@ -38,11 +42,11 @@ class Regime:
     sort_overrides: dict = field(default_factory=dict)  # SORT config fields of the regime (its teacher prompt)
 
     def problems(self, n: int, seed: int):
-        return make_problems(n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op)
+        return make_problems(
+            n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op, new_op_count=self.new_op_count
+        )
 
     def dataset(self, n: int, seed: int):
-        if self.notation == "far":
-            return make_dataset(n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op)
         from datasets import Dataset
 
         rows = [
@@ -50,6 +54,29 @@ class Regime:
             for p in self.problems(n, seed)
         ]
         return Dataset.from_list(rows)
+
+    def judge(self, seed: int = 0, **kwargs):
+        """The regime's rule judge (`rule_judge` in the regime's judge notation; `kwargs` override)."""
+        from .task import rule_judge
+
+        return rule_judge(seed=seed, **{"notation": self.judge_notation, **kwargs})
+
+
+def _band(symbol: str) -> Regime:
+    """A regime of the in-band family (issue 27): chains of 3-6 operations, two of them `a op b = a+b+k` (the rule of
+    `symbol`, the last operation and one other), every rule step checked by the reward, references and the judge's
+    corrections in the policy's notation (`12+3=14`), reviews covering the whole completion (6 x 16 tokens)."""
+    return Regime(
+        3,
+        6,
+        new_op=symbol,
+        new_op_count=2,
+        max_completion_length=96,
+        max_reviews=6,
+        reward=step_reward,
+        notation="near",
+        judge_notation="near",
+    )
 
 
 REGIMES = {
@@ -76,7 +103,15 @@ REGIMES = {
         planner=rule_planner,
         sort_overrides={"teacher_template": HINT_TEACHER_TEMPLATE},
     ),
+    # MInTRL's regime (issue 27): outside the inference support (warm-start pass@8 <= 1%, pass@64 <= 5%: two
+    # applications of `a~b = a+b-1` make the whole solution rare) and inside the training support (each correction is
+    # unlikely, not impossible, for the warm start: `correction_nats` <= 7); calibrated in every run
+    "in-band": _band("~"),
+    # the judge's distance swept: the same design with the rule's offset k moved (`BAND_OPERATORS`), so that the
+    # corrections' NLL under the warm start runs from near to far; "in-band" is the k = -1 point
+    **{f"distance{k:+d}": _band(symbol) for symbol, k in BAND_OPERATORS.items() if symbol != "~"},
 }
+DISTANCE_REGIMES = ["in-band", *(f"distance{k:+d}" for symbol, k in BAND_OPERATORS.items() if symbol != "~")]
 
 
 def rl_config(
@@ -103,8 +138,7 @@ def rl_config(
         max_completion_length=REGIMES[regime].max_completion_length,
         temperature=1.0,
         learning_rate=1e-4,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=3,
+        lr_scheduler_type="constant",  # with `warmup_schedule`'s warm-up (build_trainer)
         max_grad_norm=1.0,
         beta=0.0,
     )
@@ -147,11 +181,12 @@ def build_trainer(
     callbacks=None,
     reward: Callable = toy_reward,
     planner=None,
+    schedule: dict | None = None,
 ):
-    """A trainer for `method` (`rl_config(method, ...)` as `args`). MInTRL's `judge`: "rule" (the toy rule judge),
-    a `Judge` object, or None to build the one `args.judge` names (e.g. the self-judge). `reward`: the regime's
-    (`REGIMES[name].reward`). `planner`: SORT's and MInTRL + SORT's (a `trl_mintrl.sort.Planner`; None: the policy
-    writes the plans)."""
+    """A trainer for `method` (`rl_config(method, ...)` as `args`) with the toy's learning-rate schedule
+    (`warmup_schedule(trainer, **schedule)`). MInTRL's `judge`: "rule" (the toy rule judge), a `Judge` object, or
+    None to build the one `args.judge` names (e.g. the self-judge). `reward`: the regime's (`REGIMES[name].reward`).
+    `planner`: SORT's and MInTRL + SORT's (a `trl_mintrl.sort.Planner`; None: the policy writes the plans)."""
     kwargs = dict(
         model=model,
         reward_funcs=reward,
@@ -160,6 +195,10 @@ def build_trainer(
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    return warmup_schedule(_trainer(method, kwargs, judge, planner), **(schedule or {}))
+
+
+def _trainer(method: str, kwargs: dict, judge, planner):
     if method == "grpo":
         from trl import GRPOTrainer
 
@@ -177,3 +216,24 @@ def build_trainer(
         kwargs["planner"] = planner
     trainer_cls = MInTRLSORTTrainer if method == "mintrl-sort" else MInTRLTrainer
     return trainer_cls(**kwargs, judge=rule_judge() if judge == "rule" else judge)
+
+
+def warmup_schedule(trainer, *, later_factor: float = 1.0, later_from: int | None = None):
+    """Give `trainer` the toy's learning-rate schedule: `lr x min(1, (step + 1) / WARMUP_STEPS)`, so the first
+    optimizer step trains at a third of the rate (transformers' `constant_with_warmup` trains it at 0, losing MInTRL's
+    first intervention step); from optimizer step `later_from` on (e.g. the end of MInTRL's intervention phase) the
+    rate is `later_factor` times that (the retention arms' lower on-policy rate, for every method alike). Replaces
+    `create_scheduler`, which the trainer calls once the optimizer exists."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    def factor(step: int) -> float:
+        later = later_factor if later_from is not None and step >= later_from else 1.0
+        return min(1.0, (step + 1) / WARMUP_STEPS) * later
+
+    def create_scheduler(num_training_steps, optimizer=None):
+        if trainer.lr_scheduler is None:
+            trainer.lr_scheduler = LambdaLR(optimizer or trainer.optimizer, factor)
+        return trainer.lr_scheduler
+
+    trainer.create_scheduler = create_scheduler
+    return trainer
