@@ -107,6 +107,7 @@ LOGGED = (
     "mintrl/reward_intervened",
     "mintrl/judge_token_nll",
     "mintrl/regression_residual",
+    "mintrl/corrections_not_absorbed",
     "sort/all_wrong_frac",
     "sort/repair_loss",
     "sort/mean_weight",
