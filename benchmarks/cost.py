@@ -640,25 +640,34 @@ def _schedule_differences(records: dict) -> list[str]:
 
 
 def rollout_readme_block(saved: dict) -> str:
-    """The README's rollout headline: each schedule's time over plain generation of the same tokens, per regime."""
+    """The README's rollout headline, one row per judge: the default (continuous) schedule's time over plain
+    generation of the same tokens in each regime, the lock-step barrier's beside it; every schedule in the .md."""
     prov, regimes = saved["provenance"], saved["result"]["regimes"]
     lines = [
-        f"One MInTRL rollout on vLLM, {saved['settings']['rounds']} rounds, relative to plain generation of the same "
-        f"tokens (paired within a round, 95% t-interval); the endpoint judge answers after "
-        f"{saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk, "
-        "rule-delayed keeps some chunks (the rule judge's verdicts) after the same delay. Regimes: every row in each "
-        "engine step, and the engine saturated (a fraction of the rows per step, as on a GPU at real lengths). From "
-        f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`); full table in "
+        f"One MInTRL rollout on vLLM, x plain generation of the same tokens ({saved['settings']['rounds']} rounds, "
+        "paired, 95% t-interval), continuous schedule (lock-step barrier in brackets); the endpoint judge answers "
+        f"after {saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk, "
+        "rule-delayed gives the rule judge's verdicts after the same delay. From "
+        f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`); every schedule in "
         "`benchmarks/results/cost_rollout.md`.",
         "",
-        "| judge, schedule | " + " | ".join(f"{r['name']}: x plain [95% CI]" for r in regimes) + " |",
+        "| judge, schedule | " + " | ".join(r["name"] for r in regimes) + " |",
         "|---|" + "---|" * len(regimes),
     ]
+
+    def ratio(regime: dict, name: str):
+        return mean_interval([r["seconds"] / r["plain_seconds"] for r in regime["records"][name]])
+
     for name in regimes[0]["records"]:
-        cells = [
-            _ratio_interval(mean_interval([r["seconds"] / r["plain_seconds"] for r in regime["records"][name]]))
-            for regime in regimes
-        ]
+        judge, schedule = name.rsplit("_", 1)
+        if schedule != "continuous":
+            continue
+        cells = []
+        for regime in regimes:
+            cell = _ratio_interval(ratio(regime, name))
+            if f"{judge}_barrier" in regime["records"]:
+                cell += f" ({ratio(regime, f'{judge}_barrier').mean:.2f})"
+            cells.append(cell)
         lines.append(f"| {_label(name)} | {' | '.join(cells)} |")
     return "\n".join(lines)
 

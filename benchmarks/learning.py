@@ -549,16 +549,37 @@ def normalise(results: dict) -> dict:
     return results
 
 
+def _provenance_text(prov: dict) -> str:
+    changed = prov["changed_files_that_matter"]
+    differed = f" (files under benchmarks/ or trl_mintrl/ differed: {', '.join(changed)})" if changed else ""
+    return f"`{prov['command']}` at commit `{prov['commit'][:12]}`{differed}"
+
+
+def provenance_lines(results: dict) -> list[str]:
+    """Which command and commit wrote each regime's records (one line per distinct run)."""
+    by_regime = results.get("regime_provenance") or {r: results["provenance"] for r in results["settings"]["plan"]}
+    groups: dict[str, list[str]] = {}
+    for regime in results["settings"]["plan"]:
+        if regime in by_regime:
+            groups.setdefault(_provenance_text(by_regime[regime]), []).append(regime)
+    return [f"- {', '.join(regimes)}: {text}" for text, regimes in groups.items()]
+
+
 def report(results: dict) -> str:
-    settings, prov = results["settings"], results["provenance"]
+    settings = results["settings"]
     lines = [
         "# Learning benchmark (written by benchmarks/learning.py from learning.json; do not edit)",
         "",
-        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
-        f"{' (files under benchmarks/ or trl_mintrl/ differed: ' + ', '.join(prov['changed_files_that_matter']) + ')' if prov['changed_files_that_matter'] else ''}. "
         f"{settings['steps']} optimizer steps x {settings['prompts_per_step']} prompts x 8 rollouts (grpo-2x: 16), "
         f"held-out {settings['final_prompts']} problems x 8 samples at temperature 1. Values in %: mean ± std over "
         "seeds; differences to GRPO are paired by seed, with a 95% t-interval; **resolved** = the interval excludes 0.",
+        "",
+        "Written by:",
+        *provenance_lines(results),
+        "",
+        "## Calibration: where each regime stands against MInTRL's two preconditions",
+        "",
+        *calibration_table(results),
     ]
     for regime, labels in settings["plan"].items():
         base = next((b for b in results["baselines"] if b["regime"] == regime), None)
@@ -576,8 +597,8 @@ def report(results: dict) -> str:
             ]
         lines += [
             "| method | seeds | pass@1 | pass@8 | pass@1 - GRPO [95% CI] | resolved | pass@8 - GRPO [95% CI] "
-            "| judge-token share | reward interv. - control | judge-token NLL | train s/run |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| judge-token share | reward interv. - control | judge-token NLL | not-absorbed warning | train s/run |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for label in labels:
             runs = runs_of(results, regime, label)
@@ -592,12 +613,16 @@ def report(results: dict) -> str:
                 cells.append(format_mean_std(values))
             nll = [v for r in runs if (v := log_mean(r, "mintrl/judge_token_nll", True)) is not None]
             cells.append(f"{statistics.fmean(nll):.2f}" if nll else "-")
+            warned = [w for r in runs if (w := not_absorbed_warning(r)) is not None]
+            cells.append(f"{sum(warned)} of {len(warned)} seeds" if warned else "-")
             lines.append(
                 f"| {label} | {len(runs)} | {format_mean_std([r['final']['pass@1'] for r in runs])} "
                 f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(diff1)} "
                 f"| {_verdict(diff1)} | {format_interval(diff8) if label != 'grpo' else '-'} | {' | '.join(cells)} "
                 f"| {statistics.fmean(r['train_seconds'] for r in runs):.0f} |"
             )
+        lines += retention_table(results, regime, labels)
+    lines += distance_table(results)
     points, sweep = sweep_table(results), sweep_settings(results)
     if points:
         lines += [
@@ -626,52 +651,229 @@ def report(results: dict) -> str:
 README_START, README_END = markers("benchmarks/learning.py", "learning-results")
 
 
+README_REGIMES = ["in-band", "out-of-reach", "reachable", "sort-hint"]  # the README's columns; distance: one line
+
+
 def readme_block(results: dict) -> str:
-    """The README's headline: per regime, each method's pass@1 and its paired difference to GRPO."""
+    """The README's headline, compact: per main regime, each method's pass@1 difference to GRPO; the calibrations,
+    the judge's distance and the intensity sweep in a line each. The full tables: learning.md."""
     results = normalise(results)
-    settings, prov = results["settings"], results["provenance"]
+    settings = results["settings"]
+    regimes = [r for r in README_REGIMES if r in settings["plan"] and runs_of(results, r, "grpo")]
+    commits = sorted(
+        {p["commit"][:12] for p in (results.get("regime_provenance") or {"": results["provenance"]}).values()}
+    )
     lines = [
-        f"{settings['steps']} optimizer steps, held-out pass@1 in % (mean ± std over seeds); difference to GRPO "
-        f"paired by seed with a 95% t-interval. From `benchmarks/results/learning.json` (commit "
-        f"`{prov['commit'][:12]}`); full tables in `benchmarks/results/learning.md`.",
+        f"{settings['steps']} optimizer steps; held-out pass@1 in %, difference to GRPO paired by seed with a 95% "
+        f"t-interval (**bold**: resolved). From `benchmarks/results/learning.json` (commits {', '.join(commits)}); "
+        "every arm, pass@8, retention and calibration in `benchmarks/results/learning.md`.",
         "",
-        "| method | "
-        + " | ".join(
-            f"{regime} ({len(runs_of(results, regime, 'grpo'))} seeds): pass@1 | - GRPO [95% CI]"
-            for regime in settings["plan"]
-        )
-        + " |",
-        "|---|" + "---|---|" * len(settings["plan"]),
+        "| method | " + " | ".join(f"{r} ({len(runs_of(results, r, 'grpo'))} seeds)" for r in regimes) + " |",
+        "|---|" + "---|" * len(regimes),
     ]
-    labels = list(dict.fromkeys(label for labels in settings["plan"].values() for label in labels))
+    labels = list(dict.fromkeys(label for r in regimes for label in settings["plan"][r]))
     for label in labels:
         cells = []
-        for regime in settings["plan"]:
-            runs = runs_of(results, regime, label)
-            diff = (
-                None
-                if label == "grpo"
-                else paired_difference(final_by_seed(runs), final_by_seed(runs_of(results, regime, "grpo")))
-            )
-            verdict = {"**yes, better**": " (better)", "**yes, worse**": " (worse)"}.get(_verdict(diff), "")
-            cells += [
-                format_mean_std([r["final"]["pass@1"] for r in runs]) if runs else "-",
-                (format_interval(diff) + verdict) if label != "grpo" else "-",
-            ]
+        for regime in regimes:
+            runs, grpo = runs_of(results, regime, label), runs_of(results, regime, "grpo")
+            if not runs:
+                cells.append("")
+            elif label == "grpo":
+                cells.append(format_mean_std([r["final"]["pass@1"] for r in runs]))
+            else:
+                diff = paired_difference(final_by_seed(runs), final_by_seed(grpo))
+                text = format_interval(diff)
+                cells.append(f"**{text}**" if diff.resolved else text)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    for base in results["baselines"]:
-        lines += ["", f"Calibration, {base['regime']}: {calibration_text(base)}."]
-    points, sweep = sweep_table(results), sweep_settings(results)
+    calibrations = []
+    for regime in regimes:
+        base = next((b for b in results["baselines"] if b["regime"] == regime), None)
+        if base is not None and "pass@64" in base["final"]:
+            judge = base.get("judge", {})
+            j = judge.get("near") or judge.get("far")
+            nats = f", corrections {j['correction_nats']:.1f} nats" if j else ""
+            calibrations.append(
+                f"{regime} pass@8 {100 * base['final']['pass@8']:.1f}%, pass@64 {100 * base['final']['pass@64']:.1f}%"
+                f"{nats} ({precondition(base, 'near' if 'near' in judge else 'far')})"
+            )
+    if calibrations:
+        lines += ["", "Warm start: " + "; ".join(calibrations) + "."]
+    points = distance_points(results)
     if points:
-        gains = ", ".join(
-            f"{p['point']} {format_mean_std(p['share'])}% judge tokens: {format_interval(p['gain'])}" for p in points
-        )
         lines += [
             "",
-            f"Intensity sweep (MInTRL-const, {sweep['judge']} judge, {sweep['regime']}; pass@1 gain over no "
-            f"intervention): {gains}.",
+            "Judge's distance (MInTRL-const - GRPO, pass@1, by the corrections' NLL under the warm start): "
+            + "; ".join(f"{p['nats']:.1f} nats {format_interval(p['diff1'])}" for p in points)
+            + ".",
         ]
+    sweep_points, sweep = sweep_table(results), sweep_settings(results)
+    if sweep_points:
+        gains = ", ".join(
+            f"{p['point']} {format_mean_std(p['share'])}%: {format_interval(p['gain'])}" for p in sweep_points
+        )
+        lines += ["", f"Intensity ({sweep['regime']}, judge-token share: pass@1 gain over no intervention): {gains}."]
     return "\n".join(lines)
+
+
+BAND_PASS8, BAND_PASS64, BAND_NATS = 0.01, 0.05, 7.0  # issue 27: outside the inference support, inside training's
+
+
+def precondition(base: dict, notation: str = "near") -> str:
+    """Whether a regime's warm start meets MInTRL's two preconditions: outside the inference support (pass@8 <= 1%,
+    pass@64 <= 5%) and inside the training support (`correction_nats` <= 7 with the `notation` judge)."""
+    final, judge = base["final"], base.get("judge", {}).get(notation)
+    if judge is None or "pass@64" not in final:
+        return "not measured"
+    misses = []
+    if final["pass@8"] > BAND_PASS8 or final["pass@64"] > BAND_PASS64:
+        misses.append("within sampling's reach")
+    if not judge["correction_nats"] <= BAND_NATS:
+        misses.append("corrections too far")
+    return "in band" if not misses else "fails: " + ", ".join(misses)
+
+
+def calibration_table(results: dict) -> list[str]:
+    """Every regime's warm start: pass@k, the judge's distance (`correction_nats`, per notation) and coverage, and
+    the precondition verdict with the near judge (the notation of the in-band family)."""
+    lines = [
+        "Warm start on the held-out problems (pass@k in %, 64 samples); `correction_nats`: mean ± std NLL of the "
+        "rule judge's corrections under the warm start (summed over a correction's tokens) on its own rollouts, the "
+        "whole completion reviewed; coverage: share of corrected wrong steps inside the reviewed chunks (the regime's "
+        f"max_reviews x 16 tokens). In band: pass@8 <= {100 * BAND_PASS8:.0f}%, pass@64 <= {100 * BAND_PASS64:.0f}% "
+        f"and near corrections <= {BAND_NATS:.0f} nats.",
+        "",
+        "| regime | pass@1 | pass@8 | pass@64 | correction_nats, near judge | far judge | corrected rollouts | coverage "
+        "| preconditions |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for regime in results["settings"]["plan"]:
+        base = next((b for b in results["baselines"] if b["regime"] == regime), None)
+        if base is None:
+            continue
+        final, judge = base["final"], base.get("judge", {})
+        cells = [f"{100 * final[k]:.2f}" if k in final else "-" for k in ("pass@1", "pass@8", "pass@64")]
+        for notation in ("near", "far"):
+            j = judge.get(notation) or (judge.get("far") if notation == "near" and not _has_new_op(regime) else None)
+            cells.append(f"{j['correction_nats']:.1f} ± {j['correction_nats_std']:.1f}" if j else "-")
+        j = judge.get("near") or judge.get("far")
+        cells += [f"{100 * j['corrected_share']:.0f}%", f"{100 * j['coverage']:.0f}%"] if j else ["-", "-"]
+        cells.append(precondition(base, "near" if "near" in judge else "far"))
+        lines.append(f"| {regime} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _has_new_op(regime: str) -> bool:
+    from benchmarks.toy.training import REGIMES
+
+    return bool(REGIMES[regime].new_op) if regime in REGIMES else True
+
+
+def not_absorbed_warning(run: dict) -> bool | None:
+    """Whether the trainer's not-absorbed warning fired in a MInTRL run (None for other methods): from the logged
+    `mintrl/corrections_not_absorbed`, or, in records from before it was logged, by replaying the logged judge-token
+    NLL of each step through the trainer's own `AbsorptionTracker` with MInTRLConfig's defaults."""
+    if not run["method"].startswith("mintrl"):
+        return None
+    flags = [e["mintrl/corrections_not_absorbed"] for e in run["logs"] if "mintrl/corrections_not_absorbed" in e]
+    if flags:
+        return any(flags)
+    from trl_mintrl.mintrl.absorption import AbsorptionTracker
+    from trl_mintrl.mintrl.config import MInTRLConfig
+
+    defaults = {f.name: f.default for f in MInTRLConfig.__dataclass_fields__.values()}
+    tracker = AbsorptionTracker(
+        defaults["absorption_window"], defaults["absorption_max_nll"], defaults["absorption_min_fall"]
+    )
+    for entry in run["logs"]:
+        if "mintrl/judge_token_nll" in entry:
+            _, warn = tracker.update(entry["step"], entry["mintrl/judge_token_nll"], 1.0)
+            if warn:
+                return True
+    return False
+
+
+def retention_table(results: dict, regime: str, labels: list[str]) -> list[str]:
+    """Held-out scores at the end of the intervention phase, at the end of the run and at the step the validation
+    set selected, per arm, each paired against GRPO at the same point (runs that recorded them)."""
+    grpo = [r for r in runs_of(results, regime, "grpo") if r.get("phase_end")]
+    rows = [(label, [r for r in runs_of(results, regime, label) if r.get("phase_end")]) for label in labels]
+    rows = [(label, runs) for label, runs in rows if runs]
+    if not rows:
+        return []
+    step = rows[0][1][0]["phase_end"]["step"]
+    lines = [
+        "",
+        f"Retention: held-out pass@1 / pass@8 at the end of the intervention phase (step {step}), at the end of the "
+        "run, and at the step a validation set (other problems) selects among the curve points and the phase end "
+        "(steps chosen per seed); differences to GRPO at the same point, paired by seed.",
+        "",
+        "| method | phase end | end | validation-selected (steps) | phase end - GRPO: pass@1 | pass@8 "
+        "| selected - GRPO: pass@1 | pass@8 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, runs in rows:
+        point = lambda key, k, runs=runs: {r["seed"]: r[key][k] for r in runs}  # noqa: E731
+        grpo_point = lambda key, k: {r["seed"]: r[key][k] for r in grpo}  # noqa: E731
+        cells = [
+            " / ".join(format_mean_std(list(point(key, k).values())) for k in ("pass@1", "pass@8"))
+            for key in ("phase_end", "final", "selected")
+        ]
+        cells[2] += f" ({', '.join(str(r['selected']['step']) for r in runs)})"
+        for key in ("phase_end", "selected"):
+            for k in ("pass@1", "pass@8"):
+                diff = None if label == "grpo" else paired_difference(point(key, k), grpo_point(key, k))
+                cells.append(format_interval(diff) if diff else "-")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def distance_points(results: dict) -> list[dict]:
+    """The judge's distance sweep: per regime of the in-band family with both arms run, its near `correction_nats`
+    and MInTRL-const - GRPO (pass@1 and pass@8, paired by seed)."""
+    from benchmarks.toy.task import OFFSETS
+    from benchmarks.toy.training import REGIMES
+
+    points = []
+    for regime in DISTANCE_REGIMES:
+        base = next((b for b in results["baselines"] if b["regime"] == regime), None)
+        grpo, mintrl = runs_of(results, regime, "grpo"), runs_of(results, regime, "mintrl-const")
+        if base is None or "near" not in base.get("judge", {}) or not grpo or not mintrl:
+            continue
+        points.append(
+            {
+                "regime": regime,
+                "k": OFFSETS[REGIMES[regime].new_op],
+                "nats": base["judge"]["near"]["correction_nats"],
+                "base": base,
+                "grpo": [r["final"]["pass@1"] for r in grpo],
+                "mintrl": [r["final"]["pass@1"] for r in mintrl],
+                "diff1": paired_difference(final_by_seed(mintrl), final_by_seed(grpo)),
+                "diff8": paired_difference(final_by_seed(mintrl, "pass@8"), final_by_seed(grpo, "pass@8")),
+            }
+        )
+    return sorted(points, key=lambda p: p["nats"])
+
+
+def distance_table(results: dict) -> list[str]:
+    points = distance_points(results)
+    if not points:
+        return []
+    lines = [
+        "",
+        "## The judge's distance (MInTRL-const vs GRPO on the in-band design, the rule `a+b+k` moved)",
+        "",
+        "| regime | k | correction_nats | warm start pass@8 / pass@64 | preconditions | seeds | GRPO pass@1 "
+        "| MInTRL-const pass@1 | pass@1 difference [95% CI] | pass@8 difference [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        final = {k: f"{100 * v:.2f}" for k, v in p["base"]["final"].items()}
+        lines.append(
+            f"| {p['regime']} | {p['k']:+d} | {p['nats']:.1f} | {final.get('pass@8', '-')} / "
+            f"{final.get('pass@64', '-')} | {precondition(p['base'])} | {p['diff1'].n} | {format_mean_std(p['grpo'])} "
+            f"| {format_mean_std(p['mintrl'])} | {format_interval(p['diff1'])} | {format_interval(p['diff8'])} |"
+        )
+    return lines
 
 
 def calibration_text(base: dict) -> str:
@@ -836,6 +1038,31 @@ def plot(results: dict, out: Path) -> list[Path]:
         ax.set_title(f"Intervention intensity (near judge), {SWEEP_REGIME} (95% t-interval)")
         fig.tight_layout()
         paths.append(out / "learning_sweep.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+    distance = distance_points(results)
+    if distance:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for n, key in enumerate(("diff1", "diff8")):
+            xs = [p["nats"] + 0.08 * n for p in distance]
+            ys = [100 * p[key].mean for p in distance]
+            err = [
+                [100 * (p[key].mean - p[key].low) if p[key].low is not None else 0 for p in distance],
+                [100 * (p[key].high - p[key].mean) if p[key].high is not None else 0 for p in distance],
+            ]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=key.replace("diff", "pass@"))
+        for p in distance:
+            ax.annotate(f"k={p['k']:+d}", (p["nats"], 100 * p["diff1"].mean), fontsize=8, xytext=(4, 4),
+                        textcoords="offset points")  # fmt: skip
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.axvline(BAND_NATS, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("correction_nats: NLL of the judge's corrections under the warm start")
+        ax.set_ylabel("MInTRL-const - GRPO (points)")
+        ax.set_title("The judge's distance (95% t-interval over seeds)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / "learning_distance.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     return paths

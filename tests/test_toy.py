@@ -344,3 +344,94 @@ def test_sort_trainer_on_the_sort_hint_regime_takes_the_rule_planner(warm_start,
         "sort", model, tokenizer, regime.dataset(4, seed=0), args, reward=regime.reward, planner=planner
     )
     assert trainer.repair.planner is planner
+
+
+# ---- the in-band regime family (issue 27): a rule applied more than once, every application checked ------------
+
+
+def test_in_band_problems_apply_their_rule_twice_and_keep_single_rule_problems_as_they_were():
+    from benchmarks.toy.task import BAND_OPERATORS, OFFSETS
+
+    for symbol, k in BAND_OPERATORS.items():
+        for p in make_problems(200, 3, 6, seed=7, new_op=symbol, new_op_count=2):
+            assert p.ops[-1][0] == symbol and sum(op == symbol for op, _ in p.ops) == 2
+            assert parse_question(p.question) == p
+            value = p.first
+            for op, b in p.ops:  # every running value in 0..19, a rule step's a+b too (its familiar reading)
+                if op == symbol:
+                    assert value + b <= 19 and b <= 9
+                value = value + b + OFFSETS[op] if op in OFFSETS else value + b if op == "+" else value - b
+                assert 0 <= value <= 19
+            assert p.familiar().answer == p.answer and all(op in "+-" for op, _ in p.familiar().ops)
+    with pytest.raises(ValueError, match="new_op_count"):
+        make_problem(random.Random(0), 3, new_op="~", new_op_count=4)
+    # one application (the other regimes): the same problems as before new_op_count existed
+    assert make_problems(50, 3, 6, seed=2, new_op="@") == make_problems(50, 3, 6, seed=2, new_op="@", new_op_count=1)
+
+
+def test_in_band_reward_checks_every_application_of_the_rule():
+    from benchmarks.toy.task import step_reward
+
+    problem = Problem(1, (("+", 4), ("~", 7), ("~", 1)))  # 1+4=5, 5~7=11, 11~1=11
+    assert problem.solution == "1+4=5\n\n5~7=11\n\n11~1=11\n\nAnswer: 11"
+    prompt = [{"role": "user", "content": problem.question}]
+    texts = [
+        problem.solution,
+        "1+4=5\n\n5+7=11\n\n11+1=11\n\nAnswer: 11",  # the policy's notation: right
+        "1+4=5\n\n5+7=12\n\n12+1=11\n\nAnswer: 11",  # the first application wrong, the answer right by luck
+        "1+4=5\n\n5+7=11\n\n11+1=12\n\nAnswer: 11",  # the second wrong
+        "1+4=5\n\n5+7=11\n\n11+1=11\n\nAnswer: 12",
+    ]
+    assert step_reward(texts, [problem.answer] * 5, [prompt] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    judge = rule_judge(notation="near")  # the in-band regime's judge: finds the first wrong application, corrects it
+    steps = split_steps("1+4=5\n\n5+7=12\n\n")
+    assert judge.review_fn(problem.question, "", steps, None) == 1
+    assert judge.correct_fn(problem.question, "1+4=5\n\n", None) == "5+7=11\n\n"
+
+
+def test_judge_calibration_measures_the_corrections_nll_and_the_reviews_coverage(warm_start):
+    """`correction_nats` is the NLL of the judge's corrections under the model, given everything before them (checked
+    against a direct forward pass of one correction); coverage counts corrections inside the reviewed span."""
+    import torch
+
+    from benchmarks.toy.calibration import _sequence_nll, judge_calibration
+    from trl_mintrl.text import prompt_token_ids
+
+    model, tokenizer = warm_start
+    problems = make_problems(6, 3, 4, seed=3, new_op="~", new_op_count=2)
+    near = judge_calibration(model, tokenizer, problems, notation="near", reviewed_tokens=96, n_samples=2)
+    far = judge_calibration(model, tokenizer, problems, notation="far", reviewed_tokens=96, n_samples=2)
+    assert near["corrections"] > 0 and 0 < near["correction_nats"] < far["correction_nats"]  # `~` never seen
+    assert near["coverage"] == 1.0 and near["corrected_share"] > 0.5
+    none = judge_calibration(model, tokenizer, problems, notation="near", reviewed_tokens=0, n_samples=2)
+    assert none["coverage"] == 0.0 and none["correction_nats"] == near["correction_nats"]
+
+    context = prompt_token_ids(tokenizer, problems[0].row()["prompt"]) + tokenizer("1+")["input_ids"]
+    target = tokenizer("2=3\n\n")["input_ids"]
+    with torch.no_grad():
+        logps = torch.log_softmax(model(torch.tensor([context + target])).logits[0].double(), -1)
+    direct = -sum(logps[len(context) - 1 + i, t].item() for i, t in enumerate(target))
+    [batched] = _sequence_nll(model, [(context, target)])
+    assert batched == pytest.approx(direct, rel=1e-4)
+
+
+def test_toy_schedule_trains_the_first_step_and_lowers_the_rate_after_the_phase(warm_start, tmp_path):
+    """The toy's warm-up trains optimizer step 1 at a third of the rate (transformers' constant_with_warmup trains it at
+    0); the lower-rate arms multiply the rate from the phase's end on."""
+    from benchmarks.toy.training import build_trainer, rl_config
+
+    model, tokenizer = warm_start
+    data = make_dataset(4, 3, 4, seed=0)
+    rates = {}
+    for later in (None, {"later_factor": 0.3, "later_from": 4}):
+        args = rl_config("grpo", tmp_path / str(later is None), steps=6, learning_rate=3e-4)
+        trainer = build_trainer("grpo", model, tokenizer, data, args, schedule=later)
+        trainer.create_optimizer()
+        scheduler = trainer.create_scheduler(6)
+        rates[later is None] = []
+        for _ in range(6):
+            rates[later is None].append(scheduler.get_last_lr()[0])
+            trainer.optimizer.step()
+            scheduler.step()
+    assert rates[True] == pytest.approx([1e-4, 2e-4, 3e-4, 3e-4, 3e-4, 3e-4])
+    assert rates[False] == pytest.approx([1e-4, 2e-4, 3e-4, 3e-4, 9e-5, 9e-5])

@@ -9,31 +9,101 @@ benchmark's seed 0 and prints the same numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import shutil
+import sys
 import time
+import warnings
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+from transformers.utils import logging as hf_logging
 
 from benchmarks.demo_claim import committed_comparison, load_results
 from benchmarks.learning import HELDOUT_SEED, TRAIN_SEED
-from benchmarks.toy import evaluate, rule_judge
+from benchmarks.toy import evaluate
 from benchmarks.toy.training import REGIMES, build_trainer, rl_config
 
 NAMES = {"mintrl-const": "MInTRL", "sort": "SORT", "grpo": "GRPO"}
 
 
-class StepLine(TrainerCallback):
-    """One short line per optimizer step instead of the full log dict."""
+class ProgressLine(TrainerCallback):
+    """One line per training run: rewritten in place after every step on a terminal; elsewhere (a CI log, a pipe)
+    printed once, when the run ends."""
+
+    def __init__(self, name: str, stream=None):
+        self.name, self.stream = name, stream or sys.stdout
+        self.live = self.stream.isatty()
+        self.rewards, self.judge_shares, self.repairs, self.width = [], [], 0, 0
+        self.start = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+        if self.live:
+            self._write(self.line(state), end="\r")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "reward" not in logs:
             return
-        extra = ""
+        self.rewards.append(logs["reward"])
         if logs.get("mintrl/interventions_active"):
-            extra = f"  judge tokens {100 * logs['mintrl/judge_token_frac']:.1f}%"
-        elif "sort/repair_loss" in logs:
-            extra = f"  repair from references (mean weight {logs['sort/mean_weight']:.2f})"
-        print(f"step {state.global_step:>3}  train reward {logs['reward']:.3f}{extra}", flush=True)
+            self.judge_shares.append(logs["mintrl/judge_token_frac"])
+        self.repairs += "sort/repair_loss" in logs
+        if self.live:
+            self._write(self.line(state), end="\r")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._write(self.line(state), end="\n")
+
+    def line(self, state) -> str:
+        minutes = (time.perf_counter() - self.start) / 60
+        text = f"{self.name:<6} step {state.global_step:>3}/{state.max_steps}  {minutes:.1f} min"
+        if self.rewards:
+            text += f"  train reward {self.rewards[-1]:.3f} (mean {sum(self.rewards) / len(self.rewards):.3f})"
+        if self.judge_shares:
+            share = sum(self.judge_shares) / len(self.judge_shares)
+            text += f"  judge {100 * share:.1f}% of tokens ({len(self.judge_shares)} steps)"
+        if self.repairs:
+            text += f"  repairs at {self.repairs} steps"
+        return text
+
+    def _write(self, text: str, end: str) -> None:
+        if self.live:  # a line wider than the terminal would wrap, and "\r" would not rewrite it
+            text = text[: shutil.get_terminal_size().columns - 1]
+            text, self.width = "\r" + text.ljust(self.width), len(text)  # cover a longer previous line
+        self.stream.write(text + end)
+        self.stream.flush()
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """What the libraries print that a demo user can do nothing about: transformers' weight-loading bar on every
+    `from_pretrained`, TRL's call of transformers' deprecated `is_gradient_checkpointing` at every generation, and
+    DeepSpeed's note (when it is installed) that it found no GPU; this demo trains on CPU."""
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    deepspeed_note = _DropMessage("Setting accelerator to CPU")
+    logging.getLogger("DeepSpeed").addFilter(deepspeed_note)  # DeepSpeed sets up this logger when first imported
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            yield
+    finally:
+        logging.getLogger("DeepSpeed").removeFilter(deepspeed_note)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def train_and_evaluate(method: str, regime: str, args, heldout) -> dict:
@@ -51,14 +121,15 @@ def train_and_evaluate(method: str, regime: str, args, heldout) -> dict:
         per_device_train_batch_size=8 * args.prompts_per_step,  # 8 rollouts per prompt
     )
     train = settings.dataset(args.steps * args.prompts_per_step, seed=TRAIN_SEED + args.seed)
-    judge = rule_judge(seed=args.seed) if method == "mintrl-const" else None
+    judge = (
+        settings.judge(args.seed) if method == "mintrl-const" else None
+    )  # the regime's rule judge, as the benchmark
     planner = settings.planner() if method == "sort" and settings.planner is not None else None
     trainer = build_trainer(
-        method, model, tokenizer, train, config, judge=judge, callbacks=[StepLine()], reward=settings.reward,
-        planner=planner,
+        method, model, tokenizer, train, config, judge=judge, callbacks=[ProgressLine(NAMES[method])],
+        reward=settings.reward, planner=planner,
     )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
-    print(f"--- {NAMES[method]}", flush=True)
     start = time.perf_counter()
     trainer.train()
     scores = evaluate(trainer.model, tokenizer, heldout, n_samples=8)
@@ -94,11 +165,12 @@ def run_demo(method: str, regime: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     settings = REGIMES[regime]
     heldout = settings.problems(args.eval_problems, seed=HELDOUT_SEED)
-    tokenizer = AutoTokenizer.from_pretrained(settings.warm_start)
-    before = evaluate(AutoModelForCausalLM.from_pretrained(settings.warm_start), tokenizer, heldout, n_samples=8)
-    results = {method: train_and_evaluate(method, regime, args, heldout)}
-    if args.grpo:
-        results["grpo"] = train_and_evaluate("grpo", regime, args, heldout)
+    with quiet_libraries():
+        tokenizer = AutoTokenizer.from_pretrained(settings.warm_start)
+        before = evaluate(AutoModelForCausalLM.from_pretrained(settings.warm_start), tokenizer, heldout, n_samples=8)
+        results = {method: train_and_evaluate(method, regime, args, heldout)}
+        if args.grpo:
+            results["grpo"] = train_and_evaluate("grpo", regime, args, heldout)
 
     print(f"\n{len(heldout)} held-out problems ({regime} regime, {settings.min_ops}-{settings.max_ops} operations), "
           "8 samples each:")  # fmt: skip

@@ -35,8 +35,9 @@ NEW_OPERATOR = "#"  # the unreachable regime's operator
 FAR_OPERATOR = "@"  # the out-of-reach regime's operator
 # The in-band regime's rules (issue 27): `a op b = a+b+k` applied at several steps of a chain, each a correction the
 # warm start finds unlikely but not impossible; one symbol per offset k so that the distance sweep's regimes differ
-# only in k. `~` (k = -1) is the in-band regime's rule.
-BAND_OPERATORS = {"~": -1, "^": 1, "&": -2, "$": 2, "%": -3, "!": -7}
+# only in k (k = 0, `a?b = a+b`, is the near end: the warm start's own reading of an unseen operator). `~` (k = -1) is
+# the in-band regime's rule.
+BAND_OPERATORS = {"~": -1, "?": 0, "^": 1, "&": -2, "$": 2, "%": -3, "!": -7}
 OFFSETS = {NEW_OPERATOR: 2, FAR_OPERATOR: -7, **BAND_OPERATORS}  # new operator -> k in `a op b = a+b+k`
 # operators whose problems are drawn with a uniform final answer over 0..max_value (a constant guess scores ~1/20)
 UNIFORM_ANSWERS = {FAR_OPERATOR}

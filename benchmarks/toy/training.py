@@ -24,6 +24,21 @@ RL_MIN_OPS, RL_MAX_OPS = 8, 11
 WARMUP_STEPS = 3
 
 
+def _checkpointing_field() -> str:
+    """The config field that turns activation checkpointing off: transformers 5.24 renamed `gradient_checkpointing`
+    (a FutureWarning when only the old name is set; TRL defaults it to True, so it must be set)."""
+    from transformers import TrainingArguments
+
+    return (
+        "activation_checkpointing"
+        if hasattr(TrainingArguments, "activation_checkpointing")
+        else "gradient_checkpointing"
+    )
+
+
+_CHECKPOINTING = _checkpointing_field()
+
+
 @dataclass(frozen=True)
 class Regime:
     """Which problems RL trains and evaluates on, and the settings that depend on their length."""
@@ -126,7 +141,7 @@ def rl_config(
         output_dir=str(output_dir),
         use_cpu=True,
         bf16=False,
-        gradient_checkpointing=False,
+        **{_CHECKPOINTING: False},
         report_to=[],
         disable_tqdm=True,
         save_strategy="no",
