@@ -75,6 +75,8 @@ LABELS = {
     "sort-uniform": ("sort", {"repair_weighting": "uniform"}),
     "sort-beta0": ("sort", {"repair_beta": 0.0}),  # DFT weighting: p_base only
     "sort-beta1": ("sort", {"repair_beta": 1.0}),  # p_plan only
+    # issue 29: the separate repair stepping the GRPO step's optimizer state (Adam moments), not its own
+    "sort-shared": ("sort", {"repair_optimizer": "shared"}),
 }
 # intervention-intensity sweep (MInTRL-const on the in-band regime, its near judge), from the fewest judge tokens to
 # the most: point -> job fields (config overrides, steps per correction, judge revises every rollout from its first
@@ -149,7 +151,7 @@ MODES = {
             "out-of-reach": ["grpo", "grpo-2x", *NOTATION_ARMS, "mintrl-off", "sort", "sort-uniform"],
             "reachable": REACHABLE_ARMS,
             # SORT's regime (issue 19 section 3): hint warm start, rule planner, references in the near notation
-            "sort-hint": ["grpo", "sort", "sort-uniform", "sort-beta0", "sort-beta1"],
+            "sort-hint": ["grpo", "sort", "sort-uniform", "sort-beta0", "sort-beta1", "sort-shared"],
         },
         seeds_per_regime={regime: 3 for regime in DISTANCE_REGIMES[1:]},
         sweep_seeds=3,
@@ -772,7 +774,7 @@ def not_absorbed_warning(run: dict) -> bool | None:
     """Whether the trainer's not-absorbed warning fired in a MInTRL run (None for other methods): from the logged
     `mintrl/corrections_not_absorbed`, or, in records from before it was logged, by replaying the logged judge-token
     NLL of each step through the trainer's own `AbsorptionTracker` with MInTRLConfig's defaults."""
-    if not run["method"].startswith("mintrl"):
+    if not run.get("method", "").startswith("mintrl"):
         return None
     flags = [e["mintrl/corrections_not_absorbed"] for e in run["logs"] if "mintrl/corrections_not_absorbed" in e]
     if flags:

@@ -147,20 +147,33 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     assert results["provenance"]["command"].startswith("python benchmarks/learning.py --smoke")
     assert len(results["provenance"]["commit"]) == 40
     assert {(r["label"], r["seed"]) for r in results["runs"]} == {
-        (m, s) for m in ("grpo", "mintrl-const-near") for s in (0, 1)
+        (m, s) for m in ("grpo", "mintrl-const") for s in (0, 1)
     }
     assert all(r["steps"] == 1 and r["logs"] for r in results["runs"])
     [base] = results["baselines"]
-    assert {"final", "curve0", "familiar"} <= set(base) and {"pass@1", "pass@8"} <= set(base["final"])
+    assert {"final", "curve0", "familiar", "judge"} <= set(base) and {"pass@1", "pass@8"} <= set(base["final"])
+    assert set(base["judge"]) == {"near", "far"}  # in-band: its own (near) judge, and the far one
+    for judge in base["judge"].values():
+        assert judge["corrections"] > 0 and judge["correction_nats"] > 0 and judge["coverage"] == 1.0
+    assert base["judge"]["far"]["correction_nats"] > base["judge"]["near"]["correction_nats"]
     assert all(set(point) == {"pass@1", "pass@8"} for r in results["runs"] for point in r["curve"].values())
-    assert {r["regime"] for r in results["runs"]} == {"out-of-reach"}
+    assert {r["regime"] for r in results["runs"]} == {"in-band"}
+    for run in results["runs"]:  # 1 step: the phase end is step 1, the last step; validation picks step 1
+        assert run["phase_end"] is None
+        assert run["selected"] == {"pass@1": run["final"]["pass@1"], "pass@8": run["final"]["pass@8"], "step": 1}
+        assert set(run["validation"]) == {"1"}
+    mintrl_logs = [e for r in results["runs"] if r["label"] == "mintrl-const" for e in r["logs"]]
+    assert all({"loss", "grad_norm", "mintrl/regression_residual", "mintrl/judge_token_frac"} <= set(e)
+               for e in mintrl_logs)  # fmt: skip
     table = (tmp_path / "learning.md").read_text()
-    assert "| mintrl-const-near | 2 |" in table and results["provenance"]["commit"][:12] in table
+    assert "| mintrl-const | 2 |" in table and results["provenance"]["commit"][:12] in table
+    assert "| in-band | 0.00 | 0.00 | - | " in table  # the calibration table (no pass@64 in smoke mode)
+    assert "## The judge's distance" in table
     for png in ("learning_curves.png", "learning_interventions.png"):
         assert (tmp_path / png).stat().st_size > 0
 
     for run in results["runs"]:  # MInTRL +50 points on seed 0, +30 on seed 1; GRPO 0
-        bump = {("mintrl-const-near", 0): 0.5, ("mintrl-const-near", 1): 0.3}.get((run["label"], run["seed"]), 0.0)
+        bump = {("mintrl-const", 0): 0.5, ("mintrl-const", 1): 0.3}.get((run["label"], run["seed"]), 0.0)
         run["final"]["pass@1"] = bump
     (tmp_path / "learning.json").write_text(json.dumps(results))
     (tmp_path / "learning.md").unlink()
@@ -183,7 +196,7 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
         timeout=300,
     )
     row = next(
-        line for line in (tmp_path / "learning.md").read_text().splitlines() if line.startswith("| mintrl-const-near")
+        line for line in (tmp_path / "learning.md").read_text().splitlines() if line.startswith("| mintrl-const |")
     )
     cells = [c.strip() for c in row.split("|")]
     assert cells[3] == "40.0 ± 14.1"  # pass@1 mean ± std of 50 and 30
@@ -191,7 +204,9 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     assert cells[6] == "no"  # 2 seeds do not resolve it
     readme_text = readme.read_text()
     assert "old table" not in readme_text and readme_text.endswith(f"{README_END}\nafter\n")
-    assert "| mintrl-const-near | 40.0 ± 14.1 | +40.0 [-87.1, +167.1] |" in readme_text
+    assert "| mintrl-const | +40.0 [-87.1, +167.1] |" in readme_text
+    assert "| in-band | -1 | " in (tmp_path / "learning.md").read_text()  # the distance table's in-band point
+    assert "Judge's distance (MInTRL-const - GRPO, pass@1" in readme_text
 
 
 def test_learning_replot_reads_the_committed_results_of_the_previous_version(tmp_path):
@@ -227,13 +242,13 @@ def test_learning_replot_reads_the_committed_results_of_the_previous_version(tmp
     cell = format_mean_std(grpo)
     table = (tmp_path / "out" / "learning.md").read_text()
     assert f"## Regime: {regime}" in table and f"| grpo | {len(grpo)} | {cell} |" in table
-    assert f"| grpo | {cell} | - |" in readme.read_text()
+    assert f"| grpo | {cell} |" in readme.read_text()
     base = results["baselines"][0]
     if "pass@64" not in base["final"]:
         assert f"pass@8 {100 * base['final']['pass@8']:.1f}, pass@64 not recorded" in table
     sweep = [r for r in results["runs"] if r["group"] == "sweep"]
     if sweep:  # the sweep's section names the regime its runs were on
-        assert f", {sweep[0]['regime']} regime)" in table and "Intensity sweep (MInTRL-const" in readme.read_text()
+        assert f", {sweep[0]['regime']} regime)" in table and f"Intensity ({sweep[0]['regime']}" in readme.read_text()
     for png in ("learning_curves.png", "learning_interventions.png"):
         assert (tmp_path / "out" / png).stat().st_size > 0
 
@@ -305,17 +320,20 @@ def test_learning_jobs_carry_each_arms_judge_notation_and_config():
     from benchmarks.learning import LABELS, MODES, job_judge, plan_jobs
 
     question = "Compute 9+5@3 ="
-    settings = {**MODES["full"], "plan": {"out-of-reach": [*LABELS]}}
-    jobs = {job["label"]: job for job in plan_jobs(settings) if job["seed"] == 0}
+    settings = {**MODES["full"], "plan": {"out-of-reach": [*LABELS], "in-band": ["mintrl-const"]}}
+    jobs = {(job["regime"], job["label"]): job for job in plan_jobs(settings) if job["seed"] == 0}
     for label, correction in [
         ("mintrl-const-near", "14+3=10\n\n"),
         ("mintrl-proxy-near", "14+3=10\n\n"),
         ("mintrl-const-far", "14@3=10\n\n"),
         ("mintrl-proxy-far", "14@3=10\n\n"),
-        ("mintrl-const", "14@3=10\n\n"),
-        ("sweep:reviews-1", "14+3=10\n\n"),
+        ("mintrl-const", "14@3=10\n\n"),  # out-of-reach's own judge: the far one
     ]:
-        assert job_judge(jobs[label]).correct_fn(question, "9+5=14\n\n", None) == correction, label
+        assert job_judge(jobs["out-of-reach", label]).correct_fn(question, "9+5=14\n\n", None) == correction, label
+    # the in-band regime's judge (and the sweep on it) writes the policy's notation
+    for key in [("in-band", "mintrl-const"), ("in-band", "sweep:target-1%")]:
+        assert job_judge(jobs[key]).correct_fn("Compute 9+5~3 =", "9+5=14\n\n", None) == "14+3=16\n\n", key
+    jobs = {label: job for (regime, label), job in jobs.items() if regime == "out-of-reach"}
     assert jobs["mintrl-proxy-near"]["method"] == "mintrl-proxy"
     assert jobs["sort-beta0"]["overrides"] == {"repair_beta": 0.0}
     assert jobs["sort-beta1"]["overrides"] == {"repair_beta": 1.0}
@@ -392,15 +410,25 @@ def test_cost_rollout_readme_block_follows_the_json(tmp_path):
 def test_sort_hint_jobs_get_the_rule_planner_and_the_hint_warm_start():
     """SORT's regime in the full plan: GRPO and the four SORT arms, each SORT job with the regime's rule planner
     (the hint in the training wording), GRPO and other regimes' SORT jobs without a planner."""
-    from benchmarks.learning import MODES, job_planner, plan_jobs
+    from benchmarks.learning import LABELS, MODES, job_planner, plan_jobs
     from benchmarks.toy.hint import WARM_START_HINT_DIR
     from benchmarks.toy.training import REGIMES
     from trl_mintrl.sort import FunctionPlanner, PlanRequest
 
-    assert MODES["full"]["plan"]["sort-hint"] == ["grpo", "sort", "sort-uniform", "sort-beta0", "sort-beta1"]
+    assert MODES["full"]["plan"]["sort-hint"] == [
+        "grpo",
+        "sort",
+        "sort-uniform",
+        "sort-beta0",
+        "sort-beta1",
+        "sort-shared",
+    ]
+    assert plan_jobs(MODES["full"])[0]["overrides"] == {} and LABELS["sort-shared"][1] == {
+        "repair_optimizer": "shared"
+    }
     jobs = {(job["regime"], job["label"]): job for job in plan_jobs(MODES["full"]) if job["seed"] == 0}
     question, reference = "Compute 9+5@3 =", "9+5=14\n\n14+3=10\n\nAnswer: 10"
-    for label in ("sort", "sort-uniform", "sort-beta0", "sort-beta1"):
+    for label in ("sort", "sort-uniform", "sort-beta0", "sort-beta1", "sort-shared"):
         planner = job_planner(jobs["sort-hint", label])
         assert isinstance(planner, FunctionPlanner), label
         assert planner.plan([PlanRequest(question, reference)])[0].text == "Rule: a@b = a+b-7."
@@ -430,3 +458,68 @@ def test_learning_report_gives_grpos_mean_curve_from_the_warm_start():
     }  # fmt: skip
     line = next(line for line in report(results).splitlines() if line.startswith("GRPO's curve"))
     assert line.endswith("by step): 0: 10.0 / 30.0, 12: 30.0 / 50.0, 24: 40.0 / 60.0.")
+
+
+def test_memory_benchmark_quick_writes_phase_table(tmp_path):
+    """`benchmarks/memory.py --quick` (two configurations, each in a fresh process) measures every phase through the
+    trainers' code and writes memory.json and memory.md: the table, the growth ratio, the largest repair forwards."""
+    done = subprocess.run(
+        [sys.executable, "benchmarks/memory.py", "--quick", "--configs", "mb1-r4", "mb2-r4", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    saved = json.loads((tmp_path / "memory.json").read_text())
+    assert saved["provenance"]["command"].startswith("python benchmarks/memory.py --quick")
+    runs = {run["name"]: run for run in saved["runs"]}
+    for name, micro_batch in (("mb1-r4", 1), ("mb2-r4", 2)):
+        phases = runs[name]["phases"]
+        for phase in ("generation (GRPO)", "generation (MInTRL)", "GRPO loss", "MInTRL loss", "repair update"):
+            assert phases[phase]["peak_bytes"] > 0 and phases[phase]["working_bytes"] >= 0, (name, phase)
+        assert phases["GRPO loss"]["max_rows_grad"] == micro_batch  # the prepared micro-batch reached the loss
+        assert phases["repair: base pass"]["max_rows_grad"] >= 1
+        assert runs[name]["facts"]["repairs"] == 1
+    table = (tmp_path / "memory.md").read_text()
+    assert table.startswith("# Memory per phase") and "Hypotheses (written before the run)" in table
+    assert "| mb2-r4 | 2 | 4 | 4 |" in table and "| micro-batch 1 -> 2 (4 references) |" in table
+
+
+def test_a_part_reruns_its_arms_and_keeps_every_other_record():
+    """`--part`: the fresh part's runs replace the same (regime, label) runs of the previous learning.json; other arms,
+    other regimes' calibrations and provenance stay; a previous sweep of another regime (the old design) is dropped."""
+    from benchmarks.learning import MODES, PARTS, merge_previous, plan_jobs
+
+    def run(regime, label, seed, group="main"):
+        return {"regime": regime, "label": label, "seed": seed, "group": group, "tag": "old"}
+
+    old_prov = {"command": "old", "commit": "a" * 40, "changed_files_that_matter": []}
+    previous = {
+        "provenance": old_prov,
+        "settings": {"sweep": {"regime": "out-of-reach", "judge": "near", "default": "mintrl-const-near"}},
+        "baselines": [{"regime": "in-band", "tag": "old"}, {"regime": "reachable", "tag": "old"}],
+        "runs": [
+            run("in-band", "grpo", 0),
+            run("in-band", "sort", 0),
+            run("reachable", "grpo", 0),
+            run("out-of-reach", "sweep:all-steps", 0, "sweep"),
+        ],
+    }
+    new_prov = {"command": "new", "commit": "b" * 40, "changed_files_that_matter": []}
+    fresh = {
+        "provenance": new_prov,
+        "settings": {"mode": "full", **MODES["full"]},
+        "baselines": [{"regime": "in-band", "tag": "new"}],
+        "runs": [{**run("in-band", "grpo", 0), "tag": "new"}],
+    }
+    merged = merge_previous(fresh, previous, ["band"])
+    tags = {(r["regime"], r["label"]): r["tag"] for r in merged["runs"]}
+    assert tags == {("in-band", "grpo"): "new", ("in-band", "sort"): "old", ("reachable", "grpo"): "old"}
+    assert {b["regime"]: b["tag"] for b in merged["baselines"]} == {"in-band": "new", "reachable": "old"}
+    assert merged["regime_provenance"]["in-band"] == new_prov and merged["regime_provenance"]["reachable"] == old_prov
+    assert "sweep" not in merged["settings"] or merged["settings"]["sweep"]["regime"] == "in-band"
+    # the parts cover the full plan exactly once
+    everything = {(j["regime"], j["label"], j["seed"]) for j in plan_jobs({"mode": "full", **MODES["full"]})}
+    parts = [(j["regime"], j["label"], j["seed"]) for p in PARTS for j in plan_jobs(MODES["full"], [p])]
+    assert len(parts) == len(set(parts)) and set(parts) == everything

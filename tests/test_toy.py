@@ -352,7 +352,7 @@ def test_sort_trainer_on_the_sort_hint_regime_takes_the_rule_planner(warm_start,
 def test_in_band_problems_apply_their_rule_twice_and_keep_single_rule_problems_as_they_were():
     from benchmarks.toy.task import BAND_OPERATORS, OFFSETS
 
-    for symbol, k in BAND_OPERATORS.items():
+    for symbol in BAND_OPERATORS:
         for p in make_problems(200, 3, 6, seed=7, new_op=symbol, new_op_count=2):
             assert p.ops[-1][0] == symbol and sum(op == symbol for op, _ in p.ops) == 2
             assert parse_question(p.question) == p

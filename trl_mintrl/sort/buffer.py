@@ -1,8 +1,9 @@
 """SORT's deferred buffer of all-wrong prompts, and the all-wrong / all-right test on a batch's rewards.
 
-The buffer is training state: it is identical on every process (each appends the same gathered items in the same
-order), so "repair now" is the same decision everywhere, and it is saved with checkpoints as JSON (`BUFFER_FILE`,
-written and read by the trainer's `GRPOTrainerBase`).
+The buffer is training state: it is identical on every process (each applies the same gathered additions and
+removals in the same order), so "repair now" is the same decision everywhere, and it is saved with checkpoints as JSON
+(`BUFFER_FILE`, written and read by the trainer's `GRPOTrainerBase`). It is bounded: past `capacity` the oldest item
+is evicted, so a backlog of failures the repair cannot keep up with ages out instead of growing without end.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 BUFFER_FILE = "sort_buffer.json"
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: items carry `deferred_at`; version 1 (without it) still loads
 
 
 def correctness_scores(rewards_per_func: torch.Tensor, weights: torch.Tensor, funcs: list[int]) -> torch.Tensor:
@@ -46,6 +47,12 @@ def classify_groups(
     return (grouped <= threshold).all(dim=1), (grouped > threshold).all(dim=1)
 
 
+def solved_groups(scores: torch.Tensor, num_generations: int, threshold: float = 0.0) -> torch.Tensor:
+    """Booleans per group: some rollout is correct (score above `threshold`; NaN never is). A buffered prompt whose
+    group is solved leaves the buffer: the policy no longer needs its reference."""
+    return (scores.view(-1, num_generations) > threshold).any(dim=1)
+
+
 def resolve_reward_funcs(selection: list[str | int] | None, names: list[str]) -> list[int]:
     """Indices of the reward functions `selection` names (names as TRL logs them, or indices; None: all)."""
     if selection is None:
@@ -74,10 +81,12 @@ def resolve_reward_funcs(selection: list[str | int] | None, names: list[str]) ->
 
 @dataclass(frozen=True)
 class RepairItem:
-    """A deferred prompt (as in the dataset: a string or a list of messages) and its reference solution."""
+    """A deferred prompt (as in the dataset: a string or a list of messages), its reference solution, and the
+    optimizer step (`global_step`) at which it was deferred (its age at repair is logged)."""
 
     prompt: str | list[dict]
     reference: str
+    deferred_at: int = 0
 
 
 def _key(prompt: str | list[dict]) -> str:
@@ -88,11 +97,20 @@ def _key(prompt: str | list[dict]) -> str:
 
 
 class RepairBuffer:
-    """FIFO of `RepairItem`s with at most one item per prompt, plus the running counters logged as `sort/*`."""
+    """FIFO of `RepairItem`s with at most one item per prompt and at most `capacity` items (None: unbounded), plus the
+    running counters logged as `sort/*`."""
 
-    COUNTERS = ("repairs", "empty_references", "truncated_references", "failed_plans")
+    COUNTERS = (
+        "repairs",
+        "empty_references",
+        "truncated_references",
+        "failed_plans",
+        "evictions",  # oldest items dropped to stay within `capacity`
+        "solved_removed",  # items dropped because their prompt was sampled again and solved
+    )
 
-    def __init__(self):
+    def __init__(self, capacity: int | None = None):
+        self.capacity = capacity
         self._items: list[RepairItem] = []
         self._keys: set[str] = set()
         self.counters = dict.fromkeys(self.COUNTERS, 0)
@@ -104,13 +122,29 @@ class RepairBuffer:
     def items(self) -> list[RepairItem]:
         return list(self._items)
 
-    def add(self, prompt: str | list[dict], reference: str) -> bool:
-        """Append unless the prompt is already held; returns whether it was added."""
+    def holds(self, prompt: str | list[dict]) -> bool:
+        return _key(prompt) in self._keys
+
+    def add(self, prompt: str | list[dict], reference: str, deferred_at: int = 0) -> bool:
+        """Append unless the prompt is already held, evicting the oldest items past `capacity` (counted); returns
+        whether it was added."""
         key = _key(prompt)
         if key in self._keys:
             return False
         self._keys.add(key)
-        self._items.append(RepairItem(prompt, reference))
+        self._items.append(RepairItem(prompt, reference, deferred_at))
+        if self.capacity is not None and len(self._items) > self.capacity:
+            self.counters["evictions"] += len(self.pop(len(self._items) - self.capacity))
+        return True
+
+    def remove_solved(self, prompt: str | list[dict]) -> bool:
+        """Drop the prompt's item (counted in `solved_removed`); returns whether one was held."""
+        key = _key(prompt)
+        if key not in self._keys:
+            return False
+        self._keys.remove(key)
+        self._items = [item for item in self._items if _key(item.prompt) != key]
+        self.counters["solved_removed"] += 1
         return True
 
     def pop(self, n: int) -> list[RepairItem]:
@@ -123,9 +157,11 @@ class RepairBuffer:
         return {"version": _STATE_VERSION, "items": [asdict(i) for i in self._items], "counters": dict(self.counters)}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("version") != _STATE_VERSION:
+        """Restore a saved buffer; a version-1 state (before items carried `deferred_at`) loads with age origin 0. Items
+        beyond this buffer's `capacity` (a run resumed with a smaller one) are evicted, oldest first, and counted."""
+        if state.get("version") not in (1, _STATE_VERSION):
             raise ValueError(f"unsupported SORT buffer state version {state.get('version')!r}")
         self._items, self._keys = [], set()
-        for item in state["items"]:
-            self.add(item["prompt"], item["reference"])
         self.counters = {**dict.fromkeys(self.COUNTERS, 0), **state["counters"]}
+        for item in state["items"]:
+            self.add(item["prompt"], item["reference"], item.get("deferred_at", 0))

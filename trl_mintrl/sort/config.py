@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -45,6 +46,24 @@ class SORTConfig(GRPOConfig):
         repair_loss_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the repair loss (in its own step with `repair_update="separate"`, added to the GRPO loss with
             `"joint"`).
+        repair_optimizer (`str`, *optional*, defaults to `"own"`):
+            Optimizer state of the `"separate"` repair step (ignored with `"joint"`, which has one step). `"own"`: the
+            trainer's optimizer (same class, hyperparameters and parameter groups, so the learning rate is the main
+            schedule's current one) with moments and step counter of its own, the paper's decoupled auxiliary update:
+            the repair's Adam direction is that of the repair gradients, and the main state advances once per main
+            step. `"shared"`: the main optimizer's state, so Adam's first moment is ~90% GRPO momentum when the
+            repair steps and its step counter advances twice on repairing steps. Either way the learning-rate schedule
+            advances with the main steps only (under DeepSpeed too). `"own"` keeps a second copy of the optimizer
+            state (for AdamW two more fp32 tensors per trained parameter, partitioned like the main state under
+            ZeRO); it restarts at zero on resume, and Adam's bias correction makes that a well-scaled first step.
+        repair_buffer_size (`int` or `None`, *optional*, defaults to `None`):
+            Capacity of the deferred buffer; past it the oldest item is evicted (counted in `sort/evictions`). `None`:
+            `4 * repair_batch_size`, the all-wrong prompts of a Qwen2.5-7B recipe step (64 prompts, repairs of 16).
+        max_repairs_per_step (`int` or `None`, *optional*, defaults to `None`):
+            Most repairs per optimizer step (each on `repair_batch_size` items; with `"separate"` each is an optimizer
+            step of its own, with `"joint"` each adds its loss to the step). `None`:
+            `ceil(repair_buffer_size / repair_batch_size)`, enough to drain a full buffer in one step, so no backlog
+            outlives the step after it; the repair's compute per step is bounded by this times a repair.
         max_plan_tokens (`int`, *optional*, defaults to `256`):
             Maximum number of tokens of a plan written by the policy.
         plan_temperature (`float`, *optional*, defaults to `0.0`):
@@ -130,6 +149,30 @@ class SORTConfig(GRPOConfig):
         default=1.0,
         metadata={"help": "Weight of the repair loss added to the GRPO loss of the step that runs the repair."},
     )
+    repair_optimizer: str = field(
+        default="own",
+        metadata={
+            "help": "Optimizer state of the 'separate' repair step. 'own': moments and step counter of its own "
+            "(same optimizer class, hyperparameters and current learning rate), the paper's decoupled auxiliary "
+            "update. 'shared': the main optimizer's state (the repair inherits the GRPO momentum). The schedule "
+            "advances with main steps only either way.",
+            "choices": ["own", "shared"],
+        },
+    )
+    repair_buffer_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Capacity of the deferred buffer; the oldest item is evicted past it (sort/evictions). None: "
+            "4 * repair_batch_size."
+        },
+    )
+    max_repairs_per_step: int | None = field(
+        default=None,
+        metadata={
+            "help": "Most repairs (of repair_batch_size items each) per optimizer step. None: "
+            "ceil(repair_buffer_size / repair_batch_size), enough to drain a full buffer."
+        },
+    )
     max_plan_tokens: int = field(
         default=256,
         metadata={"help": "Maximum number of tokens of a plan written by the policy."},
@@ -180,9 +223,11 @@ class SORTConfig(GRPOConfig):
         for name, choices in (
             ("repair_update", ("separate", "joint")),
             ("repair_weighting", tuple(REPAIR_WEIGHTINGS)),
+            ("repair_optimizer", ("own", "shared")),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"`{name}` must be one of {list(choices)}, got {getattr(self, name)!r}.")
+        self._check_buffer_bounds()
         self.plan_chat_template_kwargs = chat_template_kwargs_field(
             "plan_chat_template_kwargs", self.plan_chat_template_kwargs
         )
@@ -197,6 +242,20 @@ class SORTConfig(GRPOConfig):
         if self.base_template is not None:
             check_template("base_template", self.base_template, REQUIRED_FIELDS["base_template"])
         super().__post_init__()
+
+    def _check_buffer_bounds(self) -> None:
+        capacity, max_repairs = repair_buffer_bounds(self)
+        if capacity < self.repair_batch_size:
+            raise ValueError(
+                f"`repair_buffer_size` ({self.repair_buffer_size}) is below `repair_batch_size` "
+                f"({self.repair_batch_size}): the buffer could never hold a repair's worth. Raise it to at least "
+                f"{self.repair_batch_size}, or leave it None (4 * repair_batch_size)."
+            )
+        if max_repairs < 1:
+            raise ValueError(
+                f"`max_repairs_per_step` must be at least 1, got {self.max_repairs_per_step}; leave it None to drain "
+                "a full buffer each step."
+            )
 
     def _check_correctness_reward_funcs(self) -> None:
         """Shape only: names are checked against the reward functions when the trainer is built."""
@@ -213,3 +272,12 @@ class SORTConfig(GRPOConfig):
                     f"`correctness_reward_funcs` holds reward function names or indices, got {entry!r} "
                     f"({type(entry).__name__})."
                 )
+
+
+def repair_buffer_bounds(args: SORTConfig) -> tuple[int, int]:
+    """The buffer's capacity and the most repairs per step: `repair_buffer_size` (None: `4 * repair_batch_size`) and
+    `max_repairs_per_step` (None: `ceil(capacity / repair_batch_size)`, enough to drain a full buffer)."""
+    capacity = 4 * args.repair_batch_size if args.repair_buffer_size is None else args.repair_buffer_size
+    if args.max_repairs_per_step is not None:
+        return capacity, args.max_repairs_per_step
+    return capacity, math.ceil(capacity / args.repair_batch_size)

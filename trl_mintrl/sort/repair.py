@@ -3,38 +3,55 @@
 through `WithReferenceRepair`, so the main update stays the trainer's own and the repair is the same code.
 
 The host interface is small: `check_repair_inputs` before the model loads, then the component is built after
-`super().__init__()`; the host passes each scored generation batch to `defer_all_wrong_groups`, each micro-batch loss
-through `with_joint_repair`, and saves `state_dict()` with its checkpoints. The component reads the host's
+`super().__init__()`; the host passes each scored generation batch to `defer_all_wrong_groups`, calls `joint_repair`
+before each micro-batch's own loss, and saves `state_dict()` with its checkpoints. The component reads the host's
 tokenizer, generation engine, scoring forward pass and metrics, and owns its buffer, counters and warnings.
 
 - deferring: after TRL has scored the batch, prompts none of whose rollouts is correct (by
   `correctness_reward_funcs` and `correct_threshold`) go to the buffer with their reference. Rewards are already
   gathered; the deferred (prompt, reference) pairs are gathered too, so every process appends the same items in the
   same order and holds the same buffer.
-- the repair: when the buffer holds `repair_batch_size` items, they are popped, the policy writes a plan for each
-  (with `plan_chat_template_kwargs`), the reference is scored under the base and the teacher prompt, and
-  `repair_loss_weight * repair_loss` is either its own optimizer step right after the main step
-  (`repair_update="separate"`, run by a callback at `on_optimizer_step`) or added to the first micro-batch's loss
+  The buffer is bounded (`repair_buffer_size`, oldest evicted) and a buffered prompt that is sampled again and solved
+  leaves it.
+- the repair: while the buffer holds `repair_batch_size` items (at most `max_repairs_per_step` times per optimizer
+  step), that many are popped, the policy writes a plan for each (with `plan_chat_template_kwargs`), the reference is
+  scored under the teacher and the base prompt, and the gradient of `repair_loss_weight * repair_loss` is accumulated
+  micro-batch by micro-batch (at most `per_device_train_batch_size` rows per forward). It is either its own optimizer
+  step right after the main step (`repair_update="separate"`, run by a callback at `on_optimizer_step`, with its own
+  optimizer state under `repair_optimizer="own"`) or accumulated into the main step on its first micro-batch
   (`"joint"`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import types
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import DistributedType, gather_object, is_peft_model
 from torch import nn
 from transformers import TrainerCallback
 from trl.data_utils import is_conversational
-from trl.trainer.utils import get_callable_name, get_config_model_id, selective_log_softmax
+from trl.trainer.utils import add_fused_lm_head, get_callable_name, get_config_model_id
 
-from ..losses import REPAIR_WEIGHTINGS
+from ..input_checks import repair_passes_over_context
+from ..losses import REPAIR_WEIGHTINGS, RepairTerms
 from ..text import fill_template, opens_thinking, outside_thinking, question_text
 from ..trainer_base import check_reference_column
-from .buffer import RepairBuffer, RepairItem, classify_groups, correctness_scores, resolve_reward_funcs
+from .buffer import (
+    RepairBuffer,
+    RepairItem,
+    classify_groups,
+    correctness_scores,
+    resolve_reward_funcs,
+    solved_groups,
+)
+from .config import repair_buffer_bounds
 from .planner import Planner, PlanRequest, check_planner
 
 logger = get_logger(__name__)
@@ -58,6 +75,8 @@ class WithReferenceRepair:
         correctness_funcs = check_repair_inputs(args, reward_funcs, train_dataset)
         planner = check_planner(planner)
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
+        policy = self.model.get_base_model() if is_peft_model(self.model) else self.model  # where TRL adds its head
+        add_unit_temperature_head(policy, self.args.cast_lm_head_to_fp32)
         self.repair = ReferenceRepair(self, correctness_funcs, planner)
 
     def _score_batch(self, output: dict, batch) -> None:
@@ -65,8 +84,10 @@ class WithReferenceRepair:
         self.repair.defer_all_wrong_groups(batch)
 
     def _compute_loss(self, model, inputs):
-        """The trainer's own loss; with `repair_update="joint"`, plus the repair loss (`with_joint_repair`)."""
-        return self.repair.with_joint_repair(model, super()._compute_loss(model, inputs))
+        """The trainer's own loss; with `repair_update="joint"`, the repair's gradients are accumulated first and its
+        loss (detached) is added to the value (`ReferenceRepair.joint_repair`)."""
+        repair = self.repair.joint_repair(model)
+        return super()._compute_loss(model, inputs) + repair
 
 
 @dataclass
@@ -78,10 +99,28 @@ class _Reference:
     truncated: bool
 
 
+@dataclass
+class _RepairSums:
+    """This process's sums over the reference tokens of one repair, accumulated micro-batch by micro-batch."""
+
+    loss: float = 0.0  # of -w_t * log p_base
+    weight: float = 0.0
+    salience: float = 0.0
+    salience_max: float = -math.inf
+
+    def add(self, terms: RepairTerms, mask: torch.Tensor) -> None:
+        self.loss += (terms.loss.detach() * mask.sum()).item()  # `terms.loss` is the mean over `mask`
+        self.weight += (terms.weights * mask).sum().item()
+        if terms.salience is not None:
+            self.salience += (terms.salience * mask).sum().item()
+            chunk_max = terms.salience.masked_fill(mask == 0, -math.inf).max().item()
+            self.salience_max = max(self.salience_max, chunk_max)
+
+
 class ReferenceRepair:
     """SORT's repair as a component of its host trainer: it owns the buffer, its counters and its warnings; the host
-    hands it each scored batch (`defer_all_wrong_groups`) and its micro-batch loss (`with_joint_repair`), and saves
-    `state_dict()` with its checkpoints. `WithReferenceRepair` does that wiring.
+    hands it each scored batch (`defer_all_wrong_groups`), calls `joint_repair` before each micro-batch's loss, and
+    saves `state_dict()` with its checkpoints. `WithReferenceRepair` does that wiring.
 
     The repair items of a step are dealt round-robin across processes; each process scores its share and the loss is
     normalised by the global token count, so the gradient averaged over processes is that of the repair over all
@@ -90,6 +129,9 @@ class ReferenceRepair:
 
     # Generation batches in a row after which `_warn_if_failures_slip_through` warns.
     failures_slip_through_batches = 10
+    # Warned once per run, by `_prepare_reference`.
+    _warned_cut_reference = False
+    _warned_too_long = False
 
     def __init__(self, host, correctness_funcs: list[int], planner: Planner | None = None):
         """`host`: the trainer that repairs (a `GRPOTrainerBase` whose config has `SORTConfig`'s repair fields);
@@ -100,10 +142,13 @@ class ReferenceRepair:
         self.args = host.args
         self.correctness_funcs = correctness_funcs
         self.planner = planner
-        self.buffer = RepairBuffer()
+        capacity, self.max_repairs_per_step = repair_buffer_bounds(self.args)
+        self.buffer = RepairBuffer(capacity)
         self._prepared: dict[str, _Reference] = {}  # buffered references, tokenised once when deferred
         self._batches_failing_unseen = 0  # see `_warn_if_failures_slip_through`
         self._warned_failures_slip_through = False
+        # the separate repair step's optimizer state with `repair_optimizer="own"` (None: the main optimizer's)
+        self._own_state = _OwnOptimizerState() if self.args.repair_optimizer == "own" else None
         if self.args.repair_update == "separate":
             host.add_callback(_SeparateRepairStep(self))
 
@@ -117,26 +162,36 @@ class ReferenceRepair:
     # ---- deferring all-wrong prompts -------------------------------------------------------------------------------
 
     def defer_all_wrong_groups(self, batch) -> None:
-        """Push every all-wrong prompt of the gathered batch into the buffer (same items, same order, every rank).
-        Evaluation batches are not deferred."""
+        """Push every all-wrong prompt of the gathered batch into the buffer, and drop every buffered prompt that a
+        rollout of the batch solved (same changes, same order, every rank). Evaluation batches change nothing."""
         if not self.host.model.training:
             return
         inputs = batch.inputs
         scores = correctness_scores(batch.rewards_per_func, self.host.reward_weights, self.correctness_funcs)
-        all_wrong, all_right = classify_groups(scores, self.host._group_size(), self.args.correct_threshold)
+        group_size, threshold = self.host._group_size(), self.args.correct_threshold
+        all_wrong, all_right = classify_groups(scores, group_size, threshold)
+        solved = solved_groups(scores, group_size, threshold)
         rows = self.host._process_slice(len(inputs))
-        first_rows = [g * self.host._group_size() for g in all_wrong.nonzero().flatten().tolist()]
-        mine = [
-            (row, inputs[row - rows.start]["prompt"], self._reference_of(inputs[row - rows.start]))
-            for row in first_rows
-            if rows.start <= row < rows.stop
-        ]
-        for _, prompt, reference in sorted(gather_object(mine), key=lambda t: t[0]):
-            prepared = self._prepare_reference(reference)
-            if prepared is None:
-                self.buffer.counters["empty_references"] += 1
-            elif self.buffer.add(prompt, reference):
+        mine = []  # (row, solved, prompt, reference) of this process's groups that change the buffer
+        for group in (all_wrong | solved).nonzero().flatten().tolist():
+            row = group * group_size
+            if not rows.start <= row < rows.stop:
+                continue
+            prompt = inputs[row - rows.start]["prompt"]
+            if all_wrong[group]:
+                mine.append((row, False, prompt, self._reference_of(inputs[row - rows.start])))
+            elif self.buffer.holds(prompt):
+                mine.append((row, True, prompt, None))
+        step = self.host.state.global_step
+        for _, solved_now, prompt, reference in sorted(gather_object(mine), key=lambda t: t[0]):
+            if solved_now:
+                self.buffer.remove_solved(prompt)
+                continue
+            prepared = self._prepare_reference(reference, prompt)  # None: empty or too long, counted there
+            if prepared is not None and self.buffer.add(prompt, reference, deferred_at=step):
                 self._prepared[reference] = prepared
+        held = {item.reference for item in self.buffer.items}  # evicted and solved items' references are not
+        self._prepared = {text: ref for text, ref in self._prepared.items() if text in held}
         self.host._metrics["train"]["sort/all_wrong_frac"].append(all_wrong.float().mean().item())
         self.host._metrics["train"]["sort/all_right_frac"].append(all_right.float().mean().item())
         self._warn_if_failures_slip_through(all_wrong, batch.rewards_per_func)
@@ -179,87 +234,142 @@ class ReferenceRepair:
 
     # ---- the repair ------------------------------------------------------------------------------------------------
 
-    def with_joint_repair(self, model, loss: torch.Tensor) -> torch.Tensor:
-        """`loss` (the trainer's main loss of a micro-batch); with `repair_update="joint"`, plus the repair loss on the
-        first micro-batch of an optimizer step when the buffer is full.
+    def joint_repair(self, model) -> torch.Tensor | float:
+        """With `repair_update="joint"`, on the first micro-batch of an optimizer step: runs the due repairs, their
+        gradients accumulated now, and returns `repair_loss_weight` times their summed loss, detached, which the host
+        adds to the loss it reports; 0.0 otherwise.
 
-        The repair loss enters each repairing optimizer step exactly once, so it is not divided by the number of
-        accumulation steps: its weight relative to the (already GA-scaled) main loss does not depend on how the
+        The gradients are accumulated here (micro-batch by micro-batch, `_repair_loss`) instead of returned as a loss
+        for the host's backward because a repair of long references does not fit in one graph. It runs before the
+        host's own forward so that every forward is followed by its own backward (DDP would not reduce the gradients
+        of a forward that waits behind another). Each repair enters its optimizer step exactly once and is not divided
+        by the accumulation steps: its weight relative to the (already GA-scaled) main loss does not depend on how the
         step's batch is split into micro-batches.
         """
         first_micro_batch = self.host._step % self.host.current_gradient_accumulation_steps == 0
-        if self.args.repair_update == "joint" and self.host.model.training and first_micro_batch:
-            repair = self._repair_from_buffer(model)
-            if repair is not None:
-                loss = loss + self.args.repair_loss_weight * repair
-        return loss
+        if self.args.repair_update != "joint" or not self.host.model.training or not first_micro_batch:
+            return 0.0
+        repair = sum(self._repair_loss(model, items) for items in self._due_repairs())
+        self._log_buffer()
+        return self.args.repair_loss_weight * repair
 
-    def _repair_from_buffer(self, model) -> torch.Tensor | None:
-        """This process's repair loss on the `repair_batch_size` oldest buffered prompts, None when fewer are held;
-        logs the buffer metrics either way. The buffer is the same on every process, so is the decision."""
-        repair = None
-        if len(self.buffer) >= self.args.repair_batch_size:
-            repair = self._repair_loss(model, self.buffer.pop(self.args.repair_batch_size))
+    def _due_repairs(self) -> list[list[RepairItem]]:
+        """The repairs to run now, popped from the buffer: `repair_batch_size` oldest items each, as many as the
+        buffer holds, at most `max_repairs_per_step`. The buffer is the same on every process, so is the decision."""
+        count = min(len(self.buffer) // self.args.repair_batch_size, self.max_repairs_per_step)
+        return [self.buffer.pop(self.args.repair_batch_size) for _ in range(count)]
+
+    def _log_buffer(self) -> None:
+        """The buffer's size and running counters, once per optimizer step, after its repairs."""
         metrics = self.host._metrics["train"]
         metrics["sort/buffer_size"].append(len(self.buffer))
         for name, value in self.buffer.counters.items():
             metrics[f"sort/{name}"].append(value)
-        return repair
 
     def separate_repair_step(self) -> None:
-        """The repair as an optimizer step of its own, right after the main (GRPO or MInTRL) step
-        (`repair_update="separate"`).
+        """The due repairs as optimizer steps of their own, right after the main (GRPO or MInTRL) step
+        (`repair_update="separate"`), one step per repair.
 
-        Runs at `on_optimizer_step`: after `optimizer.step()`, before the scheduler step and `global_step += 1`, so it
-        uses the main step's learning rate and is not a step of the schedule. It shares the optimizer (and its state,
-        e.g. Adam's moments) with the main update. Gradients are clipped on their own to `max_grad_norm`. Under
-        DeepSpeed the engine steps and clips (its `gradient_clipping`) inside `accelerator.backward`, and
-        `optimizer.step()` is a no-op, exactly as in the trainer's own step.
+        Runs at `on_optimizer_step`: after `optimizer.step()`, before the scheduler step and `global_step += 1`. The
+        main step's gradients are released first, before any plan is written or forward run. Each repair step uses
+        the main schedule's current learning rate and is not a step of the schedule; with `repair_optimizer="own"`
+        it steps with an optimizer state of its own (`_OwnOptimizerState`). Gradients are clipped on their own to
+        `max_grad_norm`. Under DeepSpeed the engine steps and clips (its `gradient_clipping`) inside the last
+        micro-batch's `accelerator.backward`, and `optimizer.step()` is a no-op, exactly as in the trainer's own step.
         """
-        model = self.host.model_wrapped
-        with self.host.compute_loss_context_manager():
-            repair = self._repair_from_buffer(model)
-        if repair is None:
+        repairs = self._due_repairs()
+        if not repairs:
+            self._log_buffer()
             return
+        model = self.host.model_wrapped
         model.zero_grad()  # the main step's gradients, already used by the step just taken
-        deepspeed = self.host.accelerator.distributed_type == DistributedType.DEEPSPEED
-        self.host.accelerator.backward(
-            self.args.repair_loss_weight * repair, **({"scale_wrt_gas": False} if deepspeed else {})
-        )
         max_norm = self.args.max_grad_norm if self.args.max_grad_norm > 0 else math.inf
-        grad_norm = self.host.accelerator.clip_grad_norm_(model.parameters(), max_norm)
-        self.host.optimizer.step()
-        model.zero_grad()
-        if grad_norm is not None:
-            self.host._metrics["train"]["sort/repair_grad_norm"].append(float(grad_norm))
+        with self._repair_optimizer():
+            for items in repairs:
+                with self.host.compute_loss_context_manager():
+                    self._repair_loss(model, items, steps_engine=True)
+                grad_norm = self.host.accelerator.clip_grad_norm_(model.parameters(), max_norm)
+                self.host.optimizer.step()
+                model.zero_grad()
+                if grad_norm is not None:
+                    self.host._metrics["train"]["sort/repair_grad_norm"].append(float(grad_norm))
+        self._log_buffer()
 
-    def _repair_loss(self, model, items: list[RepairItem]) -> torch.Tensor:
-        """This process's part of the SORT loss on `items`; summed over processes it is the loss over all items."""
+    @contextlib.contextmanager
+    def _repair_optimizer(self):
+        """The trainer's optimizer as the separate repair steps it: with the repair's own state under
+        `repair_optimizer="own"`, and under DeepSpeed with the engine's learning-rate scheduler detached (the engine
+        steps it in every engine step), so that the schedule advances with the main steps only."""
+        with contextlib.ExitStack() as stack:
+            if self._own_state is not None:
+                stack.enter_context(self._own_state.swapped_into(self.host.optimizer))
+            if self.host.accelerator.distributed_type == DistributedType.DEEPSPEED:
+                stack.enter_context(_scheduler_detached(self.host.accelerator.deepspeed_engine_wrapped.engine))
+            yield
+
+    def _repair_loss(self, model, items: list[RepairItem], steps_engine: bool = False) -> torch.Tensor:
+        """Backpropagates `repair_loss_weight` times this process's part of the SORT loss on `items`, micro-batch by
+        micro-batch, and returns the loss over all items (detached, the same on every process).
+
+        Every forward takes at most `per_device_train_batch_size` rows: the teacher pass (no gradient) first, then
+        the base pass, each of its micro-batches backpropagated before the next runs. The loss is normalised once by
+        the reference tokens of all items on all processes (every process holds every item, so no collective is
+        needed), so the micro-batches' gradients, averaged over processes, add up to the gradient of the unchunked
+        repair over all items. `steps_engine`: under DeepSpeed the last micro-batch's backward is the engine's
+        optimizer step (the separate repair step); otherwise the engine only accumulates.
+        """
         world = self.host.accelerator.num_processes
         references = [
             self._prepared.pop(item.reference, None) or self._prepare_reference(item.reference) for item in items
         ]
         self.buffer.counters["repairs"] += 1
         self.buffer.counters["truncated_references"] += sum(r.truncated for r in references)
+        tokens = sum(len(r.ids) for r in references)
+        ages = [self.host.state.global_step - item.deferred_at for item in items]
         items, references, real = self._process_share(items, references)
 
-        reference_ids = [r.ids for r in references]
-        base_logps, mask = self._reference_logps(
-            model, self._base_prompt_ids([i.prompt for i in items]), reference_ids
-        )
-        mask = mask * torch.tensor(real, device=mask.device).unsqueeze(1)
+        chunks = self._micro_batches(len(items))
         weighting = REPAIR_WEIGHTINGS[self.args.repair_weighting]
-        plan_logps, failed_plans = None, torch.zeros((), device=mask.device)
+        plan_logps, failed_plans = [None] * len(chunks), 0.0
         if weighting.uses_plan:  # "uniform" is plain SFT on the references: no plan, no teacher pass
-            plan_logps, failed_plans = self._plan_logps(model, items, references, real)
-        loss, weights, salience = weighting.terms(
-            base_logps.float(), None if plan_logps is None else plan_logps.float(), mask, self.args.repair_beta
-        )
-        tokens = self._log_repair(loss, weights, salience, mask, failed_plans)
+            plan_logps, failed_plans = self._plan_logps(model, items, references, real, chunks)
+        base_prompts = self._base_prompt_ids([item.prompt for item in items])
+        sums = _RepairSums()
+        for index, (rows, plan) in enumerate(zip(chunks, plan_logps, strict=True)):
+            base, mask = self._reference_logps(
+                model, [base_prompts[i] for i in rows], [references[i].ids for i in rows]
+            )
+            mask = mask * torch.tensor([real[i] for i in rows], device=mask.device).unsqueeze(1)
+            terms = weighting.terms(base.float(), None if plan is None else plan.float(), mask, self.args.repair_beta)
+            # Gradients are averaged over processes (DDP, DeepSpeed): scaled so that the average is the global loss.
+            loss = terms.loss * mask.sum() * (world / tokens)
+            last = index == len(chunks) - 1
+            self._backward(model, self.args.repair_loss_weight * loss, last=last, steps_engine=steps_engine and last)
+            sums.add(terms, mask)
+        return self._log_repair(sums, failed_plans, tokens, ages, with_salience=weighting.uses_plan)
 
-        # Gradients are averaged over processes (DDP, DeepSpeed): scale so that the average is the global loss.
-        scale = mask.sum() * world / tokens
-        return loss * scale
+    def _backward(self, model, loss: torch.Tensor, last: bool, steps_engine: bool) -> None:
+        """`accelerator.backward` of one repair micro-batch. Outside DeepSpeed, gradients are synchronised across
+        processes on the last micro-batch only (`no_sync` before it, as the Trainer does for its own micro-batches).
+        Under DeepSpeed the engine's accumulation boundary is set explicitly: the engine steps only when
+        `steps_engine`, and the loss is not divided by the accumulation steps (as the Trainer's `scale_wrt_gas`)."""
+        accelerator = self.host.accelerator
+        if accelerator.distributed_type != DistributedType.DEEPSPEED:
+            with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                accelerator.backward(loss)
+            return
+        synced = accelerator.sync_gradients
+        accelerator.gradient_state._set_sync_gradients(steps_engine)
+        try:
+            accelerator.backward(loss, scale_wrt_gas=False)
+        finally:
+            accelerator.gradient_state._set_sync_gradients(synced)
+
+    def _micro_batches(self, rows: int) -> list[range]:
+        """Consecutive row ranges of at most `per_device_train_batch_size` rows: every repair forward (and plan
+        generation call) takes one. Every process has as many rows (`_process_share`), so as many micro-batches."""
+        size = self.args.per_device_train_batch_size
+        return [range(start, min(start + size, rows)) for start in range(0, rows, size)]
 
     def _process_share(self, items: list[RepairItem], references: list[_Reference]):
         """This process's round-robin share of the items and references, and 1.0 / 0.0 per row: real or a pad.
@@ -272,9 +382,12 @@ class ReferenceRepair:
         share += [0] * (len(real) - len(share))
         return [items[i] for i in share], [references[i] for i in share], real
 
-    def _plan_logps(self, model, items: list[RepairItem], references: list[_Reference], real: list[float]):
-        """(B, R) log-probs of the references under the teacher prompt with the policy's plans (no gradient), and
-        the number of failed plans among the real rows (a 0-d tensor, summed over processes by the caller)."""
+    def _plan_logps(
+        self, model, items: list[RepairItem], references: list[_Reference], real: list[float], chunks: list[range]
+    ) -> tuple[list[torch.Tensor], float]:
+        """Per micro-batch of `chunks`, the (rows, R) log-probs of the references under the teacher prompt with the
+        policy's plans (no gradient), and the number of failed plans among the real rows (summed over processes by
+        the caller)."""
         plans, failed = self._write_plans(items, references)
         teacher_prompts = self._templated_prompt_ids(
             [
@@ -284,37 +397,112 @@ class ReferenceRepair:
             [item.prompt for item in items],
         )
         with torch.no_grad():
-            plan_logps, mask = self._reference_logps(model, teacher_prompts, [r.ids for r in references])
-        failed_plans = torch.tensor(float(sum(f for f, r in zip(failed, real, strict=True) if r)), device=mask.device)
-        return plan_logps, failed_plans
+            plan_logps = [
+                self._reference_logps(model, [teacher_prompts[i] for i in rows], [references[i].ids for i in rows])[0]
+                for rows in chunks
+            ]
+        return plan_logps, float(sum(f for f, r in zip(failed, real, strict=True) if r))
 
-    def _log_repair(self, loss, weights, salience, mask, failed_plans) -> float:
-        """Log the repair's metrics over all processes (a collective); returns the global reference token count."""
-        sums = [mask.sum(), loss.detach() * mask.sum(), (weights * mask).sum(), failed_plans]  # loss: mean over tokens
-        if salience is not None:
-            sums.append((salience * mask).sum())
-        totals = self.host.accelerator.reduce(torch.stack(sums), reduction="sum").tolist()
-        tokens, loss_sum, weight_sum, failed_total = totals[:4]
+    def _log_repair(
+        self, sums: _RepairSums, failed_plans: float, tokens: int, ages: list[int], with_salience: bool
+    ) -> torch.Tensor:
+        """Log the repair's metrics over all processes (collectives); returns the loss over all items (mean over
+        their `tokens` reference tokens). `ages`: optimizer steps each item waited in the buffer."""
+        device = self.host.accelerator.device
+        local = torch.tensor([sums.loss, sums.weight, failed_plans, sums.salience], device=device)
+        loss_sum, weight_sum, failed_total, salience_sum = self.host.accelerator.reduce(local, "sum").tolist()
         self.buffer.counters["failed_plans"] += int(failed_total)
         metrics = self.host._metrics["train"]
         metrics["sort/repair_loss"].append(loss_sum / tokens)
         metrics["sort/mean_weight"].append(weight_sum / tokens)
-        if salience is not None:
-            local_max = salience.masked_fill(mask == 0, -math.inf).max().reshape(1)
-            metrics["sort/salience_mean"].append(totals[4] / tokens)
-            metrics["sort/salience_max"].append(self.host.accelerator.gather(local_max).max().item())
-        return tokens
+        metrics["sort/repair_age_mean"].append(sum(ages) / len(ages))
+        metrics["sort/repair_age_max"].append(max(ages))
+        if with_salience:
+            salience_max = self.host.accelerator.gather(torch.tensor([sums.salience_max], device=device)).max()
+            metrics["sort/salience_mean"].append(salience_sum / tokens)
+            metrics["sort/salience_max"].append(salience_max.item())
+        return torch.tensor(loss_sum / tokens, device=device)
 
-    def _prepare_reference(self, reference: str | None) -> _Reference | None:
-        """The reference as it is scored, cut to `max_reference_tokens`; None when it is missing or has no tokens
-        (counted as an empty reference, never deferred). A pure function of the text, so it may be cached."""
+    def _prepare_reference(self, reference: str | None, prompt=None) -> _Reference | None:
+        """The reference as it is scored, cut to `max_reference_tokens`; None when it is missing or has no tokens.
+        A function of the text, so it may be cached.
+
+        Given the `prompt` it is deferred with, it also decides whether the pair may be deferred, and counts what it
+        refuses: None for an empty reference (`empty_references`) and for a pair that a repair pass cannot fit in the
+        context (`skipped_too_long`: a row the check before training did not scan, e.g. of an iterable dataset).
+        The first cut reference and the first skip of a run each warn once, naming the setting."""
         ids = [] if reference is None else self.host._tokenizer(reference, add_special_tokens=False)["input_ids"]
         if not ids:
+            if prompt is not None:
+                self.buffer.counters["empty_references"] += 1
             return None
         limit = self.args.max_reference_tokens
         if len(ids) > limit:
-            return _Reference(ids[:limit], self.host._tokenizer.decode(ids[:limit]), truncated=True)
-        return _Reference([*ids, self.host._tokenizer.eos_token_id], reference, truncated=False)
+            prepared = _Reference(ids[:limit], self.host._tokenizer.decode(ids[:limit]), truncated=True)
+        else:
+            prepared = _Reference([*ids, self.host._tokenizer.eos_token_id], reference, truncated=False)
+        if prompt is None:
+            return prepared
+        counters = self.buffer.counters
+        needed = self._repair_lengths([prompt], [prepared])[0]
+        over = repair_passes_over_context(needed, self.host.model.config, self.args)
+        if over:
+            counters["skipped_too_long"] = counters.get("skipped_too_long", 0) + 1
+            if not self._warned_too_long:
+                self._warned_too_long = True
+                logger.warning(f"SORT skips an all-wrong prompt it cannot repair: {over[0]} Skips are counted in "
+                               "sort/skipped_too_long.")  # fmt: skip
+            return None
+        if prepared.truncated and not self._warned_cut_reference:
+            self._warned_cut_reference = True
+            logger.warning(
+                f"A deferred reference has {len(ids)} tokens, more than max_reference_tokens={limit}: the repair "
+                f"learns only its first {limit} tokens (and no EOS). {counters['truncated_references']} cut references "
+                "repaired so far; all are counted in sort/truncated_references. Raise max_reference_tokens (within "
+                "the context) to learn whole references."
+            )
+        return prepared
+
+    def _repair_lengths(self, prompts: list, references: list[_Reference]) -> list[dict[str, int]]:
+        """Per item, the most tokens each repair pass takes, rendered by the repair's own code: `"plan"` (the plan
+        prompt and `max_plan_tokens` generated; only when the policy writes the plans), `"teacher"` (the teacher
+        prompt with a plan of `max_plan_tokens`, then the reference) and `"base"` (the base prompt, then the
+        reference). A `repair_weighting` without plans has the base pass only."""
+        base = self._base_prompt_ids(prompts)
+        lengths = [{"base": len(ids) + len(r.ids)} for ids, r in zip(base, references, strict=True)]
+        if not REPAIR_WEIGHTINGS[self.args.repair_weighting].uses_plan:
+            return lengths
+        plan_tokens = self.args.max_plan_tokens
+        teacher = self._templated_prompt_ids(
+            [fill_template(self.args.teacher_template, {"question": question_text(p), "plan": ""}) for p in prompts],
+            prompts,
+        )
+        for length, ids, reference in zip(lengths, teacher, references, strict=True):
+            length["teacher"] = len(ids) + plan_tokens + len(reference.ids)
+        if self.planner is None:
+            items = [RepairItem(p, r.text) for p, r in zip(prompts, references, strict=True)]
+            for length, ids in zip(lengths, self._plan_prompt_ids(items, references), strict=True):
+                length["plan"] = len(ids) + plan_tokens
+        return lengths
+
+    def _plan_prompt_ids(self, items: list[RepairItem], references: list[_Reference]) -> list[list[int]]:
+        """The plan-extraction prompts the policy generates from: `plan_template` with the question and the
+        (possibly cut) reference, rendered with `plan_chat_template_kwargs` for conversational data."""
+        texts = [
+            fill_template(self.args.plan_template, {"question": question_text(item.prompt), "reference": ref.text})
+            for item, ref in zip(items, references, strict=True)
+        ]
+        if not is_conversational({"prompt": items[0].prompt}):
+            return self._templated_prompt_ids(texts, [item.prompt for item in items])
+        rendered = self.host.processing_class.apply_chat_template(
+            conversation=[[{"role": "user", "content": text}] for text in texts],
+            chat_template=self.host.chat_template,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **{**self.host.chat_template_kwargs, **self.args.plan_chat_template_kwargs},
+        )
+        return [list(ids) for ids in rendered["input_ids"]]
 
     def _write_plans(self, items: list[RepairItem], references: list[_Reference]) -> tuple[list[str], list[bool]]:
         """The plan per item and whether each failed: from the `planner` when there is one (a failed plan is
@@ -331,25 +519,13 @@ class ReferenceRepair:
             if len(written) != len(requests):
                 raise ValueError(f"{self.planner!r} returned {len(written)} plans for {len(requests)} requests")
             return [p.text.strip() for p in written], [p.failed for p in written]
-        texts = [
-            fill_template(self.args.plan_template, {"question": question_text(item.prompt), "reference": ref.text})
-            for item, ref in zip(items, references, strict=True)
-        ]
-        if is_conversational({"prompt": items[0].prompt}):
-            rendered = self.host.processing_class.apply_chat_template(
-                conversation=[[{"role": "user", "content": text}] for text in texts],
-                chat_template=self.host.chat_template,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=True,
-                **{**self.host.chat_template_kwargs, **self.args.plan_chat_template_kwargs},
-            )
-            prompts = [list(ids) for ids in rendered["input_ids"]]
-        else:
-            prompts = self._templated_prompt_ids(texts, [item.prompt for item in items])
-        generations = self.host.policy_engine.generate(
-            prompts, self.args.max_plan_tokens, temperature=self.args.plan_temperature
-        )
+        prompts = self._plan_prompt_ids(items, references)
+        engine, generations = self.host.policy_engine, []
+        with engine.session():  # one preparation (ZeRO-3 gather, vLLM wake) for all micro-batches
+            for rows in self._micro_batches(len(prompts)):
+                generations += engine.generate(
+                    [prompts[i] for i in rows], self.args.max_plan_tokens, temperature=self.args.plan_temperature
+                )
         plans, failed = [], []
         for prompt, generation in zip(prompts, generations, strict=True):
             ended = bool(generation.token_ids) and generation.token_ids[-1] in self.host.eos_token_ids
@@ -377,11 +553,12 @@ class ReferenceRepair:
     def _reference_logps(
         self, model, prompt_ids: list[list[int]], reference_ids: list[list[int]]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, R) log-probs at temperature 1.0 of each reference token after its prompt, and the (B, R) token mask.
+        """(B, R) log-probs at temperature 1.0 of each reference token after its prompt, and the (B, R) token mask,
+        from one forward of these rows.
 
-        Prompts are left-padded and references right-padded, as TRL lays out prompts and completions. At sampling
-        temperature 1.0 this is TRL's fused scoring; otherwise TRL's fused head would divide by the sampling
-        temperature, so the reference positions' logits are taken from the model and normalised here.
+        Prompts are left-padded and references right-padded, as TRL lays out prompts and completions. Scored through
+        TRL's fused LM head at temperature 1.0 (`add_unit_temperature_head`), whatever the sampling temperature: the
+        head projects the reference positions in tiles, so no (rows, R, vocabulary) logits are ever built.
         """
         width, length = max(map(len, prompt_ids)), max(map(len, reference_ids))
         input_ids = torch.full((len(prompt_ids), width + length), self.host._tokenizer.pad_token_id, dtype=torch.long)
@@ -393,14 +570,93 @@ class ReferenceRepair:
             input_ids.to(self.host.accelerator.device),
             attention_mask.to(self.host.accelerator.device),
         )
+        labels = input_ids.masked_fill(attention_mask == 0, -100)
+        labels[:, :width] = -100  # only the reference tokens are scored
+        with self.host.accelerator.autocast():
+            outputs = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                labels=labels,
+                fused_lm_head=True,
+                score_at_unit_temperature=True,
+            )
         mask = attention_mask[:, width:].float()
-        if self.host.temperature == 1.0:
-            logps, _, _ = self.host._get_per_token_logps_and_entropies(model, input_ids, attention_mask, length)
-        else:
-            with self.host.accelerator.autocast():
-                logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=length + 1).logits
-            logps = selective_log_softmax(logits[:, :-1].float(), input_ids[:, width:])
-        return logps * mask, mask
+        return outputs.log_probs[:, -length:] * mask, mask
+
+
+def add_unit_temperature_head(model, cast_lm_head_to_fp32: bool) -> None:
+    """Let `model(..., labels=labels, fused_lm_head=True, score_at_unit_temperature=True)` return TRL's fused, tiled
+    per-token log-probs at temperature 1.0, which SORT's scoring needs, next to TRL's own fused head (added by
+    `GRPOTrainer.__init__` at the sampling temperature), which every other call keeps using.
+
+    TRL's head divides by the temperature it was added with, and the alternative, the model's logits normalised here,
+    builds (rows, length, vocabulary) logits (about 2.5 GB in fp32 per 4k-token row at a 152k vocabulary). Both heads
+    look the backbone and the LM head up on each call, and the flag travels through DDP, DeepSpeed and PEFT like
+    `fused_lm_head` does.
+    """
+    sampling_forward = model.forward
+    add_fused_lm_head(model, temperature=1.0, cast_lm_head_to_fp32=cast_lm_head_to_fp32)
+    unit_forward = model.forward
+
+    @functools.wraps(type(model).forward)  # `generate` validates its kwargs against this signature
+    def forward(self, *args, score_at_unit_temperature=False, **kwargs):
+        return (unit_forward if score_at_unit_temperature else sampling_forward)(*args, **kwargs)
+
+    model.forward = types.MethodType(forward, model)
+
+
+class _OwnOptimizerState:
+    """The separate repair step's optimizer state under `repair_optimizer="own"`: swapped into the trainer's optimizer
+    for the repair steps and out again, so the repair steps the same optimizer (class, hyperparameters, parameter
+    groups, current learning rate; under DeepSpeed the engine's, with its master weights and partitioning) with
+    moments and step counter of its own, and the main state only ever sees main steps. Created empty: the optimizer
+    initialises it on the first repair step, as it did its own on the first main step."""
+
+    def __init__(self):
+        self.state: defaultdict = defaultdict(dict)  # per parameter, as `torch.optim.Optimizer.state`
+        self.group_steps: dict[int, object] = {}  # step counters kept per parameter group (DeepSpeed's FusedAdam)
+
+    @contextlib.contextmanager
+    def swapped_into(self, optimizer):
+        inner = _state_holder(optimizer)
+        main_state, inner.state = inner.state, self.state
+        main_steps = _exchange_group_steps(inner.param_groups, self.group_steps)
+        try:
+            yield
+        finally:
+            self.state, inner.state = inner.state, main_state
+            self.group_steps = _exchange_group_steps(inner.param_groups, main_steps)
+
+
+def _state_holder(optimizer):
+    """The optimizer that holds the per-parameter state: accelerate's wrapper, and DeepSpeed's ZeRO optimizer inside
+    it, each keep the optimizer they wrap as `.optimizer`."""
+    while hasattr(optimizer, "optimizer"):
+        if getattr(optimizer, "optimizer_swapper", None) is not None:
+            raise ValueError(
+                'repair_optimizer="own" cannot keep a second optimizer state while DeepSpeed swaps the optimizer '
+                'state to NVMe (offload_optimizer.device: nvme); set `repair_optimizer="shared"` or offload to cpu.'
+            )
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _exchange_group_steps(groups: list[dict], steps: dict[int, object]) -> dict[int, object]:
+    """Put `steps` (parameter group index -> its "step" entry) into `groups`; returns the entries they held."""
+    held = {index: group.pop("step") for index, group in enumerate(groups) if "step" in group}
+    for index, step in steps.items():
+        groups[index]["step"] = step
+    return held
+
+
+@contextlib.contextmanager
+def _scheduler_detached(engine):
+    """A DeepSpeed engine that does not step its learning-rate scheduler in `engine.step()` (it skips a None one)."""
+    scheduler, engine.lr_scheduler = engine.lr_scheduler, None
+    try:
+        yield
+    finally:
+        engine.lr_scheduler = scheduler
 
 
 class _SeparateRepairStep(TrainerCallback):
