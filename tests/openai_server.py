@@ -14,9 +14,10 @@ class ScriptedServer:
     `reply` is the message content (str), a dict sent as JSON, or bytes sent raw; `attempt` counts from 1 per
     question. It speaks HTTP/1.1, so a client may reuse a connection, as with vLLM or a hosted API. It records every
     request (headers as a case-insensitive `http.client.HTTPMessage`), each client connection (address and port),
-    and the most requests it ever had in flight."""
+    and the most requests it ever had in flight. With `models`, `GET /v1/models` lists those model names, as vLLM
+    does; without, it is not served (HTTP 501, as a server that does not list its models)."""
 
-    def __init__(self, respond):
+    def __init__(self, respond, models: list[str] | None = None):
         self.respond = respond
         self.requests = []  # (headers, body)
         self.connections = set()  # (host, port) of each client connection
@@ -55,6 +56,17 @@ class ScriptedServer:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            if models is not None:
+
+                def do_GET(self):
+                    listed = [{"id": name, "object": "model", "created": 0, "owned_by": "test"} for name in models]
+                    payload = json.dumps({"object": "list", "data": listed}).encode()
+                    self.send_response(200 if self.path == "/v1/models" else 404)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
 
             def log_message(self, *args):
                 pass

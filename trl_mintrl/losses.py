@@ -51,10 +51,14 @@ def advantage_regression_loss(
     mask: torch.Tensor,
     advantages: torch.Tensor,
     beta: float,
+    in_regression: torch.Tensor | None = None,
+    num_rows: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MInTRL's sequence-level advantage regression (no ratio, no clipping, no importance sampling).
 
-    `l(y) = (beta * sum_t mask_t * (log pi_theta(y_t) - a_t) - A(y))**2`, averaged over rows.
+    `l(y) = (beta * sum_t mask_t * (log pi_theta(y_t) - a_t) - A(y))**2`, summed over the rows in the regression and
+    divided by `num_rows`. By default that is the mean over those rows; a micro-batch of a larger batch passes its
+    share of the larger batch's row count, so that its micro-batches add up to the mean over all of its rows.
 
     Args:
         per_token_logps: (B, T) log pi_theta of each completion token, with grad.
@@ -62,15 +66,24 @@ def advantage_regression_loss(
         mask: (B, T) 1 on completion tokens (policy and judge alike), 0 on padding.
         advantages: (B,) A(y) = r(y) - mean reward of the prompt's control rollouts.
         beta: the regression temperature (paper's beta2, 1e-3).
+        in_regression: (B,) bool, False on rows left out of the regression (truncated completions under
+            `mask_truncated_completions`): weight 0 and not counted in the mean. None: every row.
+        num_rows: what the summed squared residuals are divided by; None: the rows in the regression here, at
+            least 1 (a batch without any has loss 0).
 
     Returns:
-        (loss, residuals): the scalar mean over rows of the squared residual, and the (B,) residuals
-        `beta * sum_t mask_t * (log pi_theta - a_t) - A` (logged as `mintrl/regression_residual`).
+        (loss, residuals): the scalar loss, and the (B,) residuals `beta * sum_t mask_t * (log pi_theta - a_t) - A`
+        of every row, left-out rows included (`mintrl/regression_residual` is over the rows in the regression).
     """
     mask = mask.to(per_token_logps.dtype)
     log_ratio_sum = ((per_token_logps - anchor_logps.detach()) * mask).sum(dim=-1)
     residuals = beta * log_ratio_sum - advantages.to(per_token_logps.dtype)
-    return residuals.pow(2).mean(), residuals
+    if in_regression is None:
+        in_regression = torch.ones_like(residuals, dtype=torch.bool)
+    squares = torch.where(in_regression.bool(), residuals.pow(2), torch.zeros_like(residuals))
+    if num_rows is None:
+        num_rows = in_regression.sum().clamp(min=1)
+    return squares.sum() / num_rows, residuals
 
 
 def control_baseline_advantages(rewards: torch.Tensor, is_control: torch.Tensor, group_size: int) -> torch.Tensor:

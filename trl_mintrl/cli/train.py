@@ -425,6 +425,10 @@ def check_environment(recipe: Recipe) -> None:
         _check_model_available(recipe.model_args.model_name_or_path, "model_name_or_path")
     if recipe.method in JUDGED and script_args.judge_function is None and training_args.judge == "model":
         _check_model_available(training_args.judge_model_name_or_path, "judge_model_name_or_path")
+    if recipe.method in JUDGED and script_args.judge_function is None:
+        from ..mintrl.judge_factory import check_judge_endpoint
+
+        check_judge_endpoint(training_args)  # an endpoint judge's server answers, serving judge_model
     path = script_args.dataset_name
     if path is not None and _looks_local(path) and not os.path.exists(path):
         raise RecipeError(f"dataset_name={path!r}: no such file or folder (relative paths start at {os.getcwd()}).")
@@ -491,13 +495,14 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
     model's config loaded, so that bad data fails before the model does."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from ..input_checks import check_train_dataset, max_prompt_tokens
+    from ..input_checks import check_repair_lengths_before_loading, check_train_dataset, max_prompt_tokens
     from ..text import prompt_token_ids
 
     args, model_args = recipe.training_args, recipe.model_args
     options = {"revision": model_args.model_revision}
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, **options)
-    limit, context = max_prompt_tokens(AutoConfig.from_pretrained(model_args.model_name_or_path, **options), args)
+    model_config = AutoConfig.from_pretrained(model_args.model_name_or_path, **options)
+    limit, context = max_prompt_tokens(model_config, args)
     judge_self = recipe.script_args.judge_function is None and getattr(args, "judge", None) == "self"
     check_train_dataset(
         train_dataset,
@@ -509,6 +514,8 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
         max_prompt_tokens=limit,
         context=context,
     )
+    if recipe.method in REPAIRED:
+        check_repair_lengths_before_loading(tokenizer, model_config, args, train_dataset)
 
 
 def _prepare_model(recipe: Recipe) -> None:
@@ -642,9 +649,11 @@ def main(argv: list[str] | None = None) -> None:
             if os.environ.get("RANK", "0") == "0":  # one line, not one per process
                 print(f"trl-mintrl train: {finished}")
             return
+    from ..mintrl.judge_factory import JudgeOutageError  # the judge stopped answering: stopped with a checkpoint
+
     try:
         run(recipe)
-    except (RecipeError, InputError, RewardFunctionError) as err:
+    except (RecipeError, InputError, RewardFunctionError, JudgeOutageError) as err:
         sys.exit(f"trl-mintrl train: error: {err}")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _exit_launched_process()

@@ -4,7 +4,7 @@ Backends behind one batched interface: `FunctionJudge` (Python callables), `Gene
 second model, through a generation engine) and `EndpointJudge` (an OpenAI-compatible HTTP endpoint).
 """
 
-from .base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
+from .base import Correction, CorrectionRequest, Judge, ReviewRequest, TransportStatus, Verdict
 from .endpoint import EndpointJudge
 from .function import FunctionJudge
 from .generating import GeneratingJudge
@@ -31,6 +31,7 @@ __all__ = [
     "Judge",
     "JudgeTemplates",
     "ReviewRequest",
+    "TransportStatus",
     "Verdict",
     "clean_correction",
     "parse_correction",

@@ -2,7 +2,9 @@
 
 One `review` call and one `correct` call per rollout round serve the whole batch of trajectories. A judge never
 raises for a single bad item: a failed item (timeout, HTTP error, unparseable or out-of-range verdict, exception in
-user code) comes back marked `failed`, and the rollout loop treats it as KEEP and counts it.
+user code) comes back marked `failed`, and the rollout loop treats it as KEEP and counts it. A judge behind a server
+also reports how many of its requests got no answer at all (`transport_status`), so that the trainer can tell an
+unreachable judge from one whose answers are unusable.
 """
 
 from __future__ import annotations
@@ -92,6 +94,17 @@ def tally_votes(verdicts: Sequence[Verdict], num_steps: int, min_agree: int) -> 
     return VoteTally(None, usable, usable - len(flagged), failures, vetoed=bool(flagged))
 
 
+@dataclass(frozen=True)
+class TransportStatus:
+    """What reaching a judge's server has cost since the judge was built: `sent` requests, `unanswered` of them that
+    got no answer (connection refused, timeout, HTTP error: the judge could not be reached, as opposed to an answer
+    that came back unusable), and the reason of the latest unanswered one."""
+
+    sent: int = 0
+    unanswered: int = 0
+    last_error: str | None = None
+
+
 class Judge(ABC):
     """Reviews and corrects batches of trajectories. Implementations batch internally (one model call, or bounded
     concurrent HTTP requests) and return one result per request, in order.
@@ -109,6 +122,11 @@ class Judge(ABC):
 
     @abstractmethod
     def correct(self, requests: list[CorrectionRequest]) -> list[Correction]: ...
+
+    def transport_status(self) -> TransportStatus:
+        """Requests sent to the judge's server and those that got no answer, since construction. A judge that runs
+        in-process (a model, a function) has no server to lose: nothing sent, nothing unanswered."""
+        return TransportStatus()
 
     def state_dict(self) -> dict:
         """Judge state to save with checkpoints (e.g. counters); stateless judges return {}."""

@@ -9,9 +9,11 @@ request longer than `max_request_seconds`. The client's own retries are off (the
 two minutes, count nothing, and stretch the deadline): timeouts, connection errors, 5xx and 429 are retried here with
 exponential backoff and jitter, Retry-After honoured up to `max_backoff_s`; other 4xx are not (the request itself is
 wrong), nor are answers that arrived but are unusable (malformed, too long, no verdict). An item that still fails
-comes back `failed`, never as an exception, and is counted by kind in `failures`. The API key is read from an
-environment variable when a batch starts and handed only to that batch's client: it is not stored on the judge, and
-any echo of it in an error body is redacted before logging.
+comes back `failed`, never as an exception, and is counted by kind in `failures`; a request that got no answer at
+all (`TRANSPORT_FAILURE_KINDS`) is also counted in `transport_status()`, which the trainer watches for a judge that
+cannot be reached. `served_models` asks the server, before training, which models it serves. The API key is read
+from an environment variable when a batch starts and handed only to that batch's client: it is not stored on the
+judge, and any echo of it in an error body is redacted before logging.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .._version import __version__
-from .base import Correction, CorrectionRequest, ReviewRequest, Verdict
+from .base import Correction, CorrectionRequest, ReviewRequest, TransportStatus, Verdict
 from .parsing import parse_correction, parse_verdict
 from .templated import TemplatedJudge
 
@@ -49,6 +51,8 @@ FAILURE_KINDS = (
     "unparseable_correction",  # a correction whose `<think>` block never closes
     "unexpected",  # any other exception (a bug, an odd server): logged, never raised
 )
+# the kinds in which no answer came back: the judge could not be reached (the others are answers that are unusable)
+TRANSPORT_FAILURE_KINDS = ("timeout", "connection", "http_429", "http_5xx", "http_4xx", "unexpected")
 
 
 def require_openai():
@@ -116,6 +120,7 @@ class EndpointJudge(TemplatedJudge):
     Attributes:
         failures: requests that failed for good, by kind (see `FAILURE_KINDS`), since construction.
         retries: failed attempts that were retried, by kind.
+        sent: requests sent since construction (a retried request counts once).
 
     The continuous rollout keeps up to `concurrent_batches` batches in flight, each from its own thread with its own
     pooled client (so up to that many times `max_concurrency` requests): a slow answer in one batch does not hold
@@ -178,6 +183,9 @@ class EndpointJudge(TemplatedJudge):
         self.max_response_bytes = max_response_bytes
         self.failures: Counter[str] = Counter()
         self.retries: Counter[str] = Counter()
+        self.sent = 0
+        self._unanswered = 0  # requests that failed with a kind in TRANSPORT_FAILURE_KINDS, since construction
+        self._last_transport_error: str | None = None
         self._counters_lock = threading.Lock()  # batches of the continuous rollout finish on their own threads
 
     def __repr__(self) -> str:
@@ -190,6 +198,10 @@ class EndpointJudge(TemplatedJudge):
     def max_request_seconds(self) -> float:
         """The longest one request can take: every attempt up to its deadline, every backoff at its cap."""
         return (self.max_retries + 1) * self.timeout_s + self.max_retries * self.max_backoff_s
+
+    def transport_status(self) -> TransportStatus:
+        with self._counters_lock:
+            return TransportStatus(self.sent, self._unanswered, self._last_transport_error)
 
     def state_dict(self) -> dict:
         return {"failures": dict(self.failures), "retries": dict(self.retries)}
@@ -218,8 +230,12 @@ class EndpointJudge(TemplatedJudge):
         if not failures:
             return
         by_kind = Counter(f.kind for f in failures)
+        unanswered = [f for f in failures if f.kind in TRANSPORT_FAILURE_KINDS]
         with self._counters_lock:
             self.failures.update(by_kind)
+            self._unanswered += len(unanswered)
+            if unanswered:
+                self._last_transport_error = f"{self.url}: {unanswered[0].reason}"
         logger.warning(
             "%d of %d judge %s requests to %s failed (%s); first: %s",
             len(failures),
@@ -237,6 +253,7 @@ class EndpointJudge(TemplatedJudge):
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         results = _run_to_completion(self._send_all(prompts, max_tokens, key))
         with self._counters_lock:
+            self.sent += len(prompts)
             for _, retried in results:
                 self.retries.update(retried)
         return [outcome for outcome, _ in results]
@@ -256,11 +273,7 @@ class EndpointJudge(TemplatedJudge):
             timeout=self.timeout_s,
             http_client=openai.DefaultAsyncHttpxClient(limits=pool, timeout=self.timeout_s),
         )
-        # Credentials of the environment (OpenAI organization and project) are not for an arbitrary endpoint.
-        headers = {"User-Agent": f"trl-mintrl/{__version__}", "OpenAI-Organization": openai.Omit(),
-                   "OpenAI-Project": openai.Omit()}  # fmt: skip
-        if not key:
-            headers["Authorization"] = openai.Omit()
+        headers = _headers(openai, key)
         in_flight = asyncio.Semaphore(self.max_concurrency)
 
         async def send(prompt: str) -> tuple[_Reply | _Failure, list[str]]:
@@ -324,7 +337,7 @@ class EndpointJudge(TemplatedJudge):
         except (openai.APITimeoutError, httpx2.TimeoutException) as err:
             raise _AttemptError("timeout", f"timed out: {type(err).__name__}", retryable=True) from None
         except (openai.APIConnectionError, httpx2.TransportError) as err:
-            reason = _redact(f"{type(err).__name__}: {err.__cause__ or err}", key)
+            reason = _redact(_root_cause(err), key)
             raise _AttemptError("connection", f"connection failed: {reason}", retryable=True) from None
         try:
             choice = json.loads(raw)["choices"][0]
@@ -345,6 +358,57 @@ class EndpointJudge(TemplatedJudge):
                 raise _AttemptError("too_long", f"response body over {self.max_response_bytes} bytes", False)
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+class EndpointUnreachableError(ConnectionError):
+    """The server at an endpoint's base URL gave no usable answer to `GET /models`; `status` is the HTTP status
+    when it answered with an error, None when it did not answer at all."""
+
+    def __init__(self, reason: str, status: int | None = None):
+        super().__init__(reason)
+        self.status = status
+
+
+def served_models(
+    base_url: str, api_key_env: str | None = "OPENAI_API_KEY", timeout_s: float = 60.0
+) -> list[str] | None:
+    """The model names the server at `base_url` lists (`GET {base_url}/models`, one attempt), or None when it does
+    not list models (HTTP 404, 405 or 501, an answer that is not a model list, or an empty list). Raises
+    `EndpointUnreachableError` when the server cannot be reached (connection refused, timeout) or answers with
+    another HTTP error (a refused API key, a server error)."""
+    openai = require_openai()
+    key = os.environ.get(api_key_env) if api_key_env else None
+    url = base_url.rstrip("/") + "/models"
+    client = openai.OpenAI(api_key=key or "unused", base_url=base_url, max_retries=0, timeout=timeout_s)
+    try:
+        page = client.models.list(extra_headers=_headers(openai, key))
+        return [model.id for model in page.data] or None
+    except openai.APIStatusError as err:
+        if err.status_code in (404, 405, 501):
+            return None
+        detail = _snippet(err.response.content, key)
+        raise EndpointUnreachableError(
+            f"GET {url} answered HTTP {err.status_code}: {detail}", err.status_code
+        ) from None
+    except openai.APITimeoutError:
+        raise EndpointUnreachableError(f"GET {url} got no answer within {timeout_s}s") from None
+    except openai.APIConnectionError as err:
+        reason = _redact(_root_cause(err), key)
+        raise EndpointUnreachableError(f"GET {url} failed to connect: {reason}") from None
+    except (openai.APIResponseValidationError, ValueError, TypeError, AttributeError):
+        return None  # an answer, but not an OpenAI model list
+    finally:
+        client.close()
+
+
+def _headers(openai, key: str | None) -> dict:
+    """Request headers: the package's User-Agent, and none of the environment's OpenAI credentials (organization,
+    project) that are not for an arbitrary endpoint; no Authorization header without a key."""
+    headers = {"User-Agent": f"trl-mintrl/{__version__}", "OpenAI-Organization": openai.Omit(),
+               "OpenAI-Project": openai.Omit()}  # fmt: skip
+    if not key:
+        headers["Authorization"] = openai.Omit()
+    return headers
 
 
 def _verdict(reply: _Reply | _Failure, num_steps: int) -> Verdict | _Failure:
@@ -380,6 +444,17 @@ def _run_to_completion(coroutine):
         return asyncio.run(coroutine)
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
+
+
+def _root_cause(err: BaseException) -> str:
+    """What actually went wrong under the HTTP library's wrappers: the innermost OS error of the exception chain (e.g.
+    `ConnectionRefusedError: [Errno 111] ...` under `APIConnectionError: Connection error.`), else the direct cause."""
+    chain = [err]
+    while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None and inner not in chain:
+        chain.append(inner)
+    os_errors = [e for e in chain if isinstance(e, OSError)]
+    found = os_errors[-1] if os_errors else err.__cause__ or err
+    return f"{type(found).__name__}: {found}"
 
 
 def _seconds(retry_after: str | None) -> float | None:

@@ -12,6 +12,7 @@ from ..text import NO_THINKING, chat_template_kwargs_field
 
 ANCHORS = tuple(ANCHOR_VARIANTS)  # the variant table in losses.py
 JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
+JUDGE_OUTAGE_POLICIES = ("stop", "continue")
 ROLLOUT_SCHEDULES = ("auto", "continuous", "barrier")
 
 
@@ -148,7 +149,8 @@ class MInTRLConfig(GRPOConfig):
             Anchor `a_t` of judge tokens in the regression: `"const"` uses `kappa`, `"proxy"` the old policy's
             log-prob. Policy tokens are always anchored by the old log-prob.
         kappa (`float`, *optional*, defaults to `-0.2`):
-            Constant anchor for judge tokens with `anchor="const"` (paper: -0.2 math, -0.1 code).
+            Constant anchor for judge tokens with `anchor="const"` (paper: -0.2 math, -0.1 code). A log-probability:
+            at most 0.
         regression_beta (`float`, *optional*, defaults to `1e-3`):
             Scale of the summed log-ratio in the advantage regression (the paper's beta2).
         beta (`float`, *optional*, defaults to `0.0`):
@@ -196,6 +198,19 @@ class MInTRLConfig(GRPOConfig):
             Review prompt: a preset name (`"math"`, `"code"`) or a template string with named fields.
         judge_correction_template (`str`, *optional*, defaults to `"math"`):
             Correction prompt: a preset name (`"math"`, `"code"`) or a template string.
+        judge_check_endpoint (`bool`, *optional*, defaults to `True`):
+            With `judge="endpoint"`: before the model loads, check that `judge_base_url` answers and serves
+            `judge_model` (`GET /models`, when the server lists its models), and stop with an error naming the field
+            to fix. Set `False` when the server comes up after training starts; `judge_outage_policy` still watches
+            it during training.
+        judge_outage_policy (`str`, *optional*, defaults to `"stop"`):
+            What happens when no judge request gets an answer (connection refused, timeout, HTTP error) for
+            `judge_outage_steps` training steps in a row, so that the run is training as GRPO with a control
+            baseline: `"stop"` saves a checkpoint and stops training with an error (resume once the judge is back),
+            `"continue"` trains on and warns every `judge_outage_steps` such steps. Judges that run in-process never
+            go unanswered.
+        judge_outage_steps (`int`, *optional*, defaults to `3`):
+            Consecutive training steps without one answered judge request after which `judge_outage_policy` acts.
         reference_column (`str`, *optional*, defaults to `"solution"`):
             Dataset column with the reference solution shown to the judge (required for `judge="self"` and
             `"base"`).
@@ -309,7 +324,10 @@ class MInTRLConfig(GRPOConfig):
     )
     kappa: float = field(
         default=-0.2,
-        metadata={"help": "Constant anchor for judge tokens with anchor='const' (paper: -0.2 math, -0.1 code)."},
+        metadata={
+            "help": "Constant anchor for judge tokens with anchor='const' (paper: -0.2 math, -0.1 code). A "
+            "log-probability: at most 0."
+        },
     )
     regression_beta: float = field(
         default=1e-3, metadata={"help": "Scale of the summed log-ratio in the advantage regression (paper's beta2)."}
@@ -380,6 +398,31 @@ class MInTRLConfig(GRPOConfig):
         default="math",
         metadata={"help": "Correction prompt: a preset name ('math', 'code') or a template string."},
     )
+    judge_check_endpoint: bool = field(
+        default=True,
+        metadata={
+            "help": "judge='endpoint': before the model loads, check that judge_base_url answers and serves "
+            "judge_model (GET /models, when the server lists its models), and stop with an error naming the field to "
+            "fix. Set False when the server comes up after training starts; judge_outage_policy still watches it."
+        },
+    )
+    judge_outage_policy: str = field(
+        default="stop",
+        metadata={
+            "help": "When no judge request gets an answer (connection refused, timeout, HTTP error) for "
+            "judge_outage_steps training steps in a row: 'stop' saves a checkpoint and stops training with an error "
+            "(resume once the judge is back); 'continue' trains on as GRPO with a control baseline and warns every "
+            "judge_outage_steps such steps.",
+            "choices": list(JUDGE_OUTAGE_POLICIES),
+        },
+    )
+    judge_outage_steps: int = field(
+        default=3,
+        metadata={
+            "help": "Consecutive training steps without one answered judge request after which judge_outage_policy "
+            "acts."
+        },
+    )
     reference_column: str = field(
         default="solution",
         metadata={
@@ -434,6 +477,16 @@ class MInTRLConfig(GRPOConfig):
             raise ValueError(f"anchor={self.anchor!r} is not one of {ANCHORS}.")
         if self.judge not in JUDGE_BACKENDS:
             raise ValueError(f"judge={self.judge!r} is not one of {JUDGE_BACKENDS}.")
+        if self.kappa > 0:
+            raise ValueError(
+                f"kappa={self.kappa}: kappa is the log-probability the judge tokens are anchored at "
+                "(anchor='const'), and a log-probability cannot be above 0. Use a value <= 0 (paper: -0.2 math, "
+                "-0.1 code)."
+            )
+        if self.judge_outage_policy not in JUDGE_OUTAGE_POLICIES:
+            raise ValueError(
+                f"judge_outage_policy={self.judge_outage_policy!r} is not one of {JUDGE_OUTAGE_POLICIES}."
+            )
         self.judge_chat_template_kwargs = chat_template_kwargs_field(
             "judge_chat_template_kwargs", self.judge_chat_template_kwargs
         )
@@ -441,7 +494,13 @@ class MInTRLConfig(GRPOConfig):
             raise ValueError("judge='model' needs judge_model_name_or_path (a local path or Hub id of the judge).")
         if self.judge == "endpoint" and not (self.judge_base_url and self.judge_model):
             raise ValueError("judge='endpoint' needs judge_base_url (e.g. http://127.0.0.1:8000/v1) and judge_model.")
-        for name in ("chunk_size", "max_correction_tokens", "judge_max_review_tokens", "judge_max_concurrency"):
+        for name in (
+            "chunk_size",
+            "max_correction_tokens",
+            "judge_max_review_tokens",
+            "judge_max_concurrency",
+            "judge_outage_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         for name in ("max_reviews", "intervention_steps", "judge_max_retries"):

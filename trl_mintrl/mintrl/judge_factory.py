@@ -1,12 +1,16 @@
-"""Build the judge named by `MInTRLConfig.judge` for a trainer (SPEC 2.2), and watch its failure rate."""
+"""Build the judge named by `MInTRLConfig.judge` for a trainer (SPEC 2.2), check that an endpoint judge can answer
+before the model loads, and watch its failures during training: unusable answers and requests that got no answer
+are warned about apart, and a judge that stops answering altogether stops the run (`judge_outage_policy`)."""
 
 from __future__ import annotations
 
 import logging
 
+from transformers import TrainerCallback
+
 from ..engines import AdapterDisabledEngine
 from ..judges import EndpointJudge, GeneratingJudge, Judge
-from ..judges.endpoint import require_openai
+from ..judges.endpoint import EndpointUnreachableError, require_openai, served_models
 from .config import MInTRLConfig
 
 logger = logging.getLogger(__name__)
@@ -24,12 +28,51 @@ def check_judge_backend(args: MInTRLConfig, model, peft_config) -> None:
     """Refuse judge settings that cannot work, before the model is loaded."""
     if args.judge == "endpoint" and args.intervention_steps and args.num_intervened_generations:
         require_openai()  # the endpoint judge's HTTP client is an extra
+    check_judge_endpoint(args)
     if args.judge == "base" and args.use_vllm and (peft_config is not None or _is_peft_model(model)):
         raise ValueError(
             "judge='base' with a PEFT adapter is not supported with use_vllm=True: the colocated vLLM engine holds "
             "the adapter merged into the weights, so it cannot generate with the adapter disabled (vLLM LoRA is not "
             "wired). Use use_vllm=False (the judge is then the policy with its adapter disabled, no extra memory), "
             "or judge='model' with judge_model_name_or_path=<the base model> and judge_vllm_gpu_memory_utilization."
+        )
+
+
+def check_judge_endpoint(args: MInTRLConfig) -> None:
+    """An endpoint judge's server answers, and serves `judge_model` when it lists its models (`GET /models`); else
+    one error naming the field to fix. Skipped with `judge_check_endpoint=False`, and for runs that never call the
+    judge."""
+    if args.judge != "endpoint" or not args.judge_check_endpoint:
+        return
+    if not (args.intervention_steps and args.num_intervened_generations):
+        return
+    url, skip = args.judge_base_url, "set judge_check_endpoint=False if the server comes up after training starts"
+    try:
+        models = served_models(url, args.judge_api_key_env, args.judge_timeout_s)
+    except EndpointUnreachableError as err:
+        if err.status in (401, 403):
+            raise ValueError(
+                f"judge_base_url={url!r}: the judge server refused the API key ({err}). Put a valid key in the "
+                f"environment variable named by judge_api_key_env={args.judge_api_key_env!r}, or point "
+                "judge_api_key_env at the variable that holds it."
+            ) from None
+        raise ValueError(
+            f"judge_base_url={url!r}: the judge server cannot be reached ({err}). Start the server, or correct "
+            "judge_base_url: the API root that `/chat/completions` follows, e.g. http://127.0.0.1:8000/v1. Checked "
+            f"before the model loads; {skip}."
+        ) from None
+    if models is None:
+        logger.warning(
+            "judge_base_url=%r does not list its models (GET /models), so judge_model=%r was not checked. If "
+            "judge_base_url lacks its /v1, every judge request will fail: see mintrl/judge_transport_failures.",
+            url,
+            args.judge_model,
+        )
+    elif args.judge_model not in models:
+        raise ValueError(
+            f"judge_model={args.judge_model!r} is not served at judge_base_url={url!r}, which serves {models}. Set "
+            "judge_model to the served name (`vllm serve --served-model-name`), or judge_base_url to the server "
+            f"that serves it; {skip}."
         )
 
 
@@ -98,19 +141,48 @@ def build_judge(args: MInTRLConfig, trainer) -> Judge | None:
 
 
 class JudgeFailureWarning:
-    """Warns once per run when more than half of a step's reviews come back unusable: the judge then almost never
-    intervenes, and the usual causes are a thinking chat template or too small a token budget."""
+    """Warns when more than half of a step's reviews fail, since the judge then almost never intervenes, naming the
+    cause it saw: requests that got no answer (a server down, a wrong URL, model name or key) or answers that came
+    back unusable (a thinking chat template, too small a token budget). Once per run and cause."""
 
     def __init__(self, args: MInTRLConfig, enabled: bool = True):
         self.args = args
         self.enabled = enabled
-        self.warned = False
+        self.warned: set[str] = set()  # "unanswered", "unusable"
 
-    def update(self, reviews: float, failures: float) -> None:
-        """`reviews`: reviews made this step (all processes); `failures`: unusable reviews and corrections."""
-        if self.warned or not self.enabled or reviews <= 0 or failures <= reviews / 2:
+    def update(self, reviews: float, unusable: float, unanswered: float, last_error: str | None = None) -> None:
+        """`reviews`: review requests made this step (all processes); `unusable`: reviews and corrections answered
+        unusably; `unanswered`: requests that got no answer (`last_error`: why the latest did not)."""
+        if not self.enabled or reviews <= 0 or unusable + unanswered <= reviews / 2:
             return
-        self.warned = True
+        cause = "unanswered" if unanswered >= unusable else "unusable"
+        if cause in self.warned:
+            return
+        self.warned.add(cause)
+        if cause == "unanswered":
+            self._warn_unanswered(reviews, unanswered, last_error)
+        else:
+            self._warn_unusable(reviews, unusable)
+
+    def _warn_unanswered(self, reviews: float, unanswered: float, last_error: str | None) -> None:
+        args = self.args
+        logger.warning(
+            "MInTRL judge: %d judge requests got no answer this step (%d reviews asked); latest: %s. Failed reviews "
+            "count as KEEP, so the judge does not intervene and the run trains as GRPO with a control baseline. "
+            "Check that the judge server is up and that judge_base_url=%r, judge_model=%r and the key in $%s are "
+            "right. Shown once per run; mintrl/judge_transport_failures counts them every step, and "
+            "judge_outage_policy=%r acts after judge_outage_steps=%d steps in which every request fails.",
+            int(unanswered),
+            int(reviews),
+            last_error or "see the judge's log lines",
+            args.judge_base_url,
+            args.judge_model,
+            args.judge_api_key_env,
+            args.judge_outage_policy,
+            args.judge_outage_steps,
+        )
+
+    def _warn_unusable(self, reviews: float, failures: float) -> None:
         args = self.args
         if args.judge == "endpoint":
             fix = (
@@ -127,9 +199,68 @@ class JudgeFailureWarning:
             "MInTRL judge: %d unusable answers in %d reviews this step (a failed review counts as KEEP, a failed "
             "correction keeps the chunk), so the judge rarely intervenes. Likely cause: the judge's answers are cut "
             "off by their token cap, e.g. a thinking chat template spending the budget inside <think>, or a review "
-            "budget too small for the judge's explanation. Fix: %s. Shown once per run; mintrl/judge_failures "
+            "budget too small for the judge's explanation. Fix: %s. Shown once per run; mintrl/judge_parse_failures "
             "counts them every step.",
             int(failures),
             int(reviews),
             fix,
         )
+
+
+class JudgeOutageError(RuntimeError):
+    """Training stopped because the judge gave no answer for `judge_outage_steps` steps (`judge_outage_policy`)."""
+
+
+class JudgeOutage(TrainerCallback):
+    """Counts the consecutive training batches in which every judge request got no answer, and acts after
+    `judge_outage_steps` of them: `"stop"` has the Trainer save a checkpoint and stop after the current optimizer
+    step (the trainer then raises `JudgeOutageError`), `"continue"` warns again every `judge_outage_steps` batches.
+    `update` is fed with counts summed over all processes, so every process takes the same decision (and saves the
+    same checkpoint, a collective under DeepSpeed). Logs on the main process only."""
+
+    def __init__(self, args: MInTRLConfig, main_process: bool = True):
+        self.args = args
+        self.main_process = main_process
+        self.failed_steps = 0  # consecutive batches without an answered request (saved with checkpoints)
+        self.stop_reason: str | None = None  # set when "stop" decides: training stops after this optimizer step
+
+    def update(self, sent: float, unanswered: float, last_error: str | None) -> None:
+        """One training batch's judge requests over all processes: `sent`, and `unanswered` of them (`last_error`:
+        why the latest did not get an answer)."""
+        if sent == 0:  # the judge was not called (e.g. every chunk ended at once): no news either way
+            return
+        if unanswered < sent:
+            self.failed_steps = 0
+            return
+        self.failed_steps += 1
+        args, steps = self.args, self.args.judge_outage_steps
+        latest = last_error or "see the judge's log lines"
+        if args.judge_outage_policy == "stop" and self.failed_steps >= steps:
+            self.stop_reason = (
+                f"MInTRL judge: no judge request was answered for {self.failed_steps} training steps in a row "
+                f"(latest: {latest}), so training stopped with a checkpoint (judge_outage_policy='stop') rather than "
+                "go on as GRPO without the judge it was configured with. Fix the judge server (judge_base_url="
+                f"{args.judge_base_url!r}, judge_model={args.judge_model!r}), then resume from the checkpoint "
+                "(resume_from_checkpoint=True); to train on through an outage, set judge_outage_policy='continue'."
+            )
+            if self.main_process:
+                logger.error("%s", self.stop_reason)
+        elif args.judge_outage_policy == "continue" and self.failed_steps % steps == 0 and self.main_process:
+            logger.warning(
+                "MInTRL judge: no judge request was answered for %d training steps in a row (latest: %s). The run "
+                "goes on as GRPO with a control baseline, without the judge it was configured with, because "
+                "judge_outage_policy='continue'; repeated every %d such steps. Check the server at judge_base_url=%r.",
+                self.failed_steps,
+                latest,
+                steps,
+                args.judge_base_url,
+            )
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.stop_reason = None  # a new `train()` call (e.g. a resume after the judge came back) decides afresh
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stop_reason is not None:
+            control.should_save = True
+            control.should_training_stop = True
+        return control

@@ -6,7 +6,8 @@ The trainer only wires TRL's seams:
   `tool_mask`);
 - `_score_batch` (after TRL's `_generate_and_score_completions`) replaces TRL's group-normalised advantages by
   `r - mean(control rewards)`;
-- `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included.
+- `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included;
+  rows that `mask_truncated_completions` masks leave it, normalised over the generation batch as TRL's own loss is.
 `rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch`, in the batch's
 `GenerationBatch` record (`trainer_base.py`); `_score_batch` steps the schedule's controllers from it, then logs.
 """
@@ -14,13 +15,14 @@ The trainer only wires TRL's seams:
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 from dataclasses import dataclass, fields
 
 import torch
 from trl import GRPOTrainer
 
-from ..judges import Judge
+from ..judges import Judge, TransportStatus
 from ..losses import advantage_regression_loss, control_baseline_advantages, mintrl_anchors
 from ..model_card import ModelCardMixin
 from ..text import question_text
@@ -28,7 +30,14 @@ from ..trainer_base import GRPOTrainerBase, check_reference_column, default_outp
 from .absorption import AbsorptionTracker, warn_not_absorbed
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
-from .judge_factory import JudgeFailureWarning, build_judge, check_judge_backend, check_judge_votes
+from .judge_factory import (
+    JudgeFailureWarning,
+    JudgeOutage,
+    JudgeOutageError,
+    build_judge,
+    check_judge_backend,
+    check_judge_votes,
+)
 from .rollout import RolloutSettings, Trajectory
 from .scheduler import check_rollout_schedule, rollout_for
 
@@ -57,6 +66,9 @@ class RolloutBatch:
     is_control: torch.Tensor  # (rows,) bool: purely on-policy rollouts, whose mean reward is the baseline
     stats: torch.Tensor  # (rows, len(STAT_COLUMNS)) float per-rollout statistics
     prefix_cache_hit_rate: float | None  # engines with a prefix cache (vLLM); None otherwise
+    judge_requests: float = 0.0  # requests sent to the judge's server (0 for in-process judges)
+    judge_unanswered: float = 0.0  # ... of which got no answer (connection refused, timeout, HTTP error)
+    judge_last_error: str | None = None  # why this process's latest unanswered request got none (not gathered)
 
     def stat(self, name: str) -> torch.Tensor:
         """(rows,) one column of `stats`."""
@@ -68,7 +80,11 @@ class RolloutBatch:
         rate = self.prefix_cache_hit_rate
         if rate is not None:
             rate = accelerator.gather(torch.tensor([rate], device=self.stats.device)).mean().item()
-        return RolloutBatch(self.intervening, rows[:, 0].bool(), rows[:, 1:], rate)
+        requests = torch.tensor([self.judge_requests, self.judge_unanswered], device=self.stats.device)
+        sent, unanswered = accelerator.reduce(requests, reduction="sum").tolist()
+        return RolloutBatch(
+            self.intervening, rows[:, 0].bool(), rows[:, 1:], rate, sent, unanswered, self.judge_last_error
+        )
 
 
 @dataclass(frozen=True)
@@ -76,7 +92,8 @@ class RolloutMeasures:
     """The numbers of one gathered batch that both the metrics and the schedule's controllers read."""
 
     judge_token_share: float  # judge tokens / completion tokens
-    judge_failures: float  # unusable judge answers
+    judge_failures: float  # failed judge requests: judge_transport_failures + judge_parse_failures
+    judge_transport_failures: float  # requests that got no answer (connection refused, timeout, HTTP error)
     reviews: float  # reviews made (each is `judge_votes` judge calls)
     reward_control: float  # mean reward of the controls
     reward_intervened: float | None  # mean reward of the intervened rollouts; None when there are none
@@ -88,10 +105,16 @@ class RolloutMeasures:
         return cls(
             judge_token_share=rollout.stat("judge_tokens").sum().item() / total_tokens,
             judge_failures=rollout.stat("judge_failures").sum().item(),
+            judge_transport_failures=rollout.judge_unanswered,
             reviews=rollout.stat("reviews").sum().item(),
             reward_control=torch.nanmean(rewards[rollout.is_control]).item(),
             reward_intervened=torch.nanmean(rewards[intervened]).item() if intervened.any() else None,
         )
+
+    @property
+    def judge_parse_failures(self) -> float:
+        """Judge answers that came back unusable (unparseable, out of range, cut by their token budget)."""
+        return self.judge_failures - self.judge_transport_failures
 
 
 class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
@@ -99,7 +122,8 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
     `FunctionJudge`) that overrides `args.judge`."""
 
     extra_state_file = STATE_FILE
-    optional_extra_state_keys = frozenset({"judge_absorption"})  # added later: older checkpoints start it afresh
+    # added later: older checkpoints start them afresh
+    optional_extra_state_keys = frozenset({"judge_absorption", "judge_outage_steps"})
     _tag_names = ["trl", "mintrl"]
     _name = "MInTRL"
     _paper = {
@@ -149,12 +173,23 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         self.rollout_func = self._intervention_rollout
         self.judge = judge if judge is not None else build_judge(args, self)
         self.judge_failure_warning = JudgeFailureWarning(args, enabled=self.accelerator.is_main_process)
+        self.judge_outage = JudgeOutage(args, main_process=self.accelerator.is_main_process)
+        self.add_callback(self.judge_outage)  # saves and stops after the step in which "stop" decides
         self.judge_failures_total = 0
         self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
         self.interventions_stopped_at: int | None = None
         # judge_token_target's controller state (saved with checkpoints); None when the controller is off
         self.intervention_budget = BudgetState() if args.judge_token_target is not None else None
         self.absorption = AbsorptionTracker(args.absorption_window, args.absorption_max_nll, args.absorption_min_fall)
+
+    def train(self, *args, **kwargs):
+        """`Trainer.train`, raising `JudgeOutageError` when `judge_outage_policy="stop"` ended it (after the
+        checkpoint of the step it stopped at was written), so that a script does not carry on as if it had finished."""
+        output = super().train(*args, **kwargs)
+        if self.judge_outage.stop_reason is not None:
+            checkpoint = os.path.abspath(self._checkpoint_folder(None))
+            raise JudgeOutageError(f"{self.judge_outage.stop_reason} Checkpoint: {checkpoint}")
+        return output
 
     # ----- schedule -----
     def interventions_active(self) -> bool:
@@ -221,11 +256,13 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         # the rollout's settings are config fields of the same names
         settings = RolloutSettings(**{f.name: getattr(args, f.name) for f in fields(RolloutSettings)})
         self.policy_engine.reset_cache_stats()
+        transport_before = self._judge_transport()
         rollout = rollout_for(
             self.policy_engine, self.judge, self.processing_class, settings, args.rollout_schedule,
             speculate=args.speculative_chunks,
         )  # fmt: skip
         rollout.run(trajectories)
+        transport = self._judge_transport()
         stats = [
             [
                 t.review_budget > 0,
@@ -247,6 +284,9 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             is_control=is_control,
             stats=torch.tensor(stats, dtype=torch.float32, device=self.accelerator.device),
             prefix_cache_hit_rate=self.policy_engine.prefix_cache_hit_rate(),
+            judge_requests=transport.sent - transport_before.sent,
+            judge_unanswered=transport.unanswered - transport_before.unanswered,
+            judge_last_error=transport.last_error if transport.unanswered > transport_before.unanswered else None,
         )
         logprobs = [t.logprobs for t in trajectories]
         return {
@@ -258,24 +298,37 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             "mintrl_intervened": [t.review_budget > 0 for t in trajectories],
         }
 
+    def _judge_transport(self) -> TransportStatus:
+        return TransportStatus() if self.judge is None else self.judge.transport_status()
+
     # ----- advantages -----
     def _score_batch(self, output: dict, batch) -> None:
         rollout = batch.rollout.gathered(self.accelerator)
         rewards = batch.rewards(self.reward_weights)
         advantages = control_baseline_advantages(rewards, rollout.is_control, self._group_size())
         output["advantages"] = advantages[self._process_slice(len(batch.inputs))]
+        # rows in the regression over the whole generation batch and every process, as TRL's `num_items_in_batch`
+        # counts tokens: a row masked by `mask_truncated_completions` has no completion token left
+        output["num_regression_rows"] = self.accelerator.gather(output["completion_mask"].any(dim=1).sum()).sum()
         measured = RolloutMeasures.of(rewards, rollout)
         self._log_rollout_metrics(rollout, measured)
         if self._mode() == "train":
             self._step_schedule(rollout, measured)
 
     def _step_schedule(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
-        """After a training batch: the judge-failure count and warning, one budget-controller step and the adaptive
-        switch-off. `rollout` and `measured` are over the global rows: every process takes the same decision."""
+        """After a training batch: the judge-failure count and warning, the outage watch, one budget-controller step
+        and the adaptive switch-off. `rollout` and `measured` are over the global rows (the judge's last error aside,
+        which only words the log lines): every process takes the same decision."""
         if self.intervention_budget is not None and rollout.intervening:
             self._update_intervention_budget(measured.judge_token_share)
         self.judge_failures_total += int(measured.judge_failures)
-        self.judge_failure_warning.update(measured.reviews * self.args.judge_votes, measured.judge_failures)
+        self.judge_failure_warning.update(
+            measured.reviews * self.args.judge_votes,
+            measured.judge_parse_failures,
+            measured.judge_transport_failures,
+            rollout.judge_last_error,
+        )
+        self.judge_outage.update(rollout.judge_requests, rollout.judge_unanswered, rollout.judge_last_error)
         if measured.reward_intervened is not None:
             self._update_adaptive_schedule(measured.reward_intervened - measured.reward_control)
 
@@ -291,6 +344,8 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         metrics["mintrl/reviews_per_rollout"].append(stats["reviews"][intervened].sum().item() / n_intervened)
         metrics["mintrl/judge_token_frac"].append(measured.judge_token_share)
         metrics["mintrl/judge_failures"].append(measured.judge_failures)
+        metrics["mintrl/judge_transport_failures"].append(measured.judge_transport_failures)
+        metrics["mintrl/judge_parse_failures"].append(measured.judge_parse_failures)
         if self.args.judge_votes > 1 and rollout.intervening:
             usable = stats["votes_usable"].sum().item()
             if usable > 0:  # share of the usable review votes that back the decision taken on their chunk
@@ -331,17 +386,33 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         anchors = mintrl_anchors(
             per_token_logps if old_logps is None else old_logps, judge_tokens, self.args.anchor, self.args.kappa
         )
+        in_regression = completion_mask.bool().any(dim=1)  # False on rows masked by mask_truncated_completions
         loss, residuals = advantage_regression_loss(
-            per_token_logps, anchors, mask, inputs["advantages"], self.args.regression_beta
+            per_token_logps,
+            anchors,
+            mask,
+            inputs["advantages"],
+            self.args.regression_beta,
+            in_regression,
+            self._regression_rows(inputs, in_regression),
         )
-        if mode == "train":
-            loss = loss / self.current_gradient_accumulation_steps  # TRL turns off the Trainer's GA scaling
 
         metrics = self._metrics[mode]
         n_judge = judge_tokens.sum()
         judge_nll = -(per_token_logps.detach() * judge_tokens).sum()
+        squared_residuals = torch.where(in_regression, residuals.detach().pow(2), 0.0).sum()
         totals = self.accelerator.reduce(
-            torch.stack([judge_nll, n_judge.float(), (entropies * mask).sum(), mask.sum()]), reduction="sum"
+            torch.stack(
+                [
+                    judge_nll,
+                    n_judge.float(),
+                    (entropies * mask).sum(),
+                    mask.sum(),
+                    squared_residuals,
+                    in_regression.sum().float(),
+                ]
+            ),
+            reduction="sum",
         )
         if totals[1] > 0:
             metrics["mintrl/judge_token_nll"].append((totals[0] / totals[1]).item())
@@ -353,9 +424,25 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             if warn and self.accelerator.is_main_process:
                 warn_not_absorbed(self.args, trend)
         metrics["entropy"].append((totals[2] / totals[3].clamp(min=1.0)).item())
-        residual_rms = self.accelerator.gather(residuals.detach().pow(2).mean()).mean().sqrt()
-        metrics["mintrl/regression_residual"].append(residual_rms.item())
+        if totals[5] > 0:  # the root mean square over the rows in the regression, all processes
+            metrics["mintrl/regression_residual"].append((totals[4] / totals[5]).sqrt().item())
         return loss
+
+    def _regression_rows(self, inputs: dict, in_regression: torch.Tensor) -> torch.Tensor:
+        """What this micro-batch's summed squared residuals are divided by, so that the micro-batches of an
+        optimizer step, on every process, add up to the mean over the rows in the regression. As TRL normalises its
+        token-level losses by `num_items_in_batch`: the count is over the generation batch and all processes,
+        whose gradients are averaged, and is shared by the generation batch's `steps_per_generation` micro-batches,
+        `gradient_accumulation_steps` of which make an optimizer step (the Trainer's own accumulation scaling is
+        off: `loss_is_scaled_for_ga`). No row in the regression: loss 0."""
+        accumulation = self.current_gradient_accumulation_steps if self.model.training else 1
+        rows = inputs.get("num_regression_rows")
+        if rows is None:  # a batch not built by `_generate_and_score_completions` (e.g. a test's): its own rows
+            return in_regression.sum().clamp(min=1) * accumulation
+        rows = rows.clamp(min=1) / self.accelerator.num_processes
+        if self.model.training:  # in evaluation the batch is neither split nor accumulated
+            rows = rows * accumulation / self.args.steps_per_generation
+        return rows
 
     # ----- checkpoint state (written to and read from STATE_FILE by GRPOTrainerBase) -----
     def _extra_state(self) -> dict:
@@ -365,6 +452,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             "reward_gap_ema": self.reward_gap_ema,
             "interventions_stopped_at": self.interventions_stopped_at,
             "judge_absorption": self.absorption.state_dict(),
+            "judge_outage_steps": self.judge_outage.failed_steps,
         }
         if self.intervention_budget is not None:
             state["intervention_budget"] = self.intervention_budget.to_dict()
@@ -381,6 +469,7 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             self.intervention_budget = BudgetState.from_dict(state["intervention_budget"])
         if "judge_absorption" in state:
             self.absorption.load_state_dict(state["judge_absorption"])
+        self.judge_outage.failed_steps = int(state.get("judge_outage_steps", 0))
 
 
 def check_mintrl_inputs(args: MInTRLConfig, model, train_dataset, peft_config, judge, trainer_kwargs: dict) -> None:
