@@ -41,11 +41,17 @@ def arm_differences(runs: list[dict], results: dict, demo: dict) -> list[str]:
     return out
 
 
+def regime_commit(results: dict, regime: str) -> str:
+    """The commit that wrote `regime`'s records (learning.json runs in parts: `regime_provenance`), 12 digits."""
+    provenance = (results.get("regime_provenance") or {}).get(regime) or results.get("provenance", {})
+    return provenance.get("commit", "?")[:12]
+
+
 def committed_comparison(
     results: dict | None,
     demo: dict,
     *,
-    regime: str = "reachable",
+    regime: str = "in-band",
     label: str = "mintrl-const",
     baseline: str = "grpo",
     source: str = "benchmarks/results/learning.json",
@@ -55,7 +61,7 @@ def committed_comparison(
     pointer = "See the README's Benchmarks section (full tables: benchmarks/results/learning.md)."
     if results is None:
         return f"No committed benchmark results ({source} is missing): nothing to compare with. {pointer}"
-    commit = results.get("provenance", {}).get("commit", "?")[:12]
+    commit = regime_commit(results, regime)
     runs, base = runs_of(results, regime, label), runs_of(results, regime, baseline)
     if not runs or not base:
         return (

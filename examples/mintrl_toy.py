@@ -1,17 +1,20 @@
-"""MInTRL on CPU in a few minutes: a ~1M-parameter model learns longer arithmetic chains with a rule judge.
+"""MInTRL on CPU in a few minutes: a ~1M-parameter model learns a rule it finds unlikely from a rule judge.
 
     python examples/mintrl_toy.py [--steps 48] [--no-grpo]
 
-The warm start (committed in benchmarks/toy/) solves short problems but fails most 8-11 step ones. MInTRL samples 4
-on-policy control rollouts and 4 intervened rollouts per prompt; on the intervened ones a rule judge reviews each
-16-token chunk, cuts at the first wrong step and writes the correct step, and the policy continues. Training is
-MInTRL's advantage regression (baseline: mean reward of the controls). Held-out accuracy is measured before and
-after; the same demo then runs with plain GRPO (same prompts, steps and optimiser) for comparison.
+The regime is chosen by MInTRL's two preconditions (issue 27), not by its result: every problem applies an operator
+no prompt explains, `a~b = a+b-1`, twice (`Compute 1+4+7~7~1 =`), and the reward checks both applications. The warm
+start (committed in benchmarks/toy/) almost never samples both right (held-out pass@8 0.5%, pass@64 3%: outside what
+sampling finds), yet each correct step is unlikely but not impossible for it (a correction costs ~7 nats: inside
+what training can absorb). MInTRL samples 4 on-policy control rollouts and 4 intervened rollouts per prompt; on the
+intervened ones a rule judge reviews every 16-token chunk, cuts at the first wrong step and writes the right one in
+the policy's own notation (`5+7=11`), and the policy continues. Training is MInTRL's advantage regression (baseline:
+mean reward of the controls); interventions stop after 40% of the steps. The same demo then runs plain GRPO (same
+prompts, steps and optimiser).
 
-The defaults are one seed of the learning benchmark's "reachable" arm (benchmarks/learning.py: 48 steps x 8 prompts,
-96 held-out problems). One seed cannot resolve a difference between the two methods, so the demo ends with what the
-committed benchmark (benchmarks/results/learning.json, several seeds) found for this arm, read from the JSON. On this
-arm MInTRL is not shown to beat GRPO; `examples/sort_toy.py` shows SORT on the regime where its gain is resolved.
+The defaults are one seed of the learning benchmark's in-band arm (benchmarks/learning.py: 48 steps x 8 prompts, 96
+held-out problems). One seed cannot resolve a difference between the two methods, so the demo ends with what the
+committed benchmark (benchmarks/results/learning.json, several seeds) found for this arm, read from the JSON.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from benchmarks.toy.demo import parse_args, run_demo  # noqa: E402
 
-REGIME = "reachable"  # long chains of familiar operations (benchmarks.toy.training.REGIMES)
+REGIME = "in-band"  # a rule applied twice, out of sampling's reach, corrections within reach (toy.training.REGIMES)
 
 
 def main(argv: list[str] | None = None) -> None:

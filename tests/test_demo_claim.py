@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_claim import LEARNING_JSON, committed_comparison, load_results
+from benchmarks.demo_claim import LEARNING_JSON, committed_comparison, load_results, regime_commit
 from benchmarks.learning import final_by_seed, runs_of
 from benchmarks.stats import format_interval, paired_difference
 
@@ -33,28 +33,28 @@ def _set_mintrl(results: dict, regime: str, shift: dict) -> dict:
 
 def test_the_line_states_the_committed_paired_difference_and_its_verdict(committed):
     text = committed_comparison(committed, ARM)
-    assert "benchmarks/results/learning.json" in text and committed["provenance"]["commit"][:12] in text
+    assert "benchmarks/results/learning.json" in text and regime_commit(committed, "in-band") in text
     assert "README's Benchmarks section" in text
     for metric in ("pass@1", "pass@8"):
         diff = paired_difference(
-            final_by_seed(runs_of(committed, "reachable", "mintrl-const"), metric),
-            final_by_seed(runs_of(committed, "reachable", "grpo"), metric),
+            final_by_seed(runs_of(committed, "in-band", "mintrl-const"), metric),
+            final_by_seed(runs_of(committed, "in-band", "grpo"), metric),
         )
         assert f"{metric} {format_interval(diff)} ({'resolved' if diff.resolved else 'not resolved'})" in text
-    assert f"over {len(runs_of(committed, 'reachable', 'grpo'))} seeds" in text
+    assert f"over {len(runs_of(committed, 'in-band', 'grpo'))} seeds" in text
 
 
 def test_the_line_follows_an_edited_json(committed):
-    better = committed_comparison(_set_mintrl(committed, "reachable", {"pass@1": 0.1, "pass@8": 0.1}), ARM)
+    better = committed_comparison(_set_mintrl(committed, "in-band", {"pass@1": 0.1, "pass@8": 0.1}), ARM)
     assert "pass@1 +10.4 [+10.0, +10.8] (resolved)" in better  # 0.1 + 0.002 * seed, seeds 0-4
     assert "mintrl-const beats grpo on this regime (pass@1, pass@8)" in better
     assert "not shown to beat" not in better
 
-    worse = committed_comparison(_set_mintrl(committed, "reachable", {"pass@1": -0.1}), ARM)
+    worse = committed_comparison(_set_mintrl(committed, "in-band", {"pass@1": -0.1}), ARM)
     assert "mintrl-const is worse than grpo on this regime (pass@1)" in worse
 
-    tied = _set_mintrl(committed, "reachable", {"pass@1": 0.0, "pass@8": 0.0})
-    for run in runs_of(tied, "reachable", "mintrl-const"):
+    tied = _set_mintrl(committed, "in-band", {"pass@1": 0.0, "pass@8": 0.0})
+    for run in runs_of(tied, "in-band", "mintrl-const"):
         run["final"]["pass@1"] += 0.05 * (-1) ** run["seed"]  # zero-mean noise: an interval around 0
         run["final"]["pass@8"] += 0.05 * (-1) ** run["seed"]
     assert "no difference is resolved: on this regime mintrl-const is not shown to beat grpo" in (
@@ -67,7 +67,7 @@ def test_the_line_follows_an_edited_json(committed):
     assert "over 1 seeds" in text and "(no interval)" in text and "not shown to beat" in text
 
     missing = copy.deepcopy(committed)
-    missing["runs"] = [r for r in missing["runs"] if r["regime"] != "reachable"]
+    missing["runs"] = [r for r in missing["runs"] if r["regime"] != "in-band"]
     assert "has no mintrl-const and grpo runs on the reachable regime" in committed_comparison(missing, ARM)
     assert "is missing" in committed_comparison(None, ARM)
 
@@ -92,7 +92,7 @@ def _load_example(name: str):
 
 
 @pytest.mark.parametrize(
-    "example, method, regime", [("mintrl_toy", "mintrl-const", "reachable"), ("sort_toy", "sort", "sort-hint")]
+    "example, method, regime", [("mintrl_toy", "mintrl-const", "in-band"), ("sort_toy", "sort", "sort-hint")]
 )
 def test_the_demo_defaults_are_the_committed_arm_and_it_prints_the_line(
     committed, monkeypatch, capsys, example, method, regime
@@ -119,7 +119,7 @@ def test_the_demo_defaults_are_the_committed_arm_and_it_prints_the_line(
     monkeypatch.setattr(shared, "evaluate", lambda *a, **k: {"pass@1": 0.1, "pass@8": 0.4})
     monkeypatch.setattr(shared.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: None)
     monkeypatch.setattr(shared.torch, "set_num_threads", lambda n: None)  # keep the test process's threads
-    edited = _set_mintrl(committed, "reachable", {"pass@1": 0.1, "pass@8": 0.1})
+    edited = _set_mintrl(committed, "in-band", {"pass@1": 0.1, "pass@8": 0.1})
     monkeypatch.setattr(shared, "load_results", lambda: edited)
     demo.main([])
     out = capsys.readouterr().out
@@ -141,7 +141,7 @@ def test_readme_first_paragraph_states_the_demo_settings_and_the_committed_diffe
     assert f"on {ARM['final_prompts']} held-out problems" in paragraph
     assert "not (yet) shown to beat GRPO" in paragraph and "(#benchmarks)" in paragraph
     assert "`examples/sort_toy.py`" in paragraph and "sort-hint arm" in paragraph
-    for regime, label, name in (("reachable", "mintrl-const", "MInTRL"), ("sort-hint", "sort", "SORT")):
+    for regime, label, name in (("in-band", "mintrl-const", "MInTRL"), ("sort-hint", "sort", "SORT")):
         runs, grpo = runs_of(committed, regime, label), runs_of(committed, regime, "grpo")
         for metric in ("pass@1", "pass@8"):
             diff = paired_difference(final_by_seed(runs, metric), final_by_seed(grpo, metric))
