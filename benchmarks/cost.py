@@ -5,11 +5,22 @@
     python benchmarks/cost.py --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
     python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme README.md
 
-Time: all variants train in one process and take turns, one optimizer step each per round, so machine noise
+Time: all variants train in one process and take turns, one optimizer step each per round, so slow machine noise
 (other jobs, thermal state) hits every variant alike; the table reports the mean step over the measured rounds and
-the paired ratio to GRPO (variant step / GRPO step of the same round) with its mean and 95% t-interval over rounds. Every variant draws the same prompts (16 x 8 rollouts per step) from the warm start with
-learning rate 0 and the same random seed per round, so GRPO, MInTRL after its intervention phase and SORT without a
-repair sample identical rollouts and their ratio is the method's own overhead. Memory: each variant then runs alone
+the paired ratio to GRPO (variant step / GRPO step of the same round) with its mean and 95% t-interval over rounds,
+for CPU time (every thread of the process during the step: only that variant runs then) and wall time. The turn
+order changes every round (`turn_order`: a Williams design, every variant in every position and after every other
+variant equally often over a cycle of n rounds, 2n for an odd n; default: 6 variants, 12 rounds, two cycles). With
+a fixed order (issue 29) each variant held one slot of the round, so load that changed within a round hit the
+variants unequally, by an amount that depended on the set of variants (the round's length): MInTRL with
+interventions measured 1.75x GRPO among five variants and 1.17x beside GRPO alone, although GRPO's rollouts (crc32
+of every sequence generated), token counts and CPU seconds per step were the same in both sets. CPU time leaves out
+the time a step waited for a CPU other jobs held, the largest noise on a shared machine; wall time is kept beside
+it. Every variant draws the same prompts (16 x 8 rollouts per step; a dataset of fixed length, so step k's
+prompts do not depend on --rounds either) from the warm start with learning rate 0 and the same random seed for
+its step of a round (set as its turn begins, whatever its position), so GRPO, MInTRL after its intervention phase
+and SORT without a repair sample identical rollouts (the token table counts the rounds in which they did) and
+their ratio is the method's own overhead. Memory: each variant then runs alone
 in a fresh process; after two warm-up steps (lazy imports, first allocations) the peak RSS over three steps, and that
 peak above the RSS just before them (the step's working memory: activations, KV caches, judge prompts).
 
@@ -26,12 +37,15 @@ context); SORT with a repair every step (buffer pre-filled); SORT without repair
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import resource
 import statistics
 import sys
 import threading
 import time
+import zlib
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -106,6 +120,7 @@ class TokenCounter:
 
     def __init__(self, model, pad_token_id: int):
         self.forward_tokens = self.prefill_tokens = self.generated_tokens = 0
+        self.digest = 0  # crc32 of every sequence `generate` returned since it was last reset: the rollouts' identity
         model.register_forward_pre_hook(self._count_forward, with_kwargs=True)
         original = model.generate
 
@@ -116,6 +131,7 @@ class TokenCounter:
             output = original(*args, **kwargs)
             sequences = getattr(output, "sequences", output)
             self.generated_tokens += int((sequences[:, input_ids.shape[1] :] != pad_token_id).sum())
+            self.digest = zlib.crc32(sequences.cpu().numpy().tobytes(), self.digest)
             return output
 
         model.generate = generate
@@ -128,6 +144,9 @@ class TokenCounter:
 
     def snapshot(self) -> dict:
         return {k: getattr(self, k) for k in ("forward_tokens", "prefill_tokens", "generated_tokens")}
+
+
+DATASET_STEPS = 64  # prompts for this many steps: more than any run here takes
 
 
 def build(variant: str, steps: int, rounds_of_repairs: int):
@@ -144,7 +163,9 @@ def build(variant: str, steps: int, rounds_of_repairs: int):
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
     tokens = TokenCounter(model, tokenizer.pad_token_id)
     generate = CallCounter(model, "generate")
-    train = make_dataset(16 * steps, RL_MIN_OPS, RL_MAX_OPS, seed=7)
+    # a fixed size: the sampler shuffles with a permutation of the dataset's length, so a length that followed
+    # `steps` gave each --rounds other prompts at every step (issue 29 compared --rounds 8 with --rounds 6)
+    train = make_dataset(16 * max(steps, DATASET_STEPS), RL_MIN_OPS, RL_MAX_OPS, seed=7)
     args = rl_config(method, f"/tmp/trl_mintrl_cost/{variant}", steps=steps, learning_rate=0.0, **overrides)
     judge = None if overrides.get("judge") == "self" else "rule"
     trainer = build_trainer(method, model, tokenizer, train, args, judge=judge)
@@ -163,40 +184,101 @@ def build(variant: str, steps: int, rounds_of_repairs: int):
     return trainer, counters
 
 
-class Turns:
-    """Round-robin turn-taking between trainer threads at optimizer-step boundaries."""
+class GCTimer:
+    """Seconds the garbage collector ran, per thread that triggered it (a collection runs in the thread whose
+    allocation set it off, and walks every tracked object of the process, whichever trainer owns it)."""
 
-    def __init__(self, names: list[str]):
-        self.order = names
+    def __init__(self):
+        self.seconds: dict[int, float] = {}
+        self.collections: dict[int, int] = {}
+        self._start: dict[int, float] = {}
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        thread = threading.get_ident()
+        if phase == "start":
+            self._start[thread] = time.perf_counter()
+        elif thread in self._start:
+            self.seconds[thread] = self.seconds.get(thread, 0.0) + time.perf_counter() - self._start.pop(thread)
+            self.collections[thread] = self.collections.get(thread, 0) + 1
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def thread_usage(gc_timer: GCTimer | None = None) -> dict:
+    """The calling thread's CPU seconds, the process's (every thread), its page faults and context switches, and
+    the garbage collector's seconds in it, so far: a step's difference of two of these is what machine noise moves
+    least (CPU time) and what explains a wall-time difference (faults, other threads' CPU, GC)."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    thread = threading.get_ident()
+    return {
+        "thread_cpu_seconds": time.thread_time(),
+        "process_cpu_seconds": time.process_time(),
+        "minor_faults": usage.ru_minflt,
+        "major_faults": usage.ru_majflt,
+        "involuntary_switches": usage.ru_nivcsw,
+        "gc_seconds": gc_timer.seconds.get(thread, 0.0) if gc_timer else 0.0,
+        "gc_collections": gc_timer.collections.get(thread, 0) if gc_timer else 0,
+    }
+
+
+def turn_order(n: int, round_index: int) -> list[int]:
+    """The order (indices of `n` variants) of round `round_index`: a Williams design, a Latin square balanced for
+    the predecessor, so over a cycle of n rounds (2n when n is odd, the odd rounds' orders reversed) every variant
+    takes every position once and follows every other variant equally often. A fixed order gave each variant a
+    fixed slot in the round, so load that changes within a round (other jobs) or a fixed predecessor hit one variant
+    more than another, and how much depended on which variants (how long a round) ran beside it."""
+    base = [0 if i == 0 else (i + 1) // 2 if i % 2 else n - i // 2 for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    k = round_index % cycle
+    order = [(b + k % n) % n for b in base]
+    return order[::-1] if k >= n else order
+
+
+class Turns:
+    """Turn-taking between trainer threads at optimizer-step boundaries: one step per variant per round, in the
+    round's `turn_order`."""
+
+    def __init__(self, names: list[str], rounds: int):
+        self.names = names
+        self.schedule = [names[i] for r in range(rounds) for i in turn_order(len(names), r)]
         self.turn = 0
         self.done: set[str] = set()
         self.cond = threading.Condition()
 
-    def wait(self, name: str) -> None:
+    def _holder(self) -> str | None:
+        return self.schedule[self.turn] if self.turn < len(self.schedule) else None
+
+    def wait(self, name: str) -> int:
+        """Block until it is `name`'s turn; its position in the round (0 = first)."""
         with self.cond:
-            self.cond.wait_for(lambda: self.order[self.turn] == name)
+            self.cond.wait_for(lambda: self._holder() in (name, None))
+            return self.turn % len(self.names)
 
     def pass_on(self, name: str, finished: bool = False) -> None:
         """Hand the turn to the next unfinished thread (only the holder hands it on; a failed thread just leaves)."""
         with self.cond:
             if finished:
                 self.done.add(name)
-            if self.order[self.turn] == name and len(self.done) < len(self.order):
-                self.turn = (self.turn + 1) % len(self.order)
-                while self.order[self.turn] in self.done:
-                    self.turn = (self.turn + 1) % len(self.order)
+            if self._holder() == name:
+                self.turn += 1
+                while self._holder() in self.done:
+                    self.turn += 1
             self.cond.notify_all()
 
 
-def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
-    """Interleaved training: per variant, per measured step: seconds, generation/judge calls, judge tokens."""
+def measure_time(variants: list[str], warmup: int, rounds: int, build_fn=build) -> dict:
+    """Interleaved training: per variant, per measured step: seconds, CPU seconds, generation/judge calls, tokens,
+    the rollouts' digest and the step's position in its round. `build_fn`: `build`'s signature (tests: stand-ins)."""
     import torch
     from transformers import TrainerCallback
 
     steps = warmup + rounds
-    trainers = {v: build(v, steps, steps) for v in variants}
-    turns = Turns(variants)
+    trainers = {v: build_fn(v, steps, steps) for v in variants}
+    turns = Turns(variants, steps)
     records = {v: [] for v in variants}
+    gc_timer = GCTimer()
 
     class StepTimer(TrainerCallback):
         def __init__(self, name: str):
@@ -205,19 +287,24 @@ def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
         def on_step_begin(self, args, state, control, **kwargs):
             if self.holding:
                 turns.pass_on(self.name)
-            turns.wait(self.name)
+            self.position = turns.wait(self.name)
             self.holding = True
             torch.manual_seed(10_000 + state.global_step)  # same sampling noise for every variant of a round
             counters = trainers[self.name][1]
             self.calls = {k: (c.calls, c.seconds) for k, c in counters.items() if k not in ("tokens", "rollout")}
             self.tokens = counters["tokens"].snapshot()
             self.failures = getattr(trainers[self.name][0], "judge_failures_total", 0)
+            counters["tokens"].digest = 0
+            self.usage = thread_usage(gc_timer)
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             seconds = time.perf_counter() - self.start
+            usage = thread_usage(gc_timer)
             trainer, counters = trainers[self.name]
-            record = {"seconds": seconds}
+            record = {"seconds": seconds, **{k: usage[k] - self.usage[k] for k in usage}}
+            record["rollout_digest"] = counters["tokens"].digest
+            record["position"] = self.position
             for k, c in counters.items():
                 if k == "rollout":
                     continue
@@ -252,6 +339,7 @@ def measure_time(variants: list[str], warmup: int, rounds: int) -> dict:
         t.start()
     for t in threads:
         t.join()
+    gc_timer.close()
     if errors:
         raise RuntimeError(f"{errors[0][0]} failed") from errors[0][1]
     repairs = {
@@ -285,19 +373,47 @@ def _mean(records: list[dict], key: str) -> float:
     return statistics.mean(r[key] for r in records)
 
 
+CPU_KEY = "process_cpu_seconds"  # every thread of the process during the step: only that variant's threads run
+
+
+def _paired_ratio(records: list[dict], grpo: list[dict], key: str):
+    """Mean and 95% t-interval over rounds of (variant's `key` / GRPO's `key` of the same round); None when the
+    records predate `key` (a cost.json without CPU times)."""
+    if not all(key in r for r in records + grpo):
+        return None
+    return mean_interval([r[key] / g[key] for r, g in zip(records, grpo, strict=True)])
+
+
+def _ratio_cell(name: str, interval) -> str:
+    if name == "grpo":
+        return "1 (reference)"
+    return "-" if interval is None else _ratio_interval(interval)
+
+
+def _same_rollouts(records: list[dict], grpo: list[dict]) -> str:
+    """In how many rounds the variant's `generate` returned exactly GRPO's sequences (crc32 of every sequence)."""
+    if not all("rollout_digest" in r for r in records + grpo):
+        return "-"
+    same = sum(r["rollout_digest"] == g["rollout_digest"] for r, g in zip(records, grpo, strict=True))
+    return f"{same}/{len(records)}"
+
+
 def table(time_result: dict, memory: dict[str, dict]) -> str:
     steps = time_result["steps"]
     grpo = steps["grpo"]
     base_mem = memory.get("grpo")
     lines = [
-        "| variant | mean step s | x GRPO time, paired by round [95% CI] | generate calls / step (s in them) "
-        "| judge review / correct calls / step (s in them) | step peak above pre-step RSS, MB (x GRPO) "
-        "| peak RSS MB (x GRPO) |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | mean step s (CPU s) | x GRPO time, paired by round [95% CI] | x GRPO CPU time, paired [95% CI] "
+        "| generate calls / step (s in them) | judge review / correct calls / step (s in them) "
+        "| step peak above pre-step RSS, MB (x GRPO) | peak RSS MB (x GRPO) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, records in steps.items():
-        ratio = mean_interval([r["seconds"] / g["seconds"] for r, g in zip(records, grpo, strict=True)])
-        ratio_text = "1 (reference)" if name == "grpo" else _ratio_interval(ratio)
+        ratio_text = _ratio_cell(name, _paired_ratio(records, grpo, "seconds"))
+        cpu_text = _ratio_cell(name, _paired_ratio(records, grpo, CPU_KEY))
+        step_s = f"{_mean(records, 'seconds'):.2f}"
+        if CPU_KEY in records[0]:
+            step_s += f" ({_mean(records, CPU_KEY):.2f})"
         gen = f"{_mean(records, 'generate'):.1f} ({_mean(records, 'generate_seconds'):.2f} s)"
         judge = "-"
         if "review" in records[0]:
@@ -313,14 +429,14 @@ def table(time_result: dict, memory: dict[str, dict]) -> str:
                 f"{mem['transient_mb']:.0f} ({mem['transient_mb'] / max(base_mem['transient_mb'], 1e-9):.2f}) | "
                 f"{mem['peak_mb']:.0f} ({mem['peak_mb'] / base_mem['peak_mb']:.2f})"
             )
-        lines.append(f"| {name} | {_mean(records, 'seconds'):.2f} | {ratio_text} | {gen} | {judge} | {mem_cells} |")
+        lines.append(f"| {name} | {step_s} | {ratio_text} | {cpu_text} | {gen} | {judge} | {mem_cells} |")
     lines += [
         "",
         "Token counts per step (mean over the measured steps; x GRPO in brackets). No timing noise in these.",
         "",
         "| variant | policy tokens generated | prefill tokens | forward tokens (padded) | judge tokens (share of "
-        "completion tokens) |",
-        "|---|---|---|---|---|",
+        "completion tokens) | rounds with GRPO's exact rollouts |",
+        "|---|---|---|---|---|---|",
     ]
     for name, records in steps.items():
         cells = []
@@ -331,7 +447,7 @@ def table(time_result: dict, memory: dict[str, dict]) -> str:
         if "judge_tokens" in records[0]:
             share = sum(r["judge_tokens"] for r in records) / max(sum(r["completion_tokens"] for r in records), 1)
             judge = f"{_mean(records, 'judge_tokens'):.0f} ({100 * share:.1f}%)"
-        lines.append(f"| {name} | {' | '.join(cells)} | {judge} |")
+        lines.append(f"| {name} | {' | '.join(cells)} | {judge} | {_same_rollouts(records, grpo)} |")
     return "\n".join(lines)
 
 
@@ -340,22 +456,22 @@ def readme_block(saved: dict) -> str:
     steps, prov = saved["time"]["steps"], saved["provenance"]
     grpo = steps["grpo"]
     lines = [
-        f"Per optimizer step, {saved['settings']['rounds']} interleaved rounds, relative to GRPO (time: paired by "
-        f"round, 95% t-interval). From `benchmarks/results/cost.json` (commit `{prov['commit'][:12]}`); full table "
-        "with memory in `benchmarks/results/cost.md`.",
+        f"Per optimizer step, {saved['settings']['rounds']} interleaved rounds, relative to GRPO (CPU and wall time: "
+        f"paired by round, 95% t-interval). From `benchmarks/results/cost.json` (commit `{prov['commit'][:12]}`); "
+        "full table with memory in `benchmarks/results/cost.md`.",
         "",
-        "| variant | x GRPO time [95% CI] | x GRPO policy tokens generated | x GRPO forward tokens | judge-token share |",
-        "|---|---|---|---|---|",
+        "| variant | x GRPO CPU time [95% CI] | x GRPO wall time [95% CI] | x GRPO policy tokens generated "
+        "| x GRPO forward tokens | judge-token share |",
+        "|---|---|---|---|---|---|",
     ]
     for name, records in steps.items():
-        ratio = mean_interval([r["seconds"] / g["seconds"] for r, g in zip(records, grpo, strict=True)])
+        times = [_ratio_cell(name, _paired_ratio(records, grpo, key)) for key in (CPU_KEY, "seconds")]
         cells = [f"{_mean(records, key) / _mean(grpo, key):.2f}" for key in ("generated_tokens", "forward_tokens")]
         judge = "-"
         if "judge_tokens" in records[0]:
             share = sum(r["judge_tokens"] for r in records) / max(sum(r["completion_tokens"] for r in records), 1)
             judge = f"{100 * share:.1f}%"
-        time_cell = "1 (reference)" if name == "grpo" else _ratio_interval(ratio)
-        lines.append(f"| {name} | {time_cell} | {' | '.join(cells)} | {judge} |")
+        lines.append(f"| {name} | {' | '.join(times)} | {' | '.join(cells)} | {judge} |")
     return "\n".join(lines)
 
 
@@ -742,7 +858,7 @@ def main(argv: list[str] | None = None) -> None:
             memory[variant] = pool.submit(measure_memory, variant, args.warmup, 3).result()
     saved = {
         "provenance": provenance("benchmarks/cost.py", argv),
-        "settings": {"rounds": rounds, "warmup": args.warmup, "variants": args.variants},
+        "settings": {"rounds": rounds, "warmup": args.warmup, "variants": args.variants, "turn_order": "williams"},
         "wall_seconds": time.perf_counter() - start,
         "time": time_result,
         "memory": memory,
@@ -763,8 +879,17 @@ def render(saved: dict) -> str:
         f" Reachable-regime toy problems (8-11 operations), 16 prompts x 8 rollouts per step, learning rate 0.\n\n"
         + table(saved["time"], saved["memory"])
         + f"\n\n{settings['rounds']} measured steps per variant after {settings['warmup']} warm-up steps, "
-        f"interleaved; SORT repairs done: {saved['time']['repairs']}. Total {saved['wall_seconds'] / 60:.1f} min."
+        f"interleaved{ORDER_NOTES.get(settings.get('turn_order'), ' in a fixed order')}; SORT repairs done: "
+        f"{saved['time']['repairs']}. Total {saved['wall_seconds'] / 60:.1f} min."
     )
+
+
+ORDER_NOTES = {
+    "williams": " in a balanced order that changes every round (a Williams design: over a cycle of n rounds, 2n "
+    "for an odd n, every variant takes every position once and follows every other equally often). CPU time: "
+    "every thread of the process during the step (only that variant runs then); unlike wall time it leaves out "
+    "the time the step waited for a CPU held by other jobs, and its ratio is the benchmark's headline"
+}
 
 
 if __name__ == "__main__":

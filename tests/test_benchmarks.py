@@ -285,8 +285,10 @@ def test_cost_readme_block_is_computed_from_the_saved_rounds():
     """The README's cost table comes from cost.json: paired time ratio per round and token-count ratios."""
     from benchmarks.cost import readme_block
 
-    def step(seconds, generated, forward, judge=None):
+    def step(seconds, cpu, generated, forward, judge=None):
         record = {"seconds": seconds, "generated_tokens": generated, "forward_tokens": forward}
+        if cpu is not None:
+            record["process_cpu_seconds"] = cpu
         return record if judge is None else {**record, "judge_tokens": judge, "completion_tokens": 100}
 
     saved = {
@@ -294,14 +296,104 @@ def test_cost_readme_block_is_computed_from_the_saved_rounds():
         "settings": {"rounds": 2},
         "time": {
             "steps": {
-                "grpo": [step(2.0, 100, 400), step(4.0, 100, 400)],
-                "mintrl_interventions": [step(3.0, 110, 600, judge=5), step(4.0, 110, 600, judge=3)],
+                "grpo": [step(2.0, 1.0, 100, 400), step(4.0, 2.0, 100, 400)],
+                "mintrl_interventions": [step(3.0, 1.2, 110, 600, judge=5), step(4.0, 2.8, 110, 600, judge=3)],
             }
         },
     }
     row = next(line for line in readme_block(saved).splitlines() if line.startswith("| mintrl_interventions"))
-    # ratios 1.5 and 1.0 -> mean 1.25, t(1) interval 1.25 +- 12.706 * 0.25
-    assert row == "| mintrl_interventions | 1.25 [-1.93, 4.43] | 1.10 | 1.50 | 4.0% |"
+    # CPU ratios 1.2 and 1.4 -> 1.3 +- 12.706 * 0.1; wall ratios 1.5 and 1.0 -> mean 1.25, 1.25 +- 12.706 * 0.25
+    assert row == "| mintrl_interventions | 1.30 [0.03, 2.57] | 1.25 [-1.93, 4.43] | 1.10 | 1.50 | 4.0% |"
+    # a cost.json from before CPU times were recorded still renders (its CPU cells empty)
+    for records in saved["time"]["steps"].values():
+        for record in records:
+            del record["process_cpu_seconds"]
+    row = next(line for line in readme_block(saved).splitlines() if line.startswith("| mintrl_interventions"))
+    assert row == "| mintrl_interventions | - | 1.25 [-1.93, 4.43] | 1.10 | 1.50 | 4.0% |"
+
+
+def test_cost_steps_do_not_depend_on_the_variants_beside_them():
+    """Issue 29: a variant's measured step must not depend on which variants take turns beside it. Each variant's
+    step samples from the same seed whatever its position and whoever ran before (GRPO's rollouts are identical
+    alone, beside one variant and beside three, and its twin's are GRPO's), and the turn order changes every round
+    in a balanced design: over a cycle every variant takes every position, and follows every other variant, equally
+    often (a fixed order gave GRPO the first slot of every round, so load within a round hit it differently as the
+    set, and the round's length, changed). Stand-in trainers: no model, a few sampled tokens per step."""
+    import types
+
+    import torch
+
+    from benchmarks.cost import CPU_KEY, TokenCounter, measure_time
+
+    ran: list[str] = []
+
+    class Model(torch.nn.Module):
+        def forward(self, input_ids):
+            return input_ids
+
+        def generate(self, input_ids, attention_mask=None):
+            self(input_ids)
+            return torch.cat([input_ids, torch.randint(1, 50, (input_ids.shape[0], 6))], dim=1)
+
+    class Trainer:
+        def __init__(self, name: str, steps: int):
+            self.name, self.steps, self.callbacks, self.model = name, steps, [], Model()
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+
+        def train(self):
+            state = types.SimpleNamespace(global_step=0)
+            for _ in range(self.steps):
+                for callback in self.callbacks:
+                    callback.on_step_begin(None, state, None)
+                ran.append(self.name)
+                if self.name == "other":  # a method that draws more random numbers than GRPO in its step
+                    torch.rand(1000)
+                self.model.generate(torch.ones(4, 3, dtype=torch.long))
+                state.global_step += 1
+                for callback in self.callbacks:
+                    callback.on_step_end(None, state, None)
+            for callback in self.callbacks:
+                callback.on_train_end(None, state, None)
+
+    def build(variant: str, steps: int, rounds_of_repairs: int):
+        trainer = Trainer(variant, steps)
+        return trainer, {"tokens": TokenCounter(trainer.model, pad_token_id=0)}
+
+    def grpo_digests(variants: list[str], rounds: int) -> list[int]:
+        ran.clear()
+        steps = measure_time(variants, 1, rounds, build_fn=build)["steps"]
+        assert all(r["generated_tokens"] == 24 and r[CPU_KEY] >= 0 for records in steps.values() for r in records)
+        if "twin" in steps:
+            assert [r["rollout_digest"] for r in steps["twin"]] == [r["rollout_digest"] for r in steps["grpo"]]
+        return [r["rollout_digest"] for r in steps["grpo"]]
+
+    alone = grpo_digests(["grpo"], 4)
+    assert len(set(alone)) == 4  # a new sample every round
+    assert grpo_digests(["grpo", "other"], 4) == alone
+
+    variants = ["grpo", "other", "twin", "third"]  # an even number: a cycle of 4 rounds, here the measured ones
+    assert grpo_digests(variants, 4) == alone
+    rounds = [ran[i : i + len(variants)] for i in range(0, len(ran), len(variants))]
+    assert len(rounds) == 5 and all(sorted(order) == sorted(variants) for order in rounds)  # a step each per round
+    measured = rounds[1:]  # after the warm-up round: any cycle of consecutive rounds is balanced
+    positions = Counter((name, i) for order in measured for i, name in enumerate(order))
+    assert set(positions.values()) == {1} and len(positions) == len(variants) ** 2
+    follows = Counter((a, b) for order in measured for a, b in zip(order, order[1:]))
+    assert set(follows.values()) == {1} and len(follows) == len(variants) * (len(variants) - 1)
+
+
+def test_cost_prompts_do_not_depend_on_the_number_of_rounds():
+    """Issue 29 compared a --rounds 8 run with a --rounds 6 one: the dataset's length followed the steps and the
+    sampler shuffles by it, so every step drew other prompts. Step k's prompts must not depend on --rounds."""
+    from benchmarks.cost import build
+
+    def first_prompts(steps: int) -> list:
+        trainer, _ = build("grpo", steps, steps)
+        return [row["prompt"] for row in next(iter(trainer.get_train_dataloader()))]
+
+    assert first_prompts(3) == first_prompts(8)
 
 
 def test_curve_sets_are_prefixes_of_the_held_out_sets():
