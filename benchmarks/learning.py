@@ -646,7 +646,10 @@ def report(results: dict) -> str:
         best = max(points, key=lambda p: statistics.fmean(p["p1"]))
         lines += ["", f"Highest mean pass@1: {best['point']} ({format_mean_std(best['share'])}% judge tokens)."]
     wall = results.get("wall_seconds")
-    lines += ["", f"{len(results['runs'])} runs" + (f", {wall / 60:.1f} min wall time" if wall else "") + "."]
+    lines += [
+        "",
+        f"{len(results['runs'])} runs" + (f"; the last run's wall time {wall / 60:.1f} min" if wall else "") + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -654,6 +657,9 @@ README_START, README_END = markers("benchmarks/learning.py", "learning-results")
 
 
 README_REGIMES = ["in-band", "out-of-reach", "reachable", "sort-hint"]  # the README's columns; distance: one line
+# the README's rows (the retention and notation variants are in learning.md), those with runs
+README_LABELS = ["grpo", "grpo-2x", "mintrl-const", "mintrl-const-full", "mintrl-const-near", "mintrl-const-far",
+                 "mintrl-proxy", "mintrl-off", "sort", "sort-uniform", "sort-shared", "sort-beta0", "sort-beta1"]  # fmt: skip
 
 
 def readme_block(results: dict) -> str:
@@ -673,8 +679,8 @@ def readme_block(results: dict) -> str:
         "| method | " + " | ".join(f"{r} ({len(runs_of(results, r, 'grpo'))} seeds)" for r in regimes) + " |",
         "|---|" + "---|" * len(regimes),
     ]
-    labels = list(dict.fromkeys(label for r in regimes for label in settings["plan"][r]))
-    for label in labels:
+    planned = {label for r in regimes for label in settings["plan"][r] if runs_of(results, r, label)}
+    for label in (label for label in README_LABELS if label in planned):
         cells = []
         for regime in regimes:
             runs, grpo = runs_of(results, regime, label), runs_of(results, regime, "grpo")
@@ -935,7 +941,7 @@ def sweep_table(results: dict) -> list[dict]:
         points.append(
             {
                 "point": point,
-                "settings": "defaults (max_reviews=4, 1 step)" if point == "default" else settings,
+                "settings": "the regime's defaults (1 step per correction)" if point == "default" else settings,
                 "n": len(runs),
                 "share": [log_mean(r, "mintrl/judge_token_frac", True) or 0.0 for r in runs],
                 "p1": list(p1.values()),
