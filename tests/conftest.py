@@ -102,6 +102,16 @@ def tiny_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def model_without_weights(tiny_model_path, tmp_path_factory):
+    """The tiny model's config and tokenizer only: loading the model itself fails."""
+    folder = tmp_path_factory.mktemp("no-weights")
+    for path in Path(tiny_model_path).iterdir():
+        if not path.name.endswith(".safetensors"):
+            shutil.copy(path, folder / path.name)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,16 +25,6 @@ from trl_mintrl.sort import SORTConfig, SORTTrainer
 REPO = Path(__file__).resolve().parent.parent
 ROWS = [json.loads(line) for line in (REPO / "recipes/cpu/data/arithmetic.jsonl").read_text().splitlines()[:8]]
 LONG = "Compute " + "1+" * 3000 + "1 ="  # ~6000 tokens: more than the tiny model's 4096 positions
-
-
-@pytest.fixture(scope="module")
-def model_without_weights(tiny_model_path, tmp_path_factory):
-    """The tiny model's config and tokenizer only: loading the model itself fails."""
-    folder = tmp_path_factory.mktemp("no-weights")
-    for path in Path(tiny_model_path).iterdir():
-        if not path.name.endswith(".safetensors"):
-            shutil.copy(path, folder / path.name)
-    return str(folder)
 
 
 def with_row(index: int, **changes) -> list[dict]:

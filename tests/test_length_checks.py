@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,6 @@ LONG_PLAN = "{question}\n\n{reference}\n\n" + "(1+2=3) " * 600
 def zero_reward(completions, **kwargs):
     """Every rollout wrong: every prompt is deferred."""
     return [0.0] * len(completions)
-
-
-@pytest.fixture(scope="module")
-def model_without_weights(tiny_model_path, tmp_path_factory):
-    """The tiny model's config and tokenizer only: loading the model itself fails."""
-    folder = tmp_path_factory.mktemp("no-weights")
-    for path in Path(tiny_model_path).iterdir():
-        if not path.name.endswith(".safetensors"):
-            shutil.copy(path, folder / path.name)
-    return str(folder)
 
 
 @pytest.mark.parametrize("method", ["sort", "mintrl-sort"])
