@@ -1031,13 +1031,7 @@ def plot(results: dict, out: Path) -> list[Path]:
     if points:
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         xs = [100 * statistics.fmean(p["share"]) for p in points]
-        ys, lows, highs = [], [], []
-        for p in points:
-            interval = p["gain"] or mean_interval([0.0])
-            ys.append(100 * interval.mean)
-            lows.append(100 * (interval.mean - interval.low) if interval.low is not None else 0)
-            highs.append(100 * (interval.high - interval.mean) if interval.high is not None else 0)
-        ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=4)
+        ys = _interval_errorbar(ax, xs, [p["gain"] or mean_interval([0.0]) for p in points])
         for p, x, y in zip(points, xs, ys, strict=True):
             ax.annotate(p["point"], (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
         ax.axhline(0, color="grey", lw=0.8)
@@ -1054,12 +1048,7 @@ def plot(results: dict, out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         for n, key in enumerate(("diff1", "diff8")):
             xs = [p["nats"] + 0.08 * n for p in distance]
-            ys = [100 * p[key].mean for p in distance]
-            err = [
-                [100 * (p[key].mean - p[key].low) if p[key].low is not None else 0 for p in distance],
-                [100 * (p[key].high - p[key].mean) if p[key].high is not None else 0 for p in distance],
-            ]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=key.replace("diff", "pass@"))
+            _interval_errorbar(ax, xs, [p[key] for p in distance], label=key.replace("diff", "pass@"))
         for p in distance:
             ax.annotate(f"k={p['k']:+d}", (p["nats"], 100 * p["diff1"].mean), fontsize=8, xytext=(4, 4),
                         textcoords="offset points")  # fmt: skip
@@ -1074,6 +1063,18 @@ def plot(results: dict, out: Path) -> list[Path]:
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     return paths
+
+
+def _interval_errorbar(ax, xs, intervals, **kwargs) -> list[float]:
+    """Means with their 95% intervals as error bars, in points (no bar where an interval has no bounds); returns
+    the plotted means."""
+    ys = [100 * i.mean for i in intervals]
+    err = [
+        [100 * (i.mean - i.low) if i.low is not None else 0 for i in intervals],
+        [100 * (i.high - i.mean) if i.high is not None else 0 for i in intervals],
+    ]
+    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, **kwargs)
+    return ys
 
 
 def _mean_band(ax, xs, per_x, color, label, style, scale=100):
