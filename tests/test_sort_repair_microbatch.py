@@ -5,7 +5,9 @@ at temperature 1 (exact in float64, no full-vocabulary logits), micro-batching l
 unchanged, and `repair_optimizer="own"` keeps moments and step counts of its own while the schedule follows the main
 steps only."""
 
+import logging
 import math
+import os
 
 import pytest
 import torch
@@ -244,6 +246,40 @@ def test_repair_optimizer_state_and_schedule(tiny_model_path, cpu_args, toy_data
         assert main_steps == {6.0}
         assert unchanged == [False, False]
     assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters() if n in before)
+
+
+@pytest.mark.parametrize("repair_optimizer", ["own", "shared"])
+def test_own_repair_optimizer_state_is_checkpointed_and_restored(
+    tiny_model_path, cpu_args, toy_dataset, repair_optimizer, caplog
+):
+    """The own state (moments and step counts of the repair steps) goes into each checkpoint as repair_optimizer.pt
+    and a new trainer resuming from it steps the repair from exactly that state; "shared" writes no such file (the
+    main optimizer.pt holds it). Without the file after repairs ran, the state restarts empty with a warning."""
+    settings = dict(
+        max_steps=2, optim="adamw_torch", learning_rate=1e-3, repair_batch_size=1, max_repairs_per_step=2,
+        repair_optimizer=repair_optimizer, save_strategy="steps", save_steps=1,
+    )  # fmt: skip
+    trainer = make_trainer(tiny_model_path, cpu_args, toy_dataset, **settings)
+    prefill(trainer, toy_dataset, 4)
+    trainer.train()
+    checkpoint = f"{cpu_args['output_dir']}/checkpoint-2"
+    saved = [f"{cpu_args['output_dir']}/checkpoint-{step}/repair_optimizer.pt" for step in (1, 2)]
+    assert [os.path.exists(path) for path in saved] == [repair_optimizer == "own"] * 2
+    if repair_optimizer == "shared":
+        return
+    resumed = make_trainer(tiny_model_path, cpu_args, toy_dataset, **settings)
+    resumed.create_optimizer_and_scheduler(num_training_steps=2)
+    resumed._load_optimizer_and_scheduler(checkpoint)
+    params = dict(resumed.model.named_parameters())
+    own = {name: trainer.repair._own_state.state[p] for name, p in trainer.model.named_parameters()}
+    restored = {name: resumed.repair._own_state.state[params[name]] for name in own}
+    assert states_equal(list(own.values()), list(restored.values()))
+    assert {s["step"].item() for s in restored.values()} == {4.0}
+    os.remove(saved[1])
+    with caplog.at_level(logging.WARNING):
+        resumed._load_optimizer_and_scheduler(checkpoint)
+    assert "repair_optimizer.pt is missing although 4 repairs ran" in caplog.text
+    assert not resumed.repair._own_state.state
 
 
 def test_deepspeed_engine_scheduler_is_detached_for_the_repair_step():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import types
 from collections import defaultdict
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ from .config import repair_buffer_bounds
 from .planner import Planner, PlanRequest, check_planner
 
 logger = get_logger(__name__)
+
+# the own repair optimizer state in a checkpoint (`repair_optimizer="own"`), beside TRL's optimizer.pt
+REPAIR_OPTIMIZER_FILE = "repair_optimizer"
 
 
 def check_repair_inputs(args, reward_funcs, train_dataset) -> list[int]:
@@ -88,6 +92,16 @@ class WithReferenceRepair:
         loss (detached) is added to the value (`ReferenceRepair.joint_repair`)."""
         repair = self.repair.joint_repair(model)
         return super()._compute_loss(model, inputs) + repair
+
+    def _save_checkpoint(self, model, trial):
+        # before the host's files, so a checkpoint with TRL's trainer_state.json (written last) holds it complete
+        self.repair.save_optimizer_state(self._checkpoint_folder(trial))
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self.repair.load_optimizer_state(checkpoint)
 
 
 @dataclass
@@ -158,6 +172,51 @@ class ReferenceRepair:
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state)
+
+    def _optimizer_state_file(self, checkpoint: str) -> str:
+        """Where this process keeps the own repair optimizer state in `checkpoint`: one file per process when there
+        are several (DeepSpeed's ZeRO and FSDP shard the optimizer state), as DeepSpeed keeps its own."""
+        accelerator = self.host.accelerator
+        rank = f"-rank{accelerator.process_index}" if accelerator.num_processes > 1 else ""
+        return os.path.join(checkpoint, f"{REPAIR_OPTIMIZER_FILE}{rank}.pt")
+
+    def save_optimizer_state(self, checkpoint: str) -> None:
+        """Write the own repair optimizer state (`repair_optimizer="own"`) into `checkpoint`, atomically; nothing
+        before the first repair step (the state is still empty) or with the shared one (TRL saves it)."""
+        if self._own_state is None or not self._own_state.state:
+            return
+        path = self._optimizer_state_file(checkpoint)
+        os.makedirs(checkpoint, exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            torch.save(self._own_state.state_dict(self.host.optimizer), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def load_optimizer_state(self, checkpoint: str) -> None:
+        """Restore the own repair optimizer state from `checkpoint`; without its file the state starts empty (no
+        repair step was taken before that checkpoint), with a warning if the buffer's counters say otherwise."""
+        if self._own_state is None:
+            return
+        path = self._optimizer_state_file(checkpoint)
+        if not os.path.exists(path):
+            self._own_state = _OwnOptimizerState()
+            if self.args.repair_update == "separate" and self.buffer.counters["repairs"]:
+                logger.warning(
+                    f"{path} is missing although {self.buffer.counters['repairs']} repairs ran before this checkpoint "
+                    'was written: the repair steps restart with an empty optimizer state (repair_optimizer="own").',
+                    main_process_only=False,
+                )
+            return
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            self._own_state.load_state_dict(self.host.optimizer, saved)
+        except (KeyError, IndexError) as err:
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: {path} does not match this run's optimizer ({err}); resume with "
+                "the same model, PEFT and DeepSpeed settings and number of processes it was written with."
+            ) from err
 
     # ---- deferring all-wrong prompts -------------------------------------------------------------------------------
 
@@ -616,6 +675,28 @@ class _OwnOptimizerState:
         self.state: defaultdict = defaultdict(dict)  # per parameter, as `torch.optim.Optimizer.state`
         self.group_steps: dict[int, object] = {}  # step counters kept per parameter group (DeepSpeed's FusedAdam)
 
+    def state_dict(self, optimizer) -> dict:
+        """The state with each parameter named by its position in `optimizer`'s parameter groups, as
+        `torch.optim.Optimizer.state_dict` names them, so that a resumed run's own parameters can take it."""
+        params = _optimizer_params(optimizer)
+        state = {index: self.state[p] for index, p in enumerate(params) if p in self.state}
+        if len(state) != len(self.state):
+            raise ValueError("the repair optimizer state holds parameters that are not in the trainer's optimizer")
+        return {"state": state, "group_steps": dict(self.group_steps)}
+
+    def load_state_dict(self, optimizer, saved: dict) -> None:
+        """The inverse of `state_dict`: moment tensors move to their parameter's device; step counters stay as
+        saved (torch keeps Adam's on the CPU unless it is capturable)."""
+        params = _optimizer_params(optimizer)
+        self.state = defaultdict(dict)
+        for index, entry in saved["state"].items():
+            param = params[index]
+            self.state[param] = {
+                key: value.to(param.device) if torch.is_tensor(value) and key != "step" else value
+                for key, value in entry.items()
+            }
+        self.group_steps = dict(saved["group_steps"])
+
     @contextlib.contextmanager
     def swapped_into(self, optimizer):
         inner = _state_holder(optimizer)
@@ -639,6 +720,11 @@ def _state_holder(optimizer):
             )
         optimizer = optimizer.optimizer
     return optimizer
+
+
+def _optimizer_params(optimizer) -> list:
+    """The parameters the optimizer steps, in the order of its parameter groups."""
+    return [param for group in _state_holder(optimizer).param_groups for param in group["params"]]
 
 
 def _exchange_group_steps(groups: list[dict], steps: dict[int, object]) -> dict[int, object]:
