@@ -121,7 +121,6 @@ BAND_ARMS = ["grpo", "grpo-2x", "mintrl-const", "mintrl-proxy", "mintrl-off", "s
 RETENTION_ARMS = ["mintrl-const-adaptive", "mintrl-const-decay", "grpo-lowlr", "mintrl-const-lowlr"]
 DISTANCE_ARMS = ["grpo", "mintrl-const"]
 # the full run in parts of at most ~90 minutes on 2 cores each (`--part`), merged into one learning.json: a part
-# reruns its regimes (and the sweep) and keeps every other record
 # reruns its regimes' arms (all, or the labels it names) and the sweep if it says so, and keeps every other record
 _SORT_ARMS = ["sort", "sort-uniform"]
 PARTS = {
