@@ -86,6 +86,46 @@ def advantage_regression_loss(
     return squares.sum() / num_rows, residuals
 
 
+def packed_advantage_regression_loss(
+    per_token_logps: torch.Tensor,
+    anchor_logps: torch.Tensor,
+    segment_id: torch.Tensor,
+    advantages: torch.Tensor,
+    beta: float,
+    num_sequences: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`advantage_regression_loss` on a packed row's loss terms (TRL's async trainer: M terms, one per trained
+    token of each sequence, a shared prompt token counted once per sequence that trains on it), so that a sequence
+    written by older weights is regressed as it is: its sum over tokens is taken per `segment_id`, then the same
+    residual, square and mean as the padded layout.
+
+    Args:
+        per_token_logps: (M,) log pi_theta of each term's target token, with grad.
+        anchor_logps: (M,) anchors a_t (see `mintrl_anchors`); gradients never flow into them.
+        segment_id: (M,) long, the index of the sequence each term belongs to (TRL's `segment_id`).
+        advantages: (M,) A(y) of each term's sequence (TRL repeats a sequence's advantage on each of its terms).
+        beta: the regression temperature.
+        num_sequences: what the summed squared residuals are divided by; None: the sequences here, at least 1.
+
+    Returns:
+        (loss, residuals): the scalar loss, and the (S,) residuals `beta * sum_t (log pi_theta - a_t) - A` of the S
+        sequences that have at least one term, in ascending `segment_id` (a sequence without terms has no row).
+    """
+    segments, term_sequence = torch.unique(segment_id, return_inverse=True)
+    log_ratio_sums = per_token_logps.new_zeros(len(segments)).index_add_(
+        0, term_sequence, per_token_logps - anchor_logps.detach()
+    )
+    sequence_advantages = advantages.new_zeros(len(segments)).scatter_(0, term_sequence, advantages)
+    return advantage_regression_loss(
+        log_ratio_sums[:, None],
+        torch.zeros_like(log_ratio_sums[:, None]),
+        torch.ones_like(log_ratio_sums[:, None]),
+        sequence_advantages,
+        beta,
+        num_rows=num_sequences,
+    )
+
+
 def control_baseline_advantages(rewards: torch.Tensor, is_control: torch.Tensor, group_size: int) -> torch.Tensor:
     """MInTRL's advantages: `A = r - V(x)` with `V(x)` the mean reward of the prompt's control rollouts.
 

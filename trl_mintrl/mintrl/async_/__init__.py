@@ -1,0 +1,6 @@
+"""Asynchronous MInTRL on TRL's `AsyncGRPOTrainer` (`trl.experimental.async_grpo`): generation, judging and training
+overlap, and a rollout written by older weights is regressed as it is (SPEC 2.3)."""
+
+from .collator import MInTRLRolloutCollator, SampleMetrics
+
+__all__ = ["MInTRLRolloutCollator", "SampleMetrics"]

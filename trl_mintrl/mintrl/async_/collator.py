@@ -1,0 +1,92 @@
+"""The judge-token mask's path through TRL's async packing.
+
+TRL's `RolloutQueueDataset` passes on six fields of a `RolloutSample` (`input_ids`, `completion_mask`,
+`old_log_probs`, `advantage`, `group_id`, `metrics`) and `TreeRow.pack` turns them into per-loss-term tensors with
+no slot for a per-token flag. The one object that reaches the collator untouched is the sample's `metrics` dict:
+the dataset yields it by reference, both planners (`FixedCountBatcher`, `TokenBudgetBatcher`) add the yielded dicts
+themselves to their `TreeRow`s, and the collator only reads its keys. So the worker sends a `SampleMetrics` whose
+`extras` carry the judge mask, and `MInTRLRolloutCollator` lays it out per loss term in `pack`'s order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
+from trl.experimental.async_grpo.packing import TreeRow
+from trl.trainer.utils import pad
+
+
+class SampleMetrics(dict):
+    """A rollout sample's float metrics (the keys TRL's collator averages and logs), plus `extras`, which TRL never
+    reads: `judge_mask` (np array aligned with `input_ids`, 1 on judge tokens), `model_version`, `is_control`."""
+
+    __slots__ = ("extras",)
+
+    def __init__(self, *args: Any, extras: dict[str, Any], **kwargs: float):
+        super().__init__(*args, **kwargs)
+        self.extras = extras
+
+
+class _LossTerms:
+    """One row's loss terms as `TreeRow.pack` lays them out: sample by sample, trained positions ascending (a
+    position p >= 1 with `completion_mask[p]`, whose target is `input_ids[p]`)."""
+
+    def __init__(self, row: TreeRow):
+        self.segment_id: list[int] = []
+        self.target: list[int] = []
+        self.judge: list[float] = []
+        self.n_sequences = 0
+        for i, sample in enumerate(row.samples):
+            input_ids = np.asarray(sample["input_ids"])
+            trained = np.flatnonzero(np.asarray(sample["completion_mask"])[1:]) + 1
+            self.segment_id += [i] * len(trained)
+            self.target += input_ids[trained].tolist()
+            self.judge += _judge_mask(sample, len(input_ids))[trained].tolist()
+            self.n_sequences += bool(len(trained))
+
+
+def _judge_mask(sample: dict[str, Any], length: int) -> np.ndarray:
+    metrics = sample["metrics"]
+    if not isinstance(metrics, SampleMetrics):
+        raise TypeError(
+            "MInTRLRolloutCollator needs each RolloutSample's `metrics` to be a SampleMetrics carrying "
+            f"extras['judge_mask'], got {type(metrics).__name__}."
+        )
+    judge_mask = np.asarray(metrics.extras["judge_mask"], dtype=np.float32)
+    if judge_mask.shape != (length,):
+        raise ValueError(f"judge_mask has shape {judge_mask.shape}, input_ids has {length} tokens.")
+    return judge_mask
+
+
+class MInTRLRolloutCollator(DataCollatorForRollout):
+    """TRL's rollout collator plus what MInTRL's loss needs:
+    - `judge_mask` (num_processes, M_max) float: 1 on the loss terms whose target is a judge token, laid out as
+      `old_log_probs` (padded with 0);
+    - `global_n_sequences` (num_processes,): the sequences with at least one loss term in the whole micro-batch,
+      repeated per rank like TRL's `global_n_tokens`, so each rank can divide by its share of the global count.
+
+    `pack`'s term order is re-walked here, and checked against the packed batch (segment and target token of every
+    term): if TRL ever lays terms out differently, this raises instead of misaligning the mask.
+    """
+
+    def torch_call(self, examples: list[Any]) -> dict[str, Any]:
+        batch = super().torch_call(examples)
+        (rows,) = examples
+        terms = [_LossTerms(row) for row in rows]
+        for rank, row_terms in enumerate(terms):
+            token_index = batch["token_index"][rank]
+            token_index = token_index[token_index >= 0]
+            packed_segments = batch["segment_id"][rank, : len(token_index)].tolist()
+            packed_targets = batch["shift_labels"][rank, token_index].tolist()
+            if packed_segments != row_terms.segment_id or packed_targets != row_terms.target:
+                raise RuntimeError(
+                    f"Row {rank}: TRL's TreeRow.pack no longer lays out loss terms sample by sample, trained "
+                    "positions ascending; the judge-token mask would be misaligned. Update _LossTerms to its order."
+                )
+        batch["judge_mask"] = pad([torch.tensor(t.judge, dtype=torch.float32) for t in terms], padding_value=0)
+        n_sequences = sum(t.n_sequences for t in terms)
+        batch["global_n_sequences"] = torch.full((self.num_processes,), float(n_sequences))
+        return batch
