@@ -29,7 +29,7 @@ def revise_first_step_judge(calls: dict | None = None) -> FunctionJudge:
     return FunctionJudge(review, correct)
 
 
-def mintrl_args(cpu_args: dict, **overrides) -> MInTRLConfig:
+def mintrl_fields(cpu_args: dict, **overrides) -> dict:
     """2 control + 2 intervened rollouts per prompt, small chunks, interventions on for the whole run."""
     args = {k: v for k, v in cpu_args.items() if k != "num_generations"}
     args.update(
@@ -42,7 +42,11 @@ def mintrl_args(cpu_args: dict, **overrides) -> MInTRLConfig:
         intervention_steps=100,
     )
     args.update(overrides)
-    return MInTRLConfig(**args)
+    return args
+
+
+def mintrl_args(cpu_args: dict, **overrides) -> MInTRLConfig:
+    return MInTRLConfig(**mintrl_fields(cpu_args, **overrides))
 
 
 # eight one-step prompts, the multi-process scripts' data

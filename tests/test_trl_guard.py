@@ -159,3 +159,159 @@ def test_attributes_and_config_fields_we_read():
         "self.reward_func_names",
     ]:
         assert attr in init_source, f"GRPOTrainer no longer sets {attr}"
+
+
+# ----- trl.experimental.async_grpo, under AsyncMInTRLTrainer (trl_mintrl/mintrl/async_/) -----
+
+
+def _code(function) -> str:
+    """A function's source with whitespace collapsed, so that pinned statements survive reformatting."""
+    return " ".join(inspect.getsource(function).split())
+
+
+# Statements of `AsyncGRPOTrainer.compute_loss` that `AsyncMInTRLTrainer.compute_loss` copies: the unpacking of a packed
+# row, the forward, and the per-step accounting. Each must still be in both.
+ASYNC_COPIED_LOSS_STATEMENTS = [
+    'mask_bool = inputs["attention_mask"].bool()',
+    'selected = inputs["token_index"] >= 0',
+    'input_ids = inputs["input_ids"][mask_bool].unsqueeze(0)',
+    'position_ids = inputs["position_ids"][mask_bool].unsqueeze(0)',
+    'shift_labels = inputs["shift_labels"][mask_bool].unsqueeze(0)',
+    'token_index = inputs["token_index"][selected]',
+    'old_log_probs = inputs["old_log_probs"][selected]',
+    'advantages = inputs["advantages"][selected]',
+    'segment_id = inputs["segment_id"][selected]',
+    'key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")',
+    'tree_kwargs["tree_max_seqlen_q"], tree_kwargs["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()',
+    "input_ids=input_ids, position_ids=position_ids, shift_labels=shift_labels, fused_lm_head=True,",
+    "log_probs = outputs.log_probs.flatten()[token_index]",
+    "entropy = outputs.entropy.flatten()[token_index]",
+    "self._last_forward_time_s = time.time() - forward_start",
+    'n_forward_tokens = float(inputs["global_n_forward_tokens"][0])',
+    'mean_seq_len = float(inputs["mean_seq_len"][0])',
+    "self._step_forward_tokens += n_forward_tokens",
+    "self._step_seq_len_weighted += mean_seq_len * n_forward_tokens",
+    "self._step_samples += n_forward_tokens / mean_seq_len",
+    "self._step_forward_s += self._last_forward_time_s",
+]
+
+
+def test_async_loss_copies_trls_unpacking_forward_and_accounting():
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from trl_mintrl.mintrl.async_ import AsyncMInTRLTrainer
+
+    params = list(inspect.signature(AsyncGRPOTrainer.compute_loss).parameters)
+    assert params == ["self", "model", "inputs", "return_outputs", "num_items_in_batch"]
+    trl_loss, ours = _code(AsyncGRPOTrainer.compute_loss), _code(AsyncMInTRLTrainer.compute_loss)
+    for statement in ASYNC_COPIED_LOSS_STATEMENTS:
+        assert statement in trl_loss, f"AsyncGRPOTrainer.compute_loss changed: {statement!r}; update our copy"
+        assert statement in ours, f"AsyncMInTRLTrainer.compute_loss no longer has {statement!r}"
+    # the rest of TRL's accounting, which our copy writes without its local `global_n_tokens`
+    assert 'global_n_tokens = inputs["global_n_tokens"][0]' in trl_loss
+    assert "self._step_trained_tokens += float(global_n_tokens)" in trl_loss
+    # our regression divides by the micro-batches of a step itself, as TRL's loss does
+    assert AsyncGRPOTrainer.loss_is_scaled_for_ga is True
+    assert "loss = loss / self.current_gradient_accumulation_steps" in trl_loss
+    # no MoE auxiliary loss with router_aux_loss_coef=0.0 (AsyncMInTRLConfig's default; other values refused)
+    init = _code(AsyncGRPOTrainer.__init__)
+    assert (
+        'self.aux_loss_enabled = hasattr(text_config, "output_router_logits") and self.router_aux_loss_coef != 0.0'
+        in init
+    )
+
+
+def test_async_constructor_seams():
+    """`AsyncMInTRLTrainer.__init__` builds the worker before TRL's constructor (which reads its queue once),
+    mirrors TRL's tokenizer and end-of-completion setup for it, patches the peak-FLOPs lookup around it, and
+    re-registers the tree attention after it."""
+    from trl.experimental.async_grpo import async_grpo_trainer
+    from trl.trainer import utils
+
+    params = list(inspect.signature(async_grpo_trainer.AsyncGRPOTrainer.__init__).parameters)
+    assert params[:3] == ["self", "model", "reward_funcs"]
+    for name in ("args", "train_dataset", "processing_class", "callbacks", "optimizers", "peft_config",
+                 "rollout_worker", "weight_transfer"):  # fmt: skip
+        assert name in params, f"AsyncGRPOTrainer.__init__ lost {name}"
+    init = _code(async_grpo_trainer.AsyncGRPOTrainer.__init__)
+    for statement in [
+        "register_tree_attention()",
+        "self._peak_flops_per_device = get_peak_flops_per_device(self.accelerator, dtype)",
+        "self.rollout_queue = self.rollout_worker.rollout_buffer",
+        "processing_class.pad_token = processing_class.eos_token",
+        "eos_token_ids = model.generation_config.eos_token_id",
+        "eos_token_ids = [processing_class.eos_token_id, *eos_token_ids]",
+        "self._trained_groups: set[int] = set()",
+        "self._groups_before_resume = 0",
+        "self.model_version = 0",
+    ]:
+        assert statement in init, f"AsyncGRPOTrainer.__init__ no longer has {statement!r}"
+    assert init.index("register_tree_attention()") < init.index("self._peak_flops_per_device")
+    assert async_grpo_trainer.get_peak_flops_per_device is utils.get_peak_flops_per_device
+    assert list(inspect.signature(utils.get_peak_flops_per_device).parameters) == ["accelerator", "dtype"]
+
+
+def test_async_protocols_and_rollout_path():
+    """The protocols our worker and transfers implement, the sample fields our collator reads through TRL's dataset,
+    and the dataloader whose collator we swap by its module-global name."""
+    from dataclasses import fields
+
+    from trl.experimental.async_grpo import async_grpo_trainer as agt
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    protocol_members = {name for name in vars(agt.RolloutWorkerProtocol) if not name.startswith("_")}
+    assert protocol_members == {"start", "stop", "update_model_version", "check_health"}
+    assert set(agt.RolloutWorkerProtocol.__annotations__) == {"rollout_buffer", "metrics_queue"}
+    transfer_members = {name for name in vars(agt.WeightTransferProtocol) if not name.startswith("_")}
+    assert transfer_members == {"init_weight_transfer", "pause", "send_weights", "resume", "destroy"}
+    assert [f.name for f in fields(RolloutSample)] == [
+        "prompt", "completion", "input_ids", "completion_mask", "old_log_probs", "advantage", "model_version",
+        "group_id", "metrics", "enqueued_at",
+    ]  # fmt: skip
+    dataset = _code(agt.RolloutQueueDataset.__iter__)
+    assert "if staleness > self.max_staleness:" in dataset
+    assert '"metrics": sample.metrics,' in dataset  # the SampleMetrics object, with the judge mask, by reference
+    dataloader = _code(agt.AsyncGRPOTrainer.get_train_dataloader)
+    assert "collate_fn=DataCollatorForRollout(" in dataloader
+    assert "if self.args.token_budget > 0:" in dataloader and "dataset = FixedCountBatcher(" in dataloader
+    assert [f.name for f in fields(agt.DataCollatorForRollout)] == [
+        "pad_token_id", "num_processes", "return_tensors", "groups_trained", "metrics", "token_budget",
+    ]  # fmt: skip
+    assert "packed = [row.pack() for row in rows]" in _code(agt.DataCollatorForRollout.torch_call)
+
+
+def test_async_training_loop_order():
+    """The worker's state is loaded before it starts (transformers loads the optimizer, and our extra state, before
+    `on_train_begin`, where TRL syncs the weights and then starts the worker); TRL stops it and the transfer when
+    training ends; TRL's own resume state is for its own worker only (else both would write and read one)."""
+    from trl.experimental.async_grpo import async_grpo_trainer as agt
+
+    begin = _code(agt._TrainBeginCallback.on_train_begin)
+    order = ["weight_transfer.init_weight_transfer()", "self._trainer._sync_weight()", "rollout_worker.start()"]
+    positions = [begin.find(statement) for statement in order]
+    assert -1 not in positions and positions == sorted(positions), positions
+    loop = _code(Trainer._inner_training_loop)
+    assert 0 <= loop.find("self._prepare_for_training(") < loop.find("self.callback_handler.on_train_begin(")
+    assert "self._load_optimizer_and_scheduler(resume_from_checkpoint)" in _code(Trainer._prepare_for_training)
+    inner = _code(agt.AsyncGRPOTrainer._inner_training_loop)
+    assert "finally: if self.accelerator.is_main_process: if self.rollout_worker: self.rollout_worker.stop()" in inner
+    assert "self.weight_transfer.destroy()" in inner
+    assert "isinstance(self.rollout_worker, AsyncRolloutWorker)" in inner
+    assert "isinstance(self.rollout_worker, AsyncRolloutWorker)" in _code(agt.AsyncGRPOTrainer._save_checkpoint)
+    sync = _code(agt.AsyncGRPOTrainer._sync_weight_merged)
+    assert 0 <= sync.find("self.model_version += 1") < sync.find("self.rollout_worker.update_model_version(")
+    assert "self.rollout_worker.metrics_queue.get_nowait()" in _code(agt.AsyncGRPOTrainer.log)
+
+
+def test_async_dataloader_fetches_a_micro_batch_ahead():
+    """Why `AsyncMInTRLConfig` refuses `max_staleness=0`: TRL forces `dispatch_batches=True`, and accelerate's
+    dispatcher fetches the next micro-batch before it yields the current one, so the rollouts of the next optimizer
+    step must exist before this step updates the weights."""
+    from accelerate.data_loader import DataLoaderDispatcher
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    assert 'self.accelerator_config["dispatch_batches"] = True' in _code(AsyncGRPOConfig.__post_init__)
+    dispatcher = _code(DataLoaderDispatcher.__iter__)
+    loop = dispatcher.index("while not stop_iteration:")
+    fetch_next = dispatcher.find("next_batch, next_batch_info = self._fetch_batches(main_iterator)", loop)
+    assert 0 <= loop < fetch_next < dispatcher.find("yield batch", loop)

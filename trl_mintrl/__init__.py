@@ -16,6 +16,8 @@ if sys.version_info < (3, 11):  # noqa: UP036 -- pip enforces requires-python; t
 
 # Trainers import TRL (and torch); load them on first use so `trl-mintrl --help` stays fast.
 _LAZY = {
+    "AsyncMInTRLConfig": "trl_mintrl.mintrl.async_",
+    "AsyncMInTRLTrainer": "trl_mintrl.mintrl.async_",
     "MInTRLConfig": "trl_mintrl.mintrl",
     "MInTRLTrainer": "trl_mintrl.mintrl",
     "MInTRLSORTConfig": "trl_mintrl.combined",
@@ -26,6 +28,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "AsyncMInTRLConfig",
+    "AsyncMInTRLTrainer",
     "MInTRLConfig",
     "MInTRLSORTConfig",
     "MInTRLSORTTrainer",
@@ -39,6 +43,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .combined import MInTRLSORTConfig, MInTRLSORTTrainer
     from .mintrl import MInTRLConfig, MInTRLTrainer
+    from .mintrl.async_ import AsyncMInTRLConfig, AsyncMInTRLTrainer
     from .sort import SORTConfig, SORTTrainer
     from .tiny import build_tiny_model
 

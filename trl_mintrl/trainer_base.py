@@ -4,9 +4,11 @@ TRL computes rewards and group advantages inside `_generate_and_score_completion
 it, the base opens one `GenerationBatch` record per generation batch before calling it: TRL's hooks fill it (the
 dataset rows, the rollout function's result, the rewards gathered across processes), the subclass's `_score_batch`
 reads it once TRL is done (to adjust the advantages and take the batch's decisions), and the record is then
-cleared, so no stage can read another batch's state or depend on the order of TRL's hooks. It also owns the extra
-training state a subclass saves with each checkpoint: one JSON file, written atomically, and refused on resume
-when it is missing or corrupt rather than silently reset.
+cleared, so no stage can read another batch's state or depend on the order of TRL's hooks.
+
+`ExtraStateMixin` (also used by the asynchronous MInTRL trainer) owns the extra training state a trainer saves with
+each checkpoint: one JSON file, written atomically, and refused on resume when it is missing or corrupt rather than
+silently reset.
 """
 
 from __future__ import annotations
@@ -49,12 +51,87 @@ class GenerationBatch:
         return rewards
 
 
-class GRPOTrainerBase(GRPOTrainer):
-    """Base of `MInTRLTrainer` and `SORTTrainer`. A subclass sets `extra_state_file` and implements
-    `_extra_state()` / `_load_extra_state(state)`; the base writes that state into every checkpoint folder and
-    restores it on resume."""
+class ExtraStateMixin:
+    """Training state beyond TRL's, in every checkpoint folder and back on resume, for a trainer on TRL's `Trainer`
+    (mix in before the TRL class). A trainer sets `extra_state_file` and implements `_extra_state()` /
+    `_load_extra_state(state)`: the state is written, atomically, before TRL's files, and a resume without a usable
+    one is refused rather than silently started afresh."""
 
     extra_state_file: str  # file name of the subclass's extra state inside a checkpoint folder
+
+    # keys of `_extra_state()` added after checkpoints were first written: a checkpoint without one still resumes
+    optional_extra_state_keys: frozenset[str] = frozenset()
+
+    def _extra_state(self) -> dict:
+        """The subclass's training state beyond TRL's (JSON-serialisable), saved with every checkpoint."""
+        raise NotImplementedError
+
+    def _load_extra_state(self, state: dict) -> None:
+        """Restore what `_extra_state()` returned; raise KeyError/TypeError/ValueError on a malformed state."""
+        raise NotImplementedError
+
+    def _extra_state_keys(self) -> set[str]:
+        """The keys a checkpoint's extra state must hold: those of `_extra_state()`, by default asked for now."""
+        return set(self._extra_state())
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """`resume_from_checkpoint=True` resumes from the last *complete* checkpoint, skipping (with a warning) a
+        newer folder a crash cut short; transformers would pick that one by number alone and fail. A checkpoint at
+        the end of the run resumes to nothing: transformers would train one step past `max_steps` and, with
+        `save_total_limit`, delete the very checkpoint it resumed from."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = resolve_resume_from_checkpoint(
+                True, self.args.output_dir, [self.extra_state_file]
+            )
+        if isinstance(resume_from_checkpoint, str):
+            finished = finished_run(resume_from_checkpoint, self.args.max_steps, self.args.num_train_epochs)
+            if finished:
+                return self._restore_finished_run(resume_from_checkpoint, finished)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _restore_finished_run(self, checkpoint: str, message: str) -> TrainOutput:
+        """The trainer as the finished run left it (weights, trainer state, extra state), without training a step.
+        DeepSpeed and FSDP load their weight shards inside the training loop only: there the model keeps its
+        current weights, and the finished ones stay in `checkpoint`."""
+        if self.accelerator.is_main_process:
+            logger.warning(message)
+        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            self._load_from_checkpoint(checkpoint)
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
+        self._load_extra_state_from(checkpoint)
+        losses = [entry["train_loss"] for entry in self.state.log_history if "train_loss" in entry]
+        return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
+
+    def _checkpoint_folder(self, trial) -> str:
+        """The folder TRL's `_save_checkpoint` writes for the current step."""
+        return os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+
+    def _save_checkpoint(self, model, trial):
+        # Written before TRL's files, so a folder that has TRL's `trainer_state.json` (written last) has ours too.
+        if self.args.should_save:
+            folder = self._checkpoint_folder(trial)
+            os.makedirs(folder, exist_ok=True)
+            write_json_atomically(os.path.join(folder, self.extra_state_file), self._extra_state())
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self._load_extra_state_from(checkpoint)
+
+    def _load_extra_state_from(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, self.extra_state_file)
+        state = read_extra_state(path, expected_keys=self._extra_state_keys() - self.optional_extra_state_keys)
+        try:
+            self._load_extra_state(state)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{_refusal(path)} It holds a malformed {type(self).__name__} state ({err}).") from err
+
+
+class GRPOTrainerBase(ExtraStateMixin, GRPOTrainer):
+    """Base of `MInTRLTrainer` and `SORTTrainer`. A subclass sets `extra_state_file` and implements
+    `_extra_state()` / `_load_extra_state(state)`; `ExtraStateMixin` writes that state into every checkpoint folder
+    and restores it on resume."""
 
     _batch: GenerationBatch | None = None  # the generation batch being generated and scored, None between batches
     _policy_engine: GenerationEngine | None = None
@@ -103,46 +180,6 @@ class GRPOTrainerBase(GRPOTrainer):
             self._policy_engine = engine_for_trainer(self)
         return self._policy_engine
 
-    # ----- extra state in checkpoints -----
-    # keys of `_extra_state()` added after checkpoints were first written: a checkpoint without one still resumes
-    optional_extra_state_keys: frozenset[str] = frozenset()
-
-    def _extra_state(self) -> dict:
-        """The subclass's training state beyond TRL's (JSON-serialisable), saved with every checkpoint."""
-        raise NotImplementedError
-
-    def _load_extra_state(self, state: dict) -> None:
-        """Restore what `_extra_state()` returned; raise KeyError/TypeError/ValueError on a malformed state."""
-        raise NotImplementedError
-
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`resume_from_checkpoint=True` resumes from the last *complete* checkpoint, skipping (with a warning) a
-        newer folder a crash cut short; transformers would pick that one by number alone and fail. A checkpoint at
-        the end of the run resumes to nothing: transformers would train one step past `max_steps` and, with
-        `save_total_limit`, delete the very checkpoint it resumed from."""
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = resolve_resume_from_checkpoint(
-                True, self.args.output_dir, [self.extra_state_file]
-            )
-        if isinstance(resume_from_checkpoint, str):
-            finished = finished_run(resume_from_checkpoint, self.args.max_steps, self.args.num_train_epochs)
-            if finished:
-                return self._restore_finished_run(resume_from_checkpoint, finished)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
-
-    def _restore_finished_run(self, checkpoint: str, message: str) -> TrainOutput:
-        """The trainer as the finished run left it (weights, trainer state, extra state), without training a step.
-        DeepSpeed and FSDP load their weight shards inside the training loop only: there the model keeps its
-        current weights, and the finished ones stay in `checkpoint`."""
-        if self.accelerator.is_main_process:
-            logger.warning(message)
-        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
-            self._load_from_checkpoint(checkpoint)
-        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
-        self._load_extra_state_from(checkpoint)
-        losses = [entry["train_loss"] for entry in self.state.log_history if "train_loss" in entry]
-        return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
-
     def _issue_warnings_after_load(self, load_result) -> None:
         """transformers warns `missing keys in the checkpoint model loaded: ['lm_head.weight']` for a model whose
         output layer is tied to its embeddings: the checkpoint stores the shared tensor once, under the embedding's
@@ -159,31 +196,6 @@ class GRPOTrainerBase(GRPOTrainer):
             return self.model.get_parameter(key) is self.model.get_parameter(source)
         except AttributeError:
             return False
-
-    def _checkpoint_folder(self, trial) -> str:
-        """The folder TRL's `_save_checkpoint` writes for the current step."""
-        return os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-
-    def _save_checkpoint(self, model, trial):
-        # Written before TRL's files, so a folder that has TRL's `trainer_state.json` (written last) has ours too.
-        if self.args.should_save:
-            folder = self._checkpoint_folder(trial)
-            os.makedirs(folder, exist_ok=True)
-            write_json_atomically(os.path.join(folder, self.extra_state_file), self._extra_state())
-        super()._save_checkpoint(model, trial)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
-            self._load_extra_state_from(checkpoint)
-
-    def _load_extra_state_from(self, checkpoint: str) -> None:
-        path = os.path.join(checkpoint, self.extra_state_file)
-        state = read_extra_state(path, expected_keys=set(self._extra_state()) - self.optional_extra_state_keys)
-        try:
-            self._load_extra_state(state)
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{_refusal(path)} It holds a malformed {type(self).__name__} state ({err}).") from err
 
 
 def write_json_atomically(path: str, obj) -> None:

@@ -107,6 +107,35 @@ def _with_temperature(defaults: dict[str, Any], temperature: float | None) -> di
     return kwargs
 
 
+def server_prefix_cache_counters(session, base_url: str) -> tuple[float, float] | None:
+    """(prefix-cache hits, queries) in tokens from a `vllm serve` server's Prometheus counters, summed over its
+    engines; None if it does not report them. `session`: anything with `requests`' `get`."""
+    try:
+        response = session.get(f"{base_url}/metrics", timeout=10)
+        response.raise_for_status()
+    except Exception:
+        return None
+    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
+    seen = set()
+    for line in response.text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+            seen.add(name)
+    if len(seen) < len(totals):
+        return None
+    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+
+
+def hit_rate_between(before: tuple[float, float], after: tuple[float, float] | None) -> float | None:
+    """Share of the prefix-cache queries between two `server_prefix_cache_counters` readings that hit (0 when none
+    were made); None when the later reading failed."""
+    if after is None:
+        return None
+    hits, queries = (a - b for a, b in zip(after, before, strict=True))
+    return hits / queries if queries > 0 else 0.0
+
+
 class VLLMEngine(GenerationEngine):
     """Batched token-in/token-out generation with a `vllm.LLM`.
 
@@ -471,22 +500,8 @@ class VLLMServerEngine(GenerationEngine):
     # prefix-cache statistics, from the server's Prometheus counters
 
     def _cache_counters(self) -> tuple[float, float] | None:
-        """(prefix-cache hits, queries) in tokens, summed over the server's engines; None if it does not report them."""
-        try:
-            response = self.client.session.get(f"{self.client.base_url}/metrics", timeout=10)
-            response.raise_for_status()
-        except Exception:
-            return None
-        totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
-        seen = set()
-        for line in response.text.splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in totals:
-                totals[name] += float(line.rsplit(" ", 1)[1])
-                seen.add(name)
-        if len(seen) < len(totals):
-            return None
-        return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+        session = getattr(self.client, "session", None)  # a client without an HTTP session reports no counters
+        return None if session is None else server_prefix_cache_counters(session, self.client.base_url)
 
     def reset_cache_stats(self) -> None:
         if self._is_main:
@@ -497,8 +512,5 @@ class VLLMServerEngine(GenerationEngine):
         counted), the same value on every process; None when the server exposes no prefix-cache counters."""
         rate = None
         if self._is_main and self._cache_counters_at_reset is not None:
-            now = self._cache_counters()
-            if now is not None:
-                hits, queries = (a - b for a, b in zip(now, self._cache_counters_at_reset, strict=True))
-                rate = hits / queries if queries > 0 else 0.0
+            rate = hit_rate_between(self._cache_counters_at_reset, self._cache_counters())
         return _broadcast_from_rank0(rate)

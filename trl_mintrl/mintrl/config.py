@@ -1,8 +1,10 @@
-"""`MInTRLConfig`: GRPOConfig plus the intervention, judge and regression settings of MInTRL (SPEC 2)."""
+"""`MInTRLConfig`: GRPOConfig plus the intervention, judge and regression settings of MInTRL (SPEC 2). Those
+settings and their checks are `MInTRLFields`, which `AsyncMInTRLConfig` mixes into TRL's `AsyncGRPOConfig` too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 from trl import GRPOConfig
 
@@ -82,7 +84,362 @@ REFUSED_GRPO_FIELDS: dict[str, tuple[str, str]] = {
 
 
 @dataclass
-class MInTRLConfig(GRPOConfig):
+class MInTRLFields:
+    """MInTRL's own fields and checks (documented in `MInTRLConfig`), mixed in before a TRL config: its fields follow
+    the TRL config's, and its `__post_init__` checks them, then runs the TRL config's. Each config names in
+    `refused_fields` the fields of its TRL config that MInTRL cannot honour."""
+
+    # TRL config fields refused at any value but the config's default: field -> (why, what to do instead)
+    refused_fields: ClassVar[dict[str, tuple[str, str]]] = {}
+
+    # group composition
+    num_generations: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rollouts per prompt (None: GRPOConfig's 8, or the sum of the two split fields when both are "
+            "given). Split half controls, half intervened; an odd number gives the extra one to the controls."
+        },
+    )
+    num_control_generations: int | None = field(
+        default=None,
+        metadata={
+            "help": "On-policy control rollouts per prompt; their mean reward is the baseline V(x). None: derived "
+            "from num_generations."
+        },
+    )
+    num_intervened_generations: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rollouts per prompt that the judge reviews and corrects during the intervention phase. None: "
+            "derived from num_generations."
+        },
+    )
+    # rollout loop
+    chunk_size: int = field(
+        default=512, metadata={"help": "Policy tokens generated between two reviews (paper: 512 math, 128 code)."}
+    )
+    max_reviews: int = field(
+        default=4, metadata={"help": "Reviews per intervened rollout; afterwards the rest is generated unreviewed."}
+    )
+    max_correction_tokens: int = field(default=64, metadata={"help": "Cap on a judge correction, in policy tokens."})
+    intervention_steps: int = field(
+        default=200,
+        metadata={
+            "help": "Optimizer steps with interventions (paper: 200 of 500); afterwards every rollout is an "
+            "on-policy control. 0 never intervenes."
+        },
+    )
+    intervention_stop_gap: float | None = field(
+        default=None,
+        metadata={
+            "help": "Adaptive switch-off (the paper's suggested improvement): stop intervening for good once the "
+            "moving average of reward_intervened - reward_control falls below this value, i.e. once corrections "
+            "no longer help. None keeps the fixed `intervention_steps` schedule only."
+        },
+    )
+    intervention_gap_ema: float = field(
+        default=0.9, metadata={"help": "Smoothing of the reward-gap moving average used by intervention_stop_gap."}
+    )
+    judge_token_target: float | None = field(
+        default=None,
+        metadata={
+            "help": "Intervention budget controller: hold the share of judge tokens among completion tokens near this "
+            "value (e.g. 0.03) by reviewing only a share of the intervened slots each step (the others run as "
+            "controls). None: every intervened slot is reviewed."
+        },
+    )
+    # voting judges
+    judge_votes: int = field(
+        default=1,
+        metadata={
+            "help": "Reviews per chunk, requested in the same judge call and sampled at judge_temperature (> 0 for a "
+            "model judge)."
+        },
+    )
+    judge_min_agree: int = field(
+        default=1,
+        metadata={
+            "help": "Revise only when at least this many of the judge_votes reviews flag a step at or before step i; "
+            "the cut is at the smallest such i. Failed reviews abstain."
+        },
+    )
+    # loss
+    anchor: str = field(
+        default="const",
+        metadata={
+            "help": "Anchor a_t of judge tokens in the regression: 'const' uses `kappa`, 'proxy' the old policy's "
+            "log-prob. Policy tokens are always anchored by the old log-prob.",
+            "choices": list(ANCHORS),
+        },
+    )
+    kappa: float = field(
+        default=-0.2,
+        metadata={
+            "help": "Constant anchor for judge tokens with anchor='const' (paper: -0.2 math, -0.1 code). A "
+            "log-probability: at most 0."
+        },
+    )
+    regression_beta: float = field(
+        default=1e-3, metadata={"help": "Scale of the summed log-ratio in the advantage regression (paper's beta2)."}
+    )
+    # judge
+    judge: str = field(
+        default="self",
+        metadata={
+            "help": "Judge backend: 'self' (the current policy with the reference solution as privileged context), "
+            "'base' (the initial weights with the same context, as in the paper's self-intervention ablation: the "
+            "policy with its PEFT adapter disabled, or else a frozen copy loaded from the policy's path), 'model' "
+            "(a second model from `judge_model_name_or_path`), 'endpoint' (OpenAI-compatible server at "
+            "`judge_base_url`). Ignored when a judge object is passed to the trainer.",
+            "choices": list(JUDGE_BACKENDS),
+        },
+    )
+    judge_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Judge model (local path or Hub id) for judge='model'."}
+    )
+    judge_chat_template_kwargs: dict | str | None = field(
+        default_factory=lambda: dict(NO_THINKING),
+        metadata={
+            "help": "Chat-template arguments for the judge's prompts (judge='self', 'base', 'model', on either "
+            "engine). The default turns thinking off: a thinking template (Qwen3) otherwise spends the review "
+            "budget inside <think>, the review is cut off and counted as a failure, and the judge never intervenes. "
+            "Templates that do not use a variable ignore it; {} renders the template's defaults. The endpoint judge "
+            "renders on its server and does not use this field."
+        },
+    )
+    judge_vllm_gpu_memory_utilization: float | None = field(
+        default=None,
+        metadata={
+            "help": "With judge='model' (or 'base' without PEFT) and use_vllm: run the judge in a second colocated "
+            "vLLM engine with this share of GPU memory (lower the policy's vllm_gpu_memory_utilization to fit both). "
+            "None generates the judge with transformers."
+        },
+    )
+    judge_base_url: str | None = field(
+        default=None,
+        metadata={"help": "OpenAI-compatible base URL for judge='endpoint', e.g. http://127.0.0.1:8000/v1."},
+    )
+    judge_model: str | None = field(default=None, metadata={"help": "Model name sent to the endpoint judge."})
+    judge_api_key_env: str = field(
+        default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the endpoint judge's API key."}
+    )
+    judge_timeout_s: float = field(default=60.0, metadata={"help": "Timeout of one endpoint judge request."})
+    judge_max_retries: int = field(default=3, metadata={"help": "Retries of a failed endpoint judge request."})
+    judge_max_concurrency: int = field(default=16, metadata={"help": "Concurrent endpoint judge requests."})
+    judge_temperature: float = field(default=0.0, metadata={"help": "Judge sampling temperature (0: greedy)."})
+    judge_max_review_tokens: int = field(
+        default=256,
+        metadata={
+            "help": "Token budget of a judge review answer (reasoning + verdict line). A review cut by it fails."
+        },
+    )
+    judge_review_template: str = field(
+        default="math",
+        metadata={"help": "Review prompt: a preset name ('math', 'code') or a template string with named fields."},
+    )
+    judge_correction_template: str = field(
+        default="math",
+        metadata={"help": "Correction prompt: a preset name ('math', 'code') or a template string."},
+    )
+    judge_check_endpoint: bool = field(
+        default=True,
+        metadata={
+            "help": "judge='endpoint': before the model loads, check that judge_base_url answers and serves "
+            "judge_model (GET /models, when the server lists its models), and stop with an error naming the field to "
+            "fix. Set False when the server comes up after training starts; judge_outage_policy still watches it."
+        },
+    )
+    judge_outage_policy: str = field(
+        default="stop",
+        metadata={
+            "help": "When no judge request gets an answer (connection refused, timeout, HTTP error) for "
+            "judge_outage_steps training steps in a row: 'stop' saves a checkpoint and stops training with an error "
+            "(resume once the judge is back); 'continue' trains on as GRPO with a control baseline and warns every "
+            "judge_outage_steps such steps.",
+            "choices": list(JUDGE_OUTAGE_POLICIES),
+        },
+    )
+    judge_outage_steps: int = field(
+        default=3,
+        metadata={
+            "help": "Consecutive training steps without one answered judge request after which judge_outage_policy "
+            "acts."
+        },
+    )
+    reference_column: str = field(
+        default="solution",
+        metadata={
+            "help": "Dataset column with the reference solution shown to the judge (required for judge='self')."
+        },
+    )
+    # absorption warning
+    absorption_window: int = field(
+        default=12,
+        metadata={
+            "help": "Intervention steps over which the trend of mintrl/judge_token_nll is fitted; once per run the "
+            "trainer warns when the trend ends above absorption_max_nll and fell by less than absorption_min_fall."
+        },
+    )
+    absorption_max_nll: float = field(
+        default=1.0,
+        metadata={"help": "Judge-token NLL (nats per token) at or below which corrections count as absorbed."},
+    )
+    absorption_min_fall: float = field(
+        default=0.5,
+        metadata={
+            "help": "Relative fall of the judge-token NLL over absorption_window (0.5: halved) at or above which a "
+            "still-high NLL counts as being absorbed."
+        },
+    )
+    # rollout schedule
+    rollout_schedule: str = field(
+        default="auto",
+        metadata={
+            "help": "How intervention rollouts advance. 'continuous': each trajectory goes generate -> review -> "
+            "correct at its own pace, its chunks joining the policy engine's running batch and the judge answering "
+            "while the policy generates for the others (needs an engine with continuous batching: single-process "
+            "colocated vLLM). 'barrier': lock-step rounds, one policy call, one review call and one correction call "
+            "for all unfinished trajectories (every engine; vLLM server mode and tensor parallelism need it, since "
+            "each call there is a collective). 'auto': continuous where the engine supports it. Both give the same "
+            "trajectories for a greedy policy and a deterministic judge; see docs/mintrl.md."
+        },
+    )
+    speculative_chunks: bool = field(
+        default=True,
+        metadata={
+            "help": "Continuous schedule only: while a chunk is under review, generate the next chunk from its end; "
+            "used when the judge keeps the chunk (the review's latency hidden), aborted when it revises (its tokens "
+            "wasted). Same trajectories for a greedy policy and a deterministic judge."
+        },
+    )
+
+    def __post_init__(self):
+        self._split_group()
+        self._refuse_unused_fields()
+        if self.anchor not in ANCHORS:
+            raise ValueError(f"anchor={self.anchor!r} is not one of {ANCHORS}.")
+        if self.judge not in JUDGE_BACKENDS:
+            raise ValueError(f"judge={self.judge!r} is not one of {JUDGE_BACKENDS}.")
+        if self.kappa > 0:
+            raise ValueError(
+                f"kappa={self.kappa}: kappa is the log-probability the judge tokens are anchored at "
+                "(anchor='const'), and a log-probability cannot be above 0. Use a value <= 0 (paper: -0.2 math, "
+                "-0.1 code)."
+            )
+        if self.judge_outage_policy not in JUDGE_OUTAGE_POLICIES:
+            raise ValueError(
+                f"judge_outage_policy={self.judge_outage_policy!r} is not one of {JUDGE_OUTAGE_POLICIES}."
+            )
+        self.judge_chat_template_kwargs = chat_template_kwargs_field(
+            "judge_chat_template_kwargs", self.judge_chat_template_kwargs
+        )
+        if self.judge == "model" and not self.judge_model_name_or_path:
+            raise ValueError("judge='model' needs judge_model_name_or_path (a local path or Hub id of the judge).")
+        if self.judge == "endpoint" and not (self.judge_base_url and self.judge_model):
+            raise ValueError("judge='endpoint' needs judge_base_url (e.g. http://127.0.0.1:8000/v1) and judge_model.")
+        for name in (
+            "chunk_size",
+            "max_correction_tokens",
+            "judge_max_review_tokens",
+            "judge_max_concurrency",
+            "judge_outage_steps",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("max_reviews", "intervention_steps", "judge_max_retries"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        resolve_template(self.judge_review_template, "review")  # errors name the field
+        resolve_template(self.judge_correction_template, "correction")
+        if not 0.0 <= self.intervention_gap_ema < 1.0:
+            raise ValueError(f"intervention_gap_ema must be in [0, 1), got {self.intervention_gap_ema}.")
+        target = self.judge_token_target
+        if target is not None and not 0.0 < target < 1.0:
+            raise ValueError(
+                f"judge_token_target must be in (0, 1) (a share of completion tokens, e.g. 0.03) or None, got {target}."
+            )
+        if self.judge_votes < 1:
+            raise ValueError(f"judge_votes must be >= 1 (reviews per chunk), got {self.judge_votes}.")
+        if not 1 <= self.judge_min_agree <= self.judge_votes:
+            raise ValueError(
+                f"judge_min_agree={self.judge_min_agree} must be between 1 and judge_votes={self.judge_votes}: a "
+                "revision needs that many of the chunk's reviews to agree."
+            )
+        share = self.judge_vllm_gpu_memory_utilization
+        if share is not None and not 0.0 < share < 1.0:
+            raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")
+        if self.rollout_schedule not in ROLLOUT_SCHEDULES:
+            raise ValueError(f"rollout_schedule={self.rollout_schedule!r} is not one of {ROLLOUT_SCHEDULES}.")
+        if self.regression_beta <= 0:
+            raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
+        if self.absorption_window < 2:
+            raise ValueError(
+                f"absorption_window must be >= 2 (a trend needs two steps), got {self.absorption_window}."
+            )
+        if self.absorption_max_nll <= 0:
+            raise ValueError(f"absorption_max_nll must be > 0 (nats per judge token), got {self.absorption_max_nll}.")
+        if not 0.0 < self.absorption_min_fall < 1.0:
+            raise ValueError(
+                f"absorption_min_fall must be in (0, 1) (a relative fall, 0.5: halved), got {self.absorption_min_fall}."
+            )
+        super().__post_init__()
+
+    def _split_group(self) -> None:
+        """Resolve `num_generations` and its split into controls and intervened rollouts (see the docstring)."""
+        total = self.num_generations
+        controls, intervened = self.num_control_generations, self.num_intervened_generations
+        if controls is not None and intervened is not None:
+            if total is not None and total != controls + intervened:
+                raise ValueError(
+                    f"num_generations={total} conflicts with num_control_generations={controls} + "
+                    f"num_intervened_generations={intervened} = {controls + intervened}. Set num_generations alone "
+                    "(split half and half), or the two split fields (num_generations is their sum)."
+                )
+            total = controls + intervened
+        else:
+            if total is None:
+                total = GRPOConfig.__dataclass_fields__["num_generations"].default
+            if controls is None and intervened is None:
+                controls = (total + 1) // 2  # the extra rollout of an odd group goes to the baseline
+            if controls is None:
+                controls = total - intervened
+            intervened = total - controls
+        if total < 2:
+            raise ValueError(
+                f"num_generations={total}: MInTRL needs at least 2 rollouts per prompt (one control for the "
+                "baseline, and, as in GRPO, a second rollout to compare it with). Set num_generations >= 2, e.g. 2 "
+                "for 1 control + 1 intervened (or num_control_generations and num_intervened_generations)."
+            )
+        if controls < 1:
+            raise ValueError(
+                f"num_control_generations={controls} (num_generations={total}, num_intervened_generations="
+                f"{intervened}): the control rollouts' mean reward is the baseline, so at least 1 is needed. Lower "
+                "num_intervened_generations or raise num_generations."
+            )
+        if intervened < 0:
+            raise ValueError(
+                f"num_intervened_generations={intervened}: num_control_generations={controls} exceeds "
+                f"num_generations={total}. Raise num_generations, or set num_intervened_generations too."
+            )
+        self.num_generations = total
+        self.num_control_generations, self.num_intervened_generations = controls, intervened
+
+    def _refuse_unused_fields(self) -> None:
+        """A `refused_fields` field set to anything but this config's default would be silently ignored."""
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, (why, instead) in self.refused_fields.items():
+            value = getattr(self, name)
+            if name == "scale_rewards":  # GRPOConfig also takes booleans: True is "group", False "none"
+                value = {True: "group", False: "none"}.get(value, value)
+            if value != defaults[name]:
+                raise ValueError(
+                    f"{name}={value!r} is refused by MInTRL: {why}. Leave {name} at its default "
+                    f"({defaults[name]!r}); {instead}."
+                )
+
+
+@dataclass
+class MInTRLConfig(MInTRLFields, GRPOConfig):
     r"""
     Configuration class for the [`MInTRLTrainer`] (Minimal-Intervention RL).
 
@@ -242,96 +599,9 @@ class MInTRLConfig(GRPOConfig):
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["judge_chat_template_kwargs"]
 
-    # group composition
-    num_generations: int | None = field(
-        default=None,
-        metadata={
-            "help": "Rollouts per prompt (None: GRPOConfig's 8, or the sum of the two split fields when both are "
-            "given). Split half controls, half intervened; an odd number gives the extra one to the controls."
-        },
-    )
-    num_control_generations: int | None = field(
-        default=None,
-        metadata={
-            "help": "On-policy control rollouts per prompt; their mean reward is the baseline V(x). None: derived "
-            "from num_generations."
-        },
-    )
-    num_intervened_generations: int | None = field(
-        default=None,
-        metadata={
-            "help": "Rollouts per prompt that the judge reviews and corrects during the intervention phase. None: "
-            "derived from num_generations."
-        },
-    )
-    # rollout loop
-    chunk_size: int = field(
-        default=512, metadata={"help": "Policy tokens generated between two reviews (paper: 512 math, 128 code)."}
-    )
-    max_reviews: int = field(
-        default=4, metadata={"help": "Reviews per intervened rollout; afterwards the rest is generated unreviewed."}
-    )
-    max_correction_tokens: int = field(default=64, metadata={"help": "Cap on a judge correction, in policy tokens."})
-    intervention_steps: int = field(
-        default=200,
-        metadata={
-            "help": "Optimizer steps with interventions (paper: 200 of 500); afterwards every rollout is an "
-            "on-policy control. 0 never intervenes."
-        },
-    )
-    intervention_stop_gap: float | None = field(
-        default=None,
-        metadata={
-            "help": "Adaptive switch-off (the paper's suggested improvement): stop intervening for good once the "
-            "moving average of reward_intervened - reward_control falls below this value, i.e. once corrections "
-            "no longer help. None keeps the fixed `intervention_steps` schedule only."
-        },
-    )
-    intervention_gap_ema: float = field(
-        default=0.9, metadata={"help": "Smoothing of the reward-gap moving average used by intervention_stop_gap."}
-    )
-    judge_token_target: float | None = field(
-        default=None,
-        metadata={
-            "help": "Intervention budget controller: hold the share of judge tokens among completion tokens near this "
-            "value (e.g. 0.03) by reviewing only a share of the intervened slots each step (the others run as "
-            "controls). None: every intervened slot is reviewed."
-        },
-    )
-    # voting judges
-    judge_votes: int = field(
-        default=1,
-        metadata={
-            "help": "Reviews per chunk, requested in the same judge call and sampled at judge_temperature (> 0 for a "
-            "model judge)."
-        },
-    )
-    judge_min_agree: int = field(
-        default=1,
-        metadata={
-            "help": "Revise only when at least this many of the judge_votes reviews flag a step at or before step i; "
-            "the cut is at the smallest such i. Failed reviews abstain."
-        },
-    )
-    # loss
-    anchor: str = field(
-        default="const",
-        metadata={
-            "help": "Anchor a_t of judge tokens in the regression: 'const' uses `kappa`, 'proxy' the old policy's "
-            "log-prob. Policy tokens are always anchored by the old log-prob.",
-            "choices": list(ANCHORS),
-        },
-    )
-    kappa: float = field(
-        default=-0.2,
-        metadata={
-            "help": "Constant anchor for judge tokens with anchor='const' (paper: -0.2 math, -0.1 code). A "
-            "log-probability: at most 0."
-        },
-    )
-    regression_beta: float = field(
-        default=1e-3, metadata={"help": "Scale of the summed log-ratio in the advantage regression (paper's beta2)."}
-    )
+    refused_fields = REFUSED_GRPO_FIELDS
+
+    # GRPOConfig fields with MInTRL's defaults
     beta: float = field(
         default=0.0, metadata={"help": "KL coefficient of GRPO. MInTRL's regression has no KL term: keep 0."}
     )
@@ -339,257 +609,3 @@ class MInTRLConfig(GRPOConfig):
         default=False,
         metadata={"help": "MInTRL uses no importance sampling: the regression target holds for any trajectory."},
     )
-    # judge
-    judge: str = field(
-        default="self",
-        metadata={
-            "help": "Judge backend: 'self' (the current policy with the reference solution as privileged context), "
-            "'base' (the initial weights with the same context, as in the paper's self-intervention ablation: the "
-            "policy with its PEFT adapter disabled, or else a frozen copy loaded from the policy's path), 'model' "
-            "(a second model from `judge_model_name_or_path`), 'endpoint' (OpenAI-compatible server at "
-            "`judge_base_url`). Ignored when a judge object is passed to the trainer.",
-            "choices": list(JUDGE_BACKENDS),
-        },
-    )
-    judge_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Judge model (local path or Hub id) for judge='model'."}
-    )
-    judge_chat_template_kwargs: dict | str | None = field(
-        default_factory=lambda: dict(NO_THINKING),
-        metadata={
-            "help": "Chat-template arguments for the judge's prompts (judge='self', 'base', 'model', on either "
-            "engine). The default turns thinking off: a thinking template (Qwen3) otherwise spends the review "
-            "budget inside <think>, the review is cut off and counted as a failure, and the judge never intervenes. "
-            "Templates that do not use a variable ignore it; {} renders the template's defaults. The endpoint judge "
-            "renders on its server and does not use this field."
-        },
-    )
-    judge_vllm_gpu_memory_utilization: float | None = field(
-        default=None,
-        metadata={
-            "help": "With judge='model' (or 'base' without PEFT) and use_vllm: run the judge in a second colocated "
-            "vLLM engine with this share of GPU memory (lower the policy's vllm_gpu_memory_utilization to fit both). "
-            "None generates the judge with transformers."
-        },
-    )
-    judge_base_url: str | None = field(
-        default=None,
-        metadata={"help": "OpenAI-compatible base URL for judge='endpoint', e.g. http://127.0.0.1:8000/v1."},
-    )
-    judge_model: str | None = field(default=None, metadata={"help": "Model name sent to the endpoint judge."})
-    judge_api_key_env: str = field(
-        default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the endpoint judge's API key."}
-    )
-    judge_timeout_s: float = field(default=60.0, metadata={"help": "Timeout of one endpoint judge request."})
-    judge_max_retries: int = field(default=3, metadata={"help": "Retries of a failed endpoint judge request."})
-    judge_max_concurrency: int = field(default=16, metadata={"help": "Concurrent endpoint judge requests."})
-    judge_temperature: float = field(default=0.0, metadata={"help": "Judge sampling temperature (0: greedy)."})
-    judge_max_review_tokens: int = field(
-        default=256,
-        metadata={
-            "help": "Token budget of a judge review answer (reasoning + verdict line). A review cut by it fails."
-        },
-    )
-    judge_review_template: str = field(
-        default="math",
-        metadata={"help": "Review prompt: a preset name ('math', 'code') or a template string with named fields."},
-    )
-    judge_correction_template: str = field(
-        default="math",
-        metadata={"help": "Correction prompt: a preset name ('math', 'code') or a template string."},
-    )
-    judge_check_endpoint: bool = field(
-        default=True,
-        metadata={
-            "help": "judge='endpoint': before the model loads, check that judge_base_url answers and serves "
-            "judge_model (GET /models, when the server lists its models), and stop with an error naming the field to "
-            "fix. Set False when the server comes up after training starts; judge_outage_policy still watches it."
-        },
-    )
-    judge_outage_policy: str = field(
-        default="stop",
-        metadata={
-            "help": "When no judge request gets an answer (connection refused, timeout, HTTP error) for "
-            "judge_outage_steps training steps in a row: 'stop' saves a checkpoint and stops training with an error "
-            "(resume once the judge is back); 'continue' trains on as GRPO with a control baseline and warns every "
-            "judge_outage_steps such steps.",
-            "choices": list(JUDGE_OUTAGE_POLICIES),
-        },
-    )
-    judge_outage_steps: int = field(
-        default=3,
-        metadata={
-            "help": "Consecutive training steps without one answered judge request after which judge_outage_policy "
-            "acts."
-        },
-    )
-    reference_column: str = field(
-        default="solution",
-        metadata={
-            "help": "Dataset column with the reference solution shown to the judge (required for judge='self')."
-        },
-    )
-    # absorption warning
-    absorption_window: int = field(
-        default=12,
-        metadata={
-            "help": "Intervention steps over which the trend of mintrl/judge_token_nll is fitted; once per run the "
-            "trainer warns when the trend ends above absorption_max_nll and fell by less than absorption_min_fall."
-        },
-    )
-    absorption_max_nll: float = field(
-        default=1.0,
-        metadata={"help": "Judge-token NLL (nats per token) at or below which corrections count as absorbed."},
-    )
-    absorption_min_fall: float = field(
-        default=0.5,
-        metadata={
-            "help": "Relative fall of the judge-token NLL over absorption_window (0.5: halved) at or above which a "
-            "still-high NLL counts as being absorbed."
-        },
-    )
-    # rollout schedule
-    rollout_schedule: str = field(
-        default="auto",
-        metadata={
-            "help": "How intervention rollouts advance. 'continuous': each trajectory goes generate -> review -> "
-            "correct at its own pace, its chunks joining the policy engine's running batch and the judge answering "
-            "while the policy generates for the others (needs an engine with continuous batching: single-process "
-            "colocated vLLM). 'barrier': lock-step rounds, one policy call, one review call and one correction call "
-            "for all unfinished trajectories (every engine; vLLM server mode and tensor parallelism need it, since "
-            "each call there is a collective). 'auto': continuous where the engine supports it. Both give the same "
-            "trajectories for a greedy policy and a deterministic judge; see docs/mintrl.md."
-        },
-    )
-    speculative_chunks: bool = field(
-        default=True,
-        metadata={
-            "help": "Continuous schedule only: while a chunk is under review, generate the next chunk from its end; "
-            "used when the judge keeps the chunk (the review's latency hidden), aborted when it revises (its tokens "
-            "wasted). Same trajectories for a greedy policy and a deterministic judge."
-        },
-    )
-
-    def __post_init__(self):
-        self._split_group()
-        self._refuse_unused_grpo_fields()
-        if self.anchor not in ANCHORS:
-            raise ValueError(f"anchor={self.anchor!r} is not one of {ANCHORS}.")
-        if self.judge not in JUDGE_BACKENDS:
-            raise ValueError(f"judge={self.judge!r} is not one of {JUDGE_BACKENDS}.")
-        if self.kappa > 0:
-            raise ValueError(
-                f"kappa={self.kappa}: kappa is the log-probability the judge tokens are anchored at "
-                "(anchor='const'), and a log-probability cannot be above 0. Use a value <= 0 (paper: -0.2 math, "
-                "-0.1 code)."
-            )
-        if self.judge_outage_policy not in JUDGE_OUTAGE_POLICIES:
-            raise ValueError(
-                f"judge_outage_policy={self.judge_outage_policy!r} is not one of {JUDGE_OUTAGE_POLICIES}."
-            )
-        self.judge_chat_template_kwargs = chat_template_kwargs_field(
-            "judge_chat_template_kwargs", self.judge_chat_template_kwargs
-        )
-        if self.judge == "model" and not self.judge_model_name_or_path:
-            raise ValueError("judge='model' needs judge_model_name_or_path (a local path or Hub id of the judge).")
-        if self.judge == "endpoint" and not (self.judge_base_url and self.judge_model):
-            raise ValueError("judge='endpoint' needs judge_base_url (e.g. http://127.0.0.1:8000/v1) and judge_model.")
-        for name in (
-            "chunk_size",
-            "max_correction_tokens",
-            "judge_max_review_tokens",
-            "judge_max_concurrency",
-            "judge_outage_steps",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        for name in ("max_reviews", "intervention_steps", "judge_max_retries"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
-        resolve_template(self.judge_review_template, "review")  # errors name the field
-        resolve_template(self.judge_correction_template, "correction")
-        if not 0.0 <= self.intervention_gap_ema < 1.0:
-            raise ValueError(f"intervention_gap_ema must be in [0, 1), got {self.intervention_gap_ema}.")
-        target = self.judge_token_target
-        if target is not None and not 0.0 < target < 1.0:
-            raise ValueError(
-                f"judge_token_target must be in (0, 1) (a share of completion tokens, e.g. 0.03) or None, got {target}."
-            )
-        if self.judge_votes < 1:
-            raise ValueError(f"judge_votes must be >= 1 (reviews per chunk), got {self.judge_votes}.")
-        if not 1 <= self.judge_min_agree <= self.judge_votes:
-            raise ValueError(
-                f"judge_min_agree={self.judge_min_agree} must be between 1 and judge_votes={self.judge_votes}: a "
-                "revision needs that many of the chunk's reviews to agree."
-            )
-        share = self.judge_vllm_gpu_memory_utilization
-        if share is not None and not 0.0 < share < 1.0:
-            raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")
-        if self.rollout_schedule not in ROLLOUT_SCHEDULES:
-            raise ValueError(f"rollout_schedule={self.rollout_schedule!r} is not one of {ROLLOUT_SCHEDULES}.")
-        if self.regression_beta <= 0:
-            raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
-        if self.absorption_window < 2:
-            raise ValueError(
-                f"absorption_window must be >= 2 (a trend needs two steps), got {self.absorption_window}."
-            )
-        if self.absorption_max_nll <= 0:
-            raise ValueError(f"absorption_max_nll must be > 0 (nats per judge token), got {self.absorption_max_nll}.")
-        if not 0.0 < self.absorption_min_fall < 1.0:
-            raise ValueError(
-                f"absorption_min_fall must be in (0, 1) (a relative fall, 0.5: halved), got {self.absorption_min_fall}."
-            )
-        super().__post_init__()
-
-    def _split_group(self) -> None:
-        """Resolve `num_generations` and its split into controls and intervened rollouts (see the docstring)."""
-        total = self.num_generations
-        controls, intervened = self.num_control_generations, self.num_intervened_generations
-        if controls is not None and intervened is not None:
-            if total is not None and total != controls + intervened:
-                raise ValueError(
-                    f"num_generations={total} conflicts with num_control_generations={controls} + "
-                    f"num_intervened_generations={intervened} = {controls + intervened}. Set num_generations alone "
-                    "(split half and half), or the two split fields (num_generations is their sum)."
-                )
-            total = controls + intervened
-        else:
-            if total is None:
-                total = GRPOConfig.__dataclass_fields__["num_generations"].default
-            if controls is None and intervened is None:
-                controls = (total + 1) // 2  # the extra rollout of an odd group goes to the baseline
-            if controls is None:
-                controls = total - intervened
-            intervened = total - controls
-        if total < 2:
-            raise ValueError(
-                f"num_generations={total}: MInTRL needs at least 2 rollouts per prompt (one control for the "
-                "baseline, and, as in GRPO, a second rollout to compare it with). Set num_generations >= 2, e.g. 2 "
-                "for 1 control + 1 intervened (or num_control_generations and num_intervened_generations)."
-            )
-        if controls < 1:
-            raise ValueError(
-                f"num_control_generations={controls} (num_generations={total}, num_intervened_generations="
-                f"{intervened}): the control rollouts' mean reward is the baseline, so at least 1 is needed. Lower "
-                "num_intervened_generations or raise num_generations."
-            )
-        if intervened < 0:
-            raise ValueError(
-                f"num_intervened_generations={intervened}: num_control_generations={controls} exceeds "
-                f"num_generations={total}. Raise num_generations, or set num_intervened_generations too."
-            )
-        self.num_generations = total
-        self.num_control_generations, self.num_intervened_generations = controls, intervened
-
-    def _refuse_unused_grpo_fields(self) -> None:
-        """A `REFUSED_GRPO_FIELDS` field set to anything but this config's default would be silently ignored."""
-        defaults = {f.name: f.default for f in fields(self)}
-        for name, (why, instead) in REFUSED_GRPO_FIELDS.items():
-            value = getattr(self, name)
-            if name == "scale_rewards":  # GRPOConfig also takes booleans: True is "group", False "none"
-                value = {True: "group", False: "none"}.get(value, value)
-            if value != defaults[name]:
-                raise ValueError(
-                    f"{name}={value!r} is refused by MInTRL: {why}. Leave {name} at its default "
-                    f"({defaults[name]!r}); {instead}."
-                )

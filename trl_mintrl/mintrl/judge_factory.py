@@ -29,7 +29,8 @@ def check_judge_backend(args: MInTRLConfig, model, peft_config) -> None:
     if args.judge == "endpoint" and args.intervention_steps and args.num_intervened_generations:
         require_openai()  # the endpoint judge's HTTP client is an extra
     check_judge_endpoint(args)
-    if args.judge == "base" and args.use_vllm and (peft_config is not None or _is_peft_model(model)):
+    use_vllm = getattr(args, "use_vllm", False)  # AsyncMInTRLConfig has none: its policy is on a vLLM server
+    if args.judge == "base" and use_vllm and (peft_config is not None or _is_peft_model(model)):
         raise ValueError(
             "judge='base' with a PEFT adapter is not supported with use_vllm=True: the colocated vLLM engine holds "
             "the adapter merged into the weights, so it cannot generate with the adapter disabled (vLLM LoRA is not "
@@ -130,7 +131,7 @@ def build_judge(args: MInTRLConfig, trainer) -> Judge | None:
         engine = AdapterDisabledEngine(trainer.policy_engine, trainer.model)
         return GeneratingJudge(engine, trainer.processing_class, **common)
     path = policy_model_path(trainer) if args.judge == "base" else args.judge_model_name_or_path
-    if args.use_vllm and args.judge_vllm_gpu_memory_utilization is not None:
+    if getattr(args, "use_vllm", False) and args.judge_vllm_gpu_memory_utilization is not None:
         from transformers import AutoTokenizer
 
         from ..engines.vllm import VLLMEngine

@@ -70,6 +70,45 @@ class RolloutBatch:
     judge_unanswered: float = 0.0  # ... of which got no answer (connection refused, timeout, HTTP error)
     judge_last_error: str | None = None  # why this process's latest unanswered request got none (not gathered)
 
+    @classmethod
+    def from_trajectories(
+        cls,
+        trajectories: list[Trajectory],
+        intervening: bool,
+        is_control: torch.Tensor,
+        prefix_cache_hit_rate: float | None,
+        transport_before: TransportStatus,
+        transport_after: TransportStatus,
+    ) -> RolloutBatch:
+        """The batch of a finished rollout; the judge's transport counts are the difference of its statuses read
+        before and after the rollout."""
+        stats = [
+            [
+                t.review_budget > 0,
+                t.revisions > 0,
+                t.reviews,
+                t.judge_tokens,
+                len(t.completion_ids),
+                t.judge_failures,
+                t.votes_usable,
+                t.votes_agreeing,
+                t.vetoed,
+                t.speculative_chunks,
+                t.speculative_kept,
+            ]
+            for t in trajectories
+        ]
+        more_unanswered = transport_after.unanswered > transport_before.unanswered
+        return cls(
+            intervening=intervening,
+            is_control=is_control,
+            stats=torch.tensor(stats, dtype=torch.float32, device=is_control.device),
+            prefix_cache_hit_rate=prefix_cache_hit_rate,
+            judge_requests=float(transport_after.sent - transport_before.sent),
+            judge_unanswered=float(transport_after.unanswered - transport_before.unanswered),
+            judge_last_error=transport_after.last_error if more_unanswered else None,
+        )
+
     def stat(self, name: str) -> torch.Tensor:
         """(rows,) one column of `stats`."""
         return self.stats[:, self.STAT_COLUMNS.index(name)]
@@ -117,7 +156,107 @@ class RolloutMeasures:
         return self.judge_failures - self.judge_transport_failures
 
 
-class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
+class InterventionSchedule:
+    """The intervention schedule and the judge's watch, stepped once per training batch with the batch's measures
+    over all processes: the budget controller, the judge-failure count, warning and outage watch, and the adaptive
+    switch-off. Shared by `MInTRLTrainer` and the asynchronous rollout worker (`async_/worker.py`), whose batches
+    are scored steps before they train. The host has `args` and `judge`, calls `_init_schedule`, and says which
+    optimizer step the batch being scored trains at (`_schedule_step`)."""
+
+    def _init_schedule(self, args, main_process: bool = True) -> None:
+        self.judge_failure_warning = JudgeFailureWarning(args, enabled=main_process)
+        self.judge_outage = JudgeOutage(args, main_process=main_process)
+        self.judge_failures_total = 0
+        self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
+        self.interventions_stopped_at: int | None = None
+        # judge_token_target's controller state (saved with checkpoints); None when the controller is off
+        self.intervention_budget = BudgetState() if args.judge_token_target is not None else None
+
+    def _schedule_step(self) -> int:
+        """The optimizer step the batch being scored trains at."""
+        raise NotImplementedError
+
+    def _interventions_scheduled(self, step: int) -> bool:
+        """Whether the batch of optimizer step `step` intervenes: in the first `intervention_steps` steps and, with
+        `intervention_stop_gap`, only until corrections stop paying off."""
+        return self.judge is not None and step < self.args.intervention_steps and self.interventions_stopped_at is None
+
+    def _step_schedule(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
+        """After a training batch: the judge-failure count and warning, the outage watch, one budget-controller step
+        and the adaptive switch-off. `rollout` and `measured` are over the global rows (the judge's last error aside,
+        which only words the log lines): every process takes the same decision."""
+        if self.intervention_budget is not None and rollout.intervening:
+            self._update_intervention_budget(measured.judge_token_share)
+        self.judge_failures_total += int(measured.judge_failures)
+        self.judge_failure_warning.update(
+            measured.reviews * self.args.judge_votes,
+            measured.judge_parse_failures,
+            measured.judge_transport_failures,
+            rollout.judge_last_error,
+        )
+        self.judge_outage.update(rollout.judge_requests, rollout.judge_unanswered, rollout.judge_last_error)
+        if measured.reward_intervened is not None:
+            self._update_adaptive_schedule(measured.reward_intervened - measured.reward_control)
+
+    def _update_adaptive_schedule(self, reward_gap: float) -> None:
+        """Moving average of the intervened-vs-control reward gap; below `intervention_stop_gap`, stop for good.
+        The gap comes from gathered rewards, so every process takes the same decision."""
+        if self.args.intervention_stop_gap is None or math.isnan(reward_gap):
+            return
+        decay = self.args.intervention_gap_ema
+        ema = reward_gap if self.reward_gap_ema is None else decay * self.reward_gap_ema + (1 - decay) * reward_gap
+        self.reward_gap_ema = ema
+        if ema < self.args.intervention_stop_gap:
+            self.interventions_stopped_at = self._schedule_step()
+
+    def _update_intervention_budget(self, judge_token_share: float) -> None:
+        """One controller step from the share measured over the gathered batch (the same on every process)."""
+        budget = self.intervention_budget
+        budget.share = next_intervention_share(budget.share, judge_token_share, self.args.judge_token_target)
+
+    def _schedule_state(self) -> dict:
+        """The schedule's part of a checkpoint."""
+        state = {
+            "judge_failures_total": self.judge_failures_total,
+            "reward_gap_ema": self.reward_gap_ema,
+            "interventions_stopped_at": self.interventions_stopped_at,
+            "judge_outage_steps": self.judge_outage.failed_steps,
+        }
+        if self.intervention_budget is not None:
+            state["intervention_budget"] = self.intervention_budget.to_dict()
+        return state
+
+    def _load_schedule_state(self, state: dict) -> None:
+        self.judge_failures_total = int(state["judge_failures_total"])
+        self.reward_gap_ema = None if state["reward_gap_ema"] is None else float(state["reward_gap_ema"])
+        stopped = state["interventions_stopped_at"]
+        self.interventions_stopped_at = None if stopped is None else int(stopped)
+        if self.intervention_budget is not None:
+            self.intervention_budget = BudgetState.from_dict(state["intervention_budget"])
+        self.judge_outage.failed_steps = int(state.get("judge_outage_steps", 0))  # added later: older checkpoints
+
+
+def reviewed_rows(
+    rows: slice, batch_rows: int, group_size: int, num_controls: int, budget: BudgetState | None, device=None
+) -> torch.Tensor:
+    """(rows,) bool: which `rows` of a batch of `batch_rows` rollouts (groups of `group_size`, the first
+    `num_controls` of each group controls) are reviewed. Every intervened column without the budget controller; with
+    it, `reviewed_slot_count` of the batch's intervened slots, spread evenly over the groups (`budget.carry` moves
+    on: call it once per batch)."""
+    index = torch.arange(rows.start, rows.stop, device=device)
+    column = index % group_size
+    intervened = column >= num_controls
+    if budget is None:
+        return intervened
+    per_group = group_size - num_controls
+    slots = batch_rows // group_size * per_group
+    count, budget.carry = reviewed_slot_count(budget.share, slots, budget.carry)
+    reviewed = torch.tensor(reviewed_slots(count, slots), device=device)
+    slot = (index // group_size * per_group + column - num_controls).clamp(min=0)
+    return intervened & reviewed[slot]
+
+
+class MInTRLTrainer(ModelCardMixin, InterventionSchedule, GRPOTrainerBase):
     """Minimal-Intervention RL. Used exactly like `GRPOTrainer`, plus an optional `judge` object (e.g. a
     `FunctionJudge`) that overrides `args.judge`."""
 
@@ -172,14 +311,8 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         )
         self.rollout_func = self._intervention_rollout
         self.judge = judge if judge is not None else build_judge(args, self)
-        self.judge_failure_warning = JudgeFailureWarning(args, enabled=self.accelerator.is_main_process)
-        self.judge_outage = JudgeOutage(args, main_process=self.accelerator.is_main_process)
+        self._init_schedule(args, main_process=self.accelerator.is_main_process)
         self.add_callback(self.judge_outage)  # saves and stops after the step in which "stop" decides
-        self.judge_failures_total = 0
-        self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
-        self.interventions_stopped_at: int | None = None
-        # judge_token_target's controller state (saved with checkpoints); None when the controller is off
-        self.intervention_budget = BudgetState() if args.judge_token_target is not None else None
         self.absorption = AbsorptionTracker(args.absorption_window, args.absorption_max_nll, args.absorption_min_fall)
 
     def train(self, *args, **kwargs):
@@ -195,44 +328,19 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
     def interventions_active(self) -> bool:
         """Interventions run for the first `intervention_steps` optimizer steps of training (and, with
         `intervention_stop_gap`, only until corrections stop paying off); never in evaluation."""
-        return (
-            self.model.training
-            and self.judge is not None
-            and self.state.global_step < self.args.intervention_steps
-            and self.interventions_stopped_at is None
-        )
+        return self.model.training and self._interventions_scheduled(self.state.global_step)
 
-    def _update_adaptive_schedule(self, reward_gap: float) -> None:
-        """Moving average of the intervened-vs-control reward gap; below `intervention_stop_gap`, stop for good.
-        The gap comes from gathered rewards, so every process takes the same decision."""
-        if self.args.intervention_stop_gap is None or math.isnan(reward_gap):
-            return
-        decay = self.args.intervention_gap_ema
-        ema = reward_gap if self.reward_gap_ema is None else decay * self.reward_gap_ema + (1 - decay) * reward_gap
-        self.reward_gap_ema = ema
-        if ema < self.args.intervention_stop_gap:
-            self.interventions_stopped_at = self.state.global_step
+    def _schedule_step(self) -> int:
+        return self.state.global_step
 
     def _reviewed_columns(self, rows: slice, column: torch.Tensor) -> torch.Tensor:
-        """(rows,) bool: which of this process's rows are reviewed. Every intervened column without the budget
-        controller; with it, `reviewed_slot_count` of the batch's intervened slots, spread evenly over the groups.
-        The controller's state is the same on every process, so they all pick the same global slots."""
-        intervened = column >= self.args.num_control_generations
-        if self.intervention_budget is None:
-            return intervened
-        group_size, budget = self._group_size(), self.intervention_budget
-        per_group = group_size - self.args.num_control_generations
-        slots = (rows.stop - rows.start) * self.accelerator.num_processes // group_size * per_group
-        count, budget.carry = reviewed_slot_count(budget.share, slots, budget.carry)
-        reviewed = torch.tensor(reviewed_slots(count, slots), device=column.device)
-        group = torch.arange(rows.start, rows.stop, device=column.device) // group_size
-        slot = (group * per_group + column - self.args.num_control_generations).clamp(min=0)
-        return intervened & reviewed[slot]
-
-    def _update_intervention_budget(self, judge_token_share: float) -> None:
-        """One controller step from the share measured over the gathered batch (the same on every process)."""
-        budget = self.intervention_budget
-        budget.share = next_intervention_share(budget.share, judge_token_share, self.args.judge_token_target)
+        """(rows,) bool: which of this process's rows are reviewed (`reviewed_rows`). The controller's state is the
+        same on every process, so they all pick the same global slots."""
+        batch_rows = (rows.stop - rows.start) * self.accelerator.num_processes
+        args = self.args
+        return reviewed_rows(
+            rows, batch_rows, self._group_size(), args.num_control_generations, self.intervention_budget, column.device
+        )
 
     # ----- rollout (TRL's rollout_func seam) -----
     def _intervention_rollout(self, prompts: list, trainer: GRPOTrainer) -> dict:
@@ -262,31 +370,13 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
             speculate=args.speculative_chunks,
         )  # fmt: skip
         rollout.run(trajectories)
-        transport = self._judge_transport()
-        stats = [
-            [
-                t.review_budget > 0,
-                t.revisions > 0,
-                t.reviews,
-                t.judge_tokens,
-                len(t.completion_ids),
-                t.judge_failures,
-                t.votes_usable,
-                t.votes_agreeing,
-                t.vetoed,
-                t.speculative_chunks,
-                t.speculative_kept,
-            ]
-            for t in trajectories
-        ]
-        self._batch.rollout = RolloutBatch(
-            intervening=intervening,
-            is_control=is_control,
-            stats=torch.tensor(stats, dtype=torch.float32, device=self.accelerator.device),
-            prefix_cache_hit_rate=self.policy_engine.prefix_cache_hit_rate(),
-            judge_requests=transport.sent - transport_before.sent,
-            judge_unanswered=transport.unanswered - transport_before.unanswered,
-            judge_last_error=transport.last_error if transport.unanswered > transport_before.unanswered else None,
+        self._batch.rollout = RolloutBatch.from_trajectories(
+            trajectories,
+            intervening,
+            is_control,
+            self.policy_engine.prefix_cache_hit_rate(),
+            transport_before,
+            self._judge_transport(),
         )
         logprobs = [t.logprobs for t in trajectories]
         return {
@@ -315,55 +405,15 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
         if self._mode() == "train":
             self._step_schedule(rollout, measured)
 
-    def _step_schedule(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
-        """After a training batch: the judge-failure count and warning, the outage watch, one budget-controller step
-        and the adaptive switch-off. `rollout` and `measured` are over the global rows (the judge's last error aside,
-        which only words the log lines): every process takes the same decision."""
-        if self.intervention_budget is not None and rollout.intervening:
-            self._update_intervention_budget(measured.judge_token_share)
-        self.judge_failures_total += int(measured.judge_failures)
-        self.judge_failure_warning.update(
-            measured.reviews * self.args.judge_votes,
-            measured.judge_parse_failures,
-            measured.judge_transport_failures,
-            rollout.judge_last_error,
-        )
-        self.judge_outage.update(rollout.judge_requests, rollout.judge_unanswered, rollout.judge_last_error)
-        if measured.reward_intervened is not None:
-            self._update_adaptive_schedule(measured.reward_intervened - measured.reward_control)
-
     def _log_rollout_metrics(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
         """`rollout` and `measured` are over the global rows: every process logs the same numbers."""
         mode = self._mode()
-        stats = {name: rollout.stat(name) for name in rollout.STAT_COLUMNS}
-        intervened = stats["intervened"].bool()
-        n_intervened = max(int(intervened.sum()), 1)
+        budget = self.intervention_budget
+        # the controller's setting of this batch, logged while it acts on training batches
+        share = budget.share if budget is not None and rollout.intervening and mode == "train" else None
         metrics = self._metrics[mode]
-        metrics["mintrl/interventions_active"].append(float(rollout.intervening))
-        metrics["mintrl/intervention_rate"].append(stats["revised"][intervened].sum().item() / n_intervened)
-        metrics["mintrl/reviews_per_rollout"].append(stats["reviews"][intervened].sum().item() / n_intervened)
-        metrics["mintrl/judge_token_frac"].append(measured.judge_token_share)
-        metrics["mintrl/judge_failures"].append(measured.judge_failures)
-        metrics["mintrl/judge_transport_failures"].append(measured.judge_transport_failures)
-        metrics["mintrl/judge_parse_failures"].append(measured.judge_parse_failures)
-        if self.args.judge_votes > 1 and rollout.intervening:
-            usable = stats["votes_usable"].sum().item()
-            if usable > 0:  # share of the usable review votes that back the decision taken on their chunk
-                metrics["mintrl/vote_agreement"].append(stats["votes_agreeing"].sum().item() / usable)
-            metrics["mintrl/vetoed_revisions"].append(stats["vetoed"].sum().item())
-        if self.intervention_budget is not None and rollout.intervening and mode == "train":
-            metrics["mintrl/judge_token_target"].append(self.args.judge_token_target)
-            metrics["mintrl/intervention_share"].append(self.intervention_budget.share)  # the setting of this batch
-        asked = stats["speculative_chunks"].sum().item()
-        if asked > 0:  # the continuous schedule's speculative next chunks (`speculative_chunks`): how many paid off
-            metrics["mintrl/speculative_chunks"].append(asked / n_intervened)
-            metrics["mintrl/speculative_kept_frac"].append(stats["speculative_kept"].sum().item() / asked)
-        if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
-            metrics["mintrl/prefix_cache_hit_rate"].append(rollout.prefix_cache_hit_rate)
-        metrics["mintrl/reward_control"].append(measured.reward_control)
-        if measured.reward_intervened is not None:
-            metrics["mintrl/reward_intervened"].append(measured.reward_intervened)
-            metrics["mintrl/reward_gap"].append(measured.reward_intervened - measured.reward_control)
+        for key, value in rollout_metrics(rollout, measured, self.args, share).items():
+            metrics[key].append(value[0] / max(value[1], 1.0) if isinstance(value, tuple) else value)
 
     # ----- loss -----
     def _compute_loss(self, model, inputs):
@@ -446,30 +496,58 @@ class MInTRLTrainer(ModelCardMixin, GRPOTrainerBase):
 
     # ----- checkpoint state (written to and read from STATE_FILE by GRPOTrainerBase) -----
     def _extra_state(self) -> dict:
-        state = {
+        return {
             "judge": self.judge.state_dict() if self.judge is not None else {},
-            "judge_failures_total": self.judge_failures_total,
-            "reward_gap_ema": self.reward_gap_ema,
-            "interventions_stopped_at": self.interventions_stopped_at,
             "judge_absorption": self.absorption.state_dict(),
-            "judge_outage_steps": self.judge_outage.failed_steps,
+            **self._schedule_state(),
         }
-        if self.intervention_budget is not None:
-            state["intervention_budget"] = self.intervention_budget.to_dict()
-        return state
 
     def _load_extra_state(self, state: dict) -> None:
         if self.judge is not None:
             self.judge.load_state_dict(state["judge"])
-        self.judge_failures_total = int(state["judge_failures_total"])
-        self.reward_gap_ema = None if state["reward_gap_ema"] is None else float(state["reward_gap_ema"])
-        stopped = state["interventions_stopped_at"]
-        self.interventions_stopped_at = None if stopped is None else int(stopped)
-        if self.intervention_budget is not None:
-            self.intervention_budget = BudgetState.from_dict(state["intervention_budget"])
+        self._load_schedule_state(state)
         if "judge_absorption" in state:
             self.absorption.load_state_dict(state["judge_absorption"])
-        self.judge_outage.failed_steps = int(state.get("judge_outage_steps", 0))
+
+
+def rollout_metrics(
+    rollout: RolloutBatch, measured: RolloutMeasures, args, intervention_share: float | None = None
+) -> dict[str, float | tuple[float, float]]:
+    """A batch's `mintrl/*` rollout metrics: a float for a gauge, `(numerator, denominator)` for a rate (a logger
+    that keeps them as pairs reduces a window as sum over sum; one value is `numerator / max(denominator, 1)`).
+    `args` gives `judge_votes` and `judge_token_target`; `intervention_share`: the budget controller's setting of
+    this batch, None when it is not logged."""
+    stats = {name: rollout.stat(name) for name in rollout.STAT_COLUMNS}
+    intervened = stats["intervened"].bool()
+    n_intervened = intervened.sum().item()
+    metrics: dict[str, float | tuple[float, float]] = {
+        "mintrl/interventions_active": float(rollout.intervening),
+        "mintrl/intervention_rate": (stats["revised"][intervened].sum().item(), n_intervened),
+        "mintrl/reviews_per_rollout": (stats["reviews"][intervened].sum().item(), n_intervened),
+        "mintrl/judge_token_frac": (stats["judge_tokens"].sum().item(), stats["completion_tokens"].sum().item()),
+        "mintrl/judge_failures": measured.judge_failures,
+        "mintrl/judge_transport_failures": measured.judge_transport_failures,
+        "mintrl/judge_parse_failures": measured.judge_parse_failures,
+    }
+    if args.judge_votes > 1 and rollout.intervening:
+        usable = stats["votes_usable"].sum().item()
+        if usable > 0:  # share of the usable review votes that back the decision taken on their chunk
+            metrics["mintrl/vote_agreement"] = (stats["votes_agreeing"].sum().item(), usable)
+        metrics["mintrl/vetoed_revisions"] = stats["vetoed"].sum().item()
+    if intervention_share is not None:
+        metrics["mintrl/judge_token_target"] = args.judge_token_target
+        metrics["mintrl/intervention_share"] = intervention_share
+    asked = stats["speculative_chunks"].sum().item()
+    if asked > 0:  # the continuous schedule's speculative next chunks (`speculative_chunks`): how many paid off
+        metrics["mintrl/speculative_chunks"] = (asked, n_intervened)
+        metrics["mintrl/speculative_kept_frac"] = (stats["speculative_kept"].sum().item(), asked)
+    if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
+        metrics["mintrl/prefix_cache_hit_rate"] = rollout.prefix_cache_hit_rate
+    metrics["mintrl/reward_control"] = measured.reward_control
+    if measured.reward_intervened is not None:
+        metrics["mintrl/reward_intervened"] = measured.reward_intervened
+        metrics["mintrl/reward_gap"] = measured.reward_intervened - measured.reward_control
+    return metrics
 
 
 def check_mintrl_inputs(args: MInTRLConfig, model, train_dataset, peft_config, judge, trainer_kwargs: dict) -> None:

@@ -2,5 +2,7 @@
 overlap, and a rollout written by older weights is regressed as it is (SPEC 2.3)."""
 
 from .collator import MInTRLRolloutCollator, SampleMetrics
+from .config import AsyncMInTRLConfig
+from .trainer import AsyncMInTRLTrainer
 
-__all__ = ["MInTRLRolloutCollator", "SampleMetrics"]
+__all__ = ["AsyncMInTRLConfig", "AsyncMInTRLTrainer", "MInTRLRolloutCollator", "SampleMetrics"]

@@ -1,0 +1,295 @@
+"""`AsyncMInTRLTrainer`: MInTRL on TRL's `AsyncGRPOTrainer`, generation, judging and training overlapping (SPEC 2.3).
+
+TRL's trainer runs the loop: it syncs the weights to the vLLM server, starts the rollout worker, packs the rollouts
+it pushes into rows (`TreeRow`) and trains on them. This subclass only wires its seams:
+- `__init__` builds MInTRL's rollout worker (`MInTRLRolloutWorker` on a `VLLMHTTPEngine`, with the judge) and the
+  disk weight sync unless given, and makes TRL's constructor and its tree attention run off CUDA (`cpu_shims`);
+- `get_train_dataloader` swaps in `MInTRLRolloutCollator`, which lays the judge-token mask out per loss term;
+- `compute_loss` is MInTRL's sequence-level regression on the packed loss terms: policy tokens anchored at the
+  log-probs they were sampled with (by whatever weights wrote the rollout), judge tokens at `kappa`, no ratio;
+- checkpoints carry the trainer's and the worker's state (`ExtraStateMixin`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from unittest import mock
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer
+
+from ...judges import Judge
+from ...losses import mintrl_anchors, packed_advantage_regression_loss
+from ...model_card import ModelCardMixin
+from ...trainer_base import ExtraStateMixin, check_reference_column, default_output_dir
+from ..absorption import AbsorptionTracker
+from ..judge_factory import build_judge, check_judge_backend, check_judge_votes
+from ..loss_metrics import log_loss_totals
+from ..trainer import MInTRLTrainer
+from .collator import MInTRLRolloutCollator
+from .config import AsyncMInTRLConfig
+from .cpu_shims import install_cpu_shims, peak_flops_unknown_off_cuda
+from .transfer import DiskReloadTransfer
+
+STATE_FILE = "mintrl_async_state.json"
+
+
+class AsyncMInTRLTrainer(ModelCardMixin, ExtraStateMixin, AsyncGRPOTrainer):
+    """Asynchronous Minimal-Intervention RL. Used like TRL's `AsyncGRPOTrainer` (the model as a path or Hub id that
+    the vLLM server at `args.vllm_server_base_url` serves), plus an optional `judge` object (e.g. a `FunctionJudge`)
+    that overrides `args.judge`.
+
+    `rollout_worker` and `weight_transfer` replace the defaults (TRL's protocols): a worker must push `RolloutSample`s
+    whose `metrics` is a `SampleMetrics` with the judge-token mask, and have `state_dict(step)` /
+    `load_state_dict(state)` for checkpoints; a `weight_transfer` replaces the sync that `args.weight_sync` names.
+    """
+
+    extra_state_file = STATE_FILE
+    _tag_names = ["trl", "mintrl", "async"]
+    _name = "AsyncMInTRL"
+    _paper = MInTRLTrainer._paper
+
+    def __init__(
+        self,
+        model: str,
+        reward_funcs=None,
+        args: AsyncMInTRLConfig | None = None,
+        train_dataset=None,
+        processing_class=None,
+        callbacks=None,
+        optimizers=(None, None),
+        peft_config=None,
+        judge: Judge | None = None,
+        rollout_worker=None,
+        weight_transfer=None,
+        **kwargs,
+    ):
+        if args is None:
+            args = AsyncMInTRLConfig(default_output_dir(model, "AsyncMInTRL"))
+        if not isinstance(args, AsyncMInTRLConfig):
+            raise TypeError(f"AsyncMInTRLTrainer needs args=AsyncMInTRLConfig(...), got {type(args).__name__}.")
+        check_async_inputs(args, model, train_dataset, peft_config, judge, rollout_worker, weight_transfer, kwargs)
+        # the judge `args.judge` names needs the trainer (its model, device, engine): set once TRL has made it
+        judge_from_args = rollout_worker is None and judge is None
+        if rollout_worker is None:
+            processing_class, rollout_worker = self._build_rollout_worker(
+                model, args, processing_class, train_dataset, reward_funcs, judge
+            )
+        if weight_transfer is None and args.weight_sync == "disk":
+            folder = args.weight_sync_dir or os.path.join(args.output_dir, ".vllm_weights")
+            weight_transfer = DiskReloadTransfer(
+                args.vllm_server_base_url,
+                folder,
+                reload_timeout=args.weight_sync_timeout,
+                server_timeout=args.vllm_server_timeout,
+            )
+        with peak_flops_unknown_off_cuda():
+            super().__init__(
+                model,
+                reward_funcs,
+                args=args,
+                train_dataset=train_dataset,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+                rollout_worker=rollout_worker,
+                weight_transfer=weight_transfer,
+            )
+        install_cpu_shims()  # after TRL's constructor, which registers its own tree attention
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if isinstance(self.weight_transfer, DiskReloadTransfer):  # the stream names the base model's weights
+            self.weight_transfer.bind(unwrapped.get_base_model() if peft_config is not None else unwrapped)
+        if judge_from_args:
+            rollout_worker.judge = build_judge(args, self)
+        self.absorption = AbsorptionTracker(args.absorption_window, args.absorption_max_nll, args.absorption_min_fall)
+
+    def _build_rollout_worker(self, model: str, args, tokenizer, train_dataset, reward_funcs, judge):
+        """(tokenizer, worker): MInTRL's rollout worker on the vLLM server, built before TRL's constructor (which reads
+        its queue), with the tokenizer and end-of-completion ids that constructor would set up. The judge is `judge`;
+        when None, the caller sets the one `args.judge` names, whose "self" judge is `self.policy_engine`."""
+        from ...engines.vllm_http import VLLMHTTPEngine
+        from .worker import MInTRLRolloutWorker
+
+        hub_kwargs = dict(
+            revision=(args.model_init_kwargs or {}).get("revision"), trust_remote_code=args.trust_remote_code
+        )
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(model, **hub_kwargs)
+        if tokenizer.pad_token is None:  # as TRL's constructor sets it
+            tokenizer.pad_token = tokenizer.eos_token
+        self.policy_engine = VLLMHTTPEngine(
+            args.vllm_server_base_url,
+            model=model,  # the name `vllm serve <model>` serves it under, as TRL's own worker requests it
+            eos_token_ids=end_of_completion_ids(model, tokenizer, **hub_kwargs),
+            sampling_defaults=dict(
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                min_p=args.min_p,
+                repetition_penalty=args.repetition_penalty,
+            ),
+            request_timeout=args.request_timeout,
+            seed=args.seed,
+        )
+        return tokenizer, MInTRLRolloutWorker(args, tokenizer, train_dataset, reward_funcs, judge, self.policy_engine)
+
+    def get_train_dataloader(self):
+        """TRL's dataloader with `MInTRLRolloutCollator`, which adds the judge-token mask per loss term. TRL builds
+        its collator inline by its module-global name, so the name is swapped for this call only."""
+        with mock.patch.object(async_grpo_trainer, "DataCollatorForRollout", MInTRLRolloutCollator):
+            return super().get_train_dataloader()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's unpacking and forward of a packed row (the lines up to `_last_forward_time_s`, pinned in
+        tests/test_trl_guard.py), then MInTRL's regression instead of TRL's clipped ratio, then TRL's per-step
+        accounting. Padding terms (`token_index < 0`, `segment_id` 0) are left out before anything is summed."""
+        mask_bool = inputs["attention_mask"].bool()
+        selected = inputs["token_index"] >= 0
+        input_ids = inputs["input_ids"][mask_bool].unsqueeze(0)
+        position_ids = inputs["position_ids"][mask_bool].unsqueeze(0)
+        shift_labels = inputs["shift_labels"][mask_bool].unsqueeze(0)
+        token_index = inputs["token_index"][selected]
+        old_log_probs = inputs["old_log_probs"][selected]
+        advantages = inputs["advantages"][selected]
+        segment_id = inputs["segment_id"][selected]
+        judge_tokens = inputs["judge_mask"][selected].bool()
+        tree_kwargs = {
+            key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")
+        }
+        tree_kwargs["tree_max_seqlen_q"], tree_kwargs["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
+
+        forward_start = time.time()
+        outputs = model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            shift_labels=shift_labels,
+            fused_lm_head=True,
+            **tree_kwargs,
+        )
+        log_probs = outputs.log_probs.flatten()[token_index]
+        entropy = outputs.entropy.flatten()[token_index]
+        self._last_forward_time_s = time.time() - forward_start
+
+        # the behaviour policy's sampled log-probs on policy tokens, kappa on judge tokens; no ratio, no clipping
+        anchors = mintrl_anchors(old_log_probs, judge_tokens, "const", self.args.kappa)
+        # As TRL divides by its tokens: each rank by its share of the micro-batch's sequences (DDP averages the
+        # ranks' gradients), and by the micro-batches of an optimizer step (the Trainer's own scaling is off).
+        sequences_per_rank = (inputs["global_n_sequences"][0] / self.accelerator.num_processes).clamp(min=1.0)
+        loss, residuals = packed_advantage_regression_loss(
+            log_probs,
+            anchors,
+            segment_id,
+            advantages,
+            self.args.regression_beta,
+            sequences_per_rank * self.current_gradient_accumulation_steps,
+        )
+
+        with torch.no_grad():
+            local = torch.stack(
+                [
+                    -(log_probs * judge_tokens).sum(),
+                    judge_tokens.sum().float(),
+                    entropy.sum(),
+                    torch.tensor(float(log_probs.numel()), device=log_probs.device),
+                    residuals.pow(2).sum(),
+                    torch.tensor(float(residuals.numel()), device=log_probs.device),
+                ]
+            )
+            log_loss_totals(self, "train", self.accelerator.reduce(local, reduction="sum"))
+
+        # TRL's per-step accounting (flushed by `_log_step_metrics`)
+        n_forward_tokens = float(inputs["global_n_forward_tokens"][0])
+        mean_seq_len = float(inputs["mean_seq_len"][0])
+        self._step_forward_tokens += n_forward_tokens
+        self._step_trained_tokens += float(inputs["global_n_tokens"][0])
+        self._step_seq_len_weighted += mean_seq_len * n_forward_tokens
+        self._step_samples += n_forward_tokens / mean_seq_len
+        self._step_forward_s += self._last_forward_time_s
+        return loss
+
+    # ----- checkpoint state (written to and read from STATE_FILE by ExtraStateMixin) -----
+    def _extra_state(self) -> dict:
+        """The worker's state as of the checkpoint's step (it has written rollouts for later steps already); only
+        the main process has a worker."""
+        worker = self.rollout_worker
+        worker_state = worker.state_dict(self.state.global_step) if worker is not None else None
+        return {**self._loop_state(), "rollout_worker": worker_state}
+
+    def _extra_state_keys(self) -> set[str]:
+        """Without asking the worker: on resume it has no state for the checkpoint's step before it is loaded."""
+        return {*self._loop_state(), "rollout_worker"}
+
+    def _loop_state(self) -> dict:
+        return {
+            "model_version": self.model_version,
+            # TRL's epoch count: the groups its collator has seen, one micro-batch ahead of training
+            "groups_trained": self._groups_before_resume + len(self._trained_groups),
+            "judge_absorption": self.absorption.state_dict(),
+        }
+
+    def _load_extra_state(self, state: dict) -> None:
+        self.model_version = int(state["model_version"])
+        self._groups_before_resume = int(state["groups_trained"])
+        self.absorption.load_state_dict(state["judge_absorption"])
+        if self.rollout_worker is not None:
+            self.rollout_worker.load_state_dict(state["rollout_worker"])
+
+
+def check_async_inputs(
+    args, model, train_dataset, peft_config, judge, rollout_worker, weight_transfer, trainer_kwargs
+) -> None:
+    """What `AsyncMInTRLTrainer` refuses before the model loads: TRL arguments its rollout replaces, a weight sync
+    that cannot serve the policy, and for the worker it builds, a judge object of the wrong type or a judge backend
+    or vote setting that cannot work (a given worker brings its own judge)."""
+    for name in trainer_kwargs:
+        if name in ("tools", "environment_factory"):  # TRL's tool loop has no place in the judge's rollout
+            raise ValueError(
+                f"AsyncMInTRLTrainer does not take {name}=: its rollout is the judge's intervention loop, which has "
+                "no tool-calling loop. Train tool use with AsyncGRPOTrainer."
+            )
+        raise TypeError(f"AsyncMInTRLTrainer got an unexpected keyword argument {name!r}.")
+    if not isinstance(model, str):
+        raise TypeError(
+            f"AsyncMInTRLTrainer needs the model as a path or Hub id (the name the vLLM server serves), got "
+            f"{type(model).__name__}."
+        )
+    if args.weight_sync == "nccl" and weight_transfer is None and peft_config is not None:
+        raise ValueError(
+            "weight_sync='nccl' with peft_config: TRL then syncs LoRA adapters under versioned names when the server "
+            "has --enable-lora, which MInTRL's rollout worker does not request. Use weight_sync='disk' (the merged "
+            "weights are written and reloaded)."
+        )
+    if rollout_worker is not None:
+        if judge is not None:
+            raise ValueError(
+                "judge= is for the rollout worker the trainer builds; a given rollout_worker has its own."
+            )
+        return
+    if judge is not None and not isinstance(judge, Judge):
+        raise TypeError(f"judge must be a trl_mintrl.judges.Judge (e.g. FunctionJudge), got {type(judge)}.")
+    if judge is None:
+        if args.judge in ("self", "base") and args.intervention_steps > 0:
+            check_reference_column(train_dataset, args.reference_column, f"judge={args.judge!r}")
+        if args.judge == "base" and peft_config is not None:
+            raise ValueError(
+                "judge='base' with peft_config is not supported by AsyncMInTRLTrainer: the policy's adapter cannot "
+                "be disabled for the judge while the trainer trains it. Use judge='model' with "
+                "judge_model_name_or_path=<the base model>, or judge='endpoint' on a server that serves it."
+            )
+        check_judge_backend(args, model, peft_config)
+    check_judge_votes(args, judge)
+
+
+def end_of_completion_ids(model: str, tokenizer, **hub_kwargs) -> list[int]:
+    """The ids that end a completion, as `AsyncGRPOTrainer.__init__` derives them (the tokenizer's EOS and every EOS
+    of the model's generation config), needed before it runs: the rollout worker's engine is built first."""
+    try:
+        generation_config = GenerationConfig.from_pretrained(model, **hub_kwargs)
+    except OSError:  # none saved: transformers derives it from the model's config, as for TRL's model
+        generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model, **hub_kwargs))
+    declared = generation_config.eos_token_id
+    ids = [] if declared is None else [declared] if isinstance(declared, int) else list(declared)
+    return ids if tokenizer.eos_token_id in ids else [tokenizer.eos_token_id, *ids]

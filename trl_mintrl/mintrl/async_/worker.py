@@ -1,0 +1,431 @@
+"""`MInTRLRolloutWorker`: MInTRL's rollouts for TRL's `AsyncGRPOTrainer`, written while the trainer trains.
+
+A thread of the trainer's main process (TRL's `RolloutWorkerProtocol`) builds one optimizer step's rollouts at a
+time: whole groups of prompts, controls and intervened rollouts as in `MInTRLTrainer`, run by the project's rollout
+state machine (`rollout_for`: the continuous schedule on a streaming engine such as `VLLMHTTPEngine`), scored by
+the reward functions, given the control baseline, and pushed as TRL `RolloutSample`s whose `metrics` is a
+`SampleMetrics` carrying the judge-token mask (collator.py).
+
+Staleness is bounded where the rollouts are made, not only where they are dropped. With `FixedCountBatcher` the
+trainer's optimizer step s consumes exactly the rollouts of batch s, and trains them with weight version
+`consume_version(s)` (one version per `weight_sync_steps` steps after the cold sync). Batch s is started only once
+the server holds version `consume_version(s) - max_staleness` or later, so its rollouts are never more than
+`max_staleness` versions old when trained, and TRL's dataset never has to drop one. (`max_staleness=0` would be
+synchronous training, but TRL's training loop has accelerate fetch step s+1's batch before step s trains, so the
+worker would wait for weights that never come: `AsyncMInTRLConfig` requires at least 1.) The intervention schedule counts
+optimizer steps in the same way: batch s intervenes iff step s < `intervention_steps` (and the adaptive switch-off
+has not fired), whatever the steps the worker runs ahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+import torch
+from trl.data_utils import is_conversational
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+from trl.trainer.utils import get_callable_name, is_async_callable
+
+from ...engines.base import GenerationEngine
+from ...engines.vllm_http import VLLMHTTPEngine
+from ...judges import Judge, TransportStatus
+from ...losses import control_baseline_advantages
+from ...text import prompt_token_ids, question_text
+from ...trainer_base import GenerationBatch
+from ..rollout import RolloutSettings, Trajectory
+from ..scheduler import rollout_for
+from ..trainer import InterventionSchedule, RolloutBatch, RolloutMeasures, reviewed_rows, rollout_metrics
+from .collator import SampleMetrics
+
+logger = logging.getLogger(__name__)
+
+THREAD_NAME = "mintrl-async-rollout"
+
+
+class MInTRLRolloutWorker(InterventionSchedule):
+    """TRL's `RolloutWorkerProtocol` for MInTRL, run as a thread of the trainer's main process.
+
+    Args:
+        args: the config: MInTRL's fields under `MInTRLConfig`'s names (`num_generations` and its split
+            `num_control_generations`, `chunk_size`, `max_reviews`, `max_correction_tokens`, `judge_votes`,
+            `judge_min_agree`, `intervention_steps`, `intervention_stop_gap`, `intervention_gap_ema`,
+            `judge_token_target`, `reference_column`, `rollout_schedule`, `speculative_chunks`, the judge-outage
+            fields) and `AsyncGRPOConfig`'s (`max_completion_length`, `per_device_train_batch_size`,
+            `gradient_accumulation_steps`, `max_staleness`, `weight_sync_steps`, `chat_template_kwargs`), plus
+            `reward_weights` and `mask_truncated_completions` when present.
+        processing_class: the policy's tokenizer (prompts, corrections, completions for the reward functions).
+        train_dataset: the prompts, a sized dataset of rows with a `prompt` column; taken in order, cycling.
+        reward_funcs: reward functions called as `MInTRLTrainer` calls them (one call per batch, with the dataset
+            columns and `mintrl_intervened`); async functions are awaited.
+        judge: reviews and corrects; None: every rollout is a control.
+        engine: the policy's generation engine, called from the worker's thread only (no collectives), e.g. a
+            `VLLMHTTPEngine`; the worker owns it: `stop()` closes a `VLLMHTTPEngine`.
+
+    One optimizer step's rollouts (`per_device_train_batch_size * gradient_accumulation_steps * world_size`, whole
+    groups) make a batch; a sample's `group_id` is its group's prompt position (counted over epochs and resumes).
+    The schedule's watch of the judge is `MInTRLTrainer`'s (`InterventionSchedule`): `judge_outage` is a
+    `TrainerCallback` that stops training after a judge outage once the trainer adds it. `state_dict(step)` /
+    `load_state_dict` resume exactly at an optimizer step. A worker runs once: `start()` after `stop()` is refused.
+    """
+
+    def __init__(
+        self,
+        args,
+        processing_class,
+        train_dataset,
+        reward_funcs,
+        judge: Judge | None,
+        engine: GenerationEngine,
+    ):
+        self.args = args
+        self.tokenizer = processing_class
+        self.judge = judge
+        self.engine = engine
+        self.dataset = train_dataset
+        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+        self.reward_func_names = [get_callable_name(f) for f in self.reward_funcs]
+        weights = getattr(args, "reward_weights", None)
+        self.reward_weights = torch.tensor(weights if weights is not None else [1.0] * len(self.reward_funcs))
+        self.group_size = args.num_generations
+        self.num_controls = args.num_control_generations
+        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        samples_per_step *= getattr(args, "world_size", 1)
+        self.groups_per_step = samples_per_step // self.group_size
+        self.max_staleness = args.max_staleness
+        self.weight_sync_steps = getattr(args, "weight_sync_steps", 1)
+        self.settings = RolloutSettings(**{f.name: getattr(args, f.name) for f in fields(RolloutSettings)})
+        self.eos_and_pad = {*engine.eos_token_ids, processing_class.pad_token_id}
+        self._check_inputs(samples_per_step)
+
+        self.rollout_buffer: queue.Queue[RolloutSample] = queue.Queue()
+        self.metrics_queue: queue.Queue[dict] = queue.Queue(maxsize=4096)  # full: metrics are dropped, never waited on
+        self._init_schedule(args)
+        self.next_step = 0  # the optimizer step that trains the next batch
+        self.prompt_index = 0  # the next prompt's position, counted over epochs (row: position % len(dataset))
+        self._step = 0  # the step of the batch being built (`_schedule_step`)
+        self._state_lock = threading.Lock()  # the schedule's state: written by the thread, read by `state_dict`
+        self._states_at_start: dict[int, dict] = {}  # step -> the state when its batch started (exact resumes)
+        self._version = 0
+        self._version_changed = threading.Condition()
+        self._first_step = self._first_version = 0  # at `start()`: the step and weight version the run begins at
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._heartbeat = time.monotonic()
+
+    def _check_inputs(self, samples_per_step: int) -> None:
+        if samples_per_step % self.group_size:
+            raise ValueError(
+                f"per_device_train_batch_size x gradient_accumulation_steps x world_size = {samples_per_step} "
+                f"rollouts per optimizer step is not a multiple of num_generations={self.group_size}: the worker "
+                "writes whole groups (the control baseline is per group), one optimizer step's at a time."
+            )
+        if not hasattr(self.dataset, "__len__") or len(self.dataset) == 0:
+            raise ValueError("MInTRLRolloutWorker needs a non-empty sized train_dataset (rows read by position).")
+        if len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} values for {len(self.reward_funcs)} reward functions."
+            )
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # RolloutWorkerProtocol
+
+    @property
+    def model_version(self) -> int:
+        return self._version
+
+    def update_model_version(self, model_version: int) -> None:
+        with self._version_changed:
+            self._version = model_version
+            self._version_changed.notify_all()
+
+    def start(self) -> None:
+        """Start writing rollouts, from the weight version the server holds now (after the trainer's cold sync)."""
+        if self._stop.is_set():
+            raise RuntimeError("MInTRLRolloutWorker was stopped; a worker runs once: build a new one to train again.")
+        if self._thread is not None:
+            logger.warning("MInTRLRolloutWorker.start() called while it runs; ignored.")
+            return
+        self._first_step, self._first_version = self.next_step, self._version
+        self._heartbeat = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the batch in progress (a `VLLMHTTPEngine` is closed first, which fails it at once) and join the
+        thread: nothing the worker started is left running."""
+        self._stop.set()
+        with self._version_changed:
+            self._version_changed.notify_all()  # a thread waiting for admission sees the stop
+        if isinstance(self.engine, VLLMHTTPEngine):
+            self.engine.close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise the thread's exception, or an error when it made no progress (nor heard from the server) for
+        `stale_after_s` seconds. Waiting for the trainer to catch up counts as progress."""
+        if self._error is not None:
+            raise RuntimeError(
+                f"The MInTRL rollout worker failed: {type(self._error).__name__}: {self._error}"
+            ) from self._error
+        if self._thread is None or self._stop.is_set():
+            return
+        last_sign = max(self._heartbeat, getattr(self.engine, "last_response_at", -math.inf))
+        if time.monotonic() - last_sign > stale_after_s:
+            raise RuntimeError(
+                f"The MInTRL rollout worker made no progress for {time.monotonic() - last_sign:.0f}s > "
+                f"{stale_after_s:.0f}s (heartbeat_stale_after_s): the generation server or the judge hangs."
+            )
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # resume
+
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
+        """What a resumed run needs to continue as this one would have from optimizer step `step` (the trainer's
+        `global_step` at the checkpoint; None: from the next batch the worker starts): that batch's first prompt,
+        the schedule's state before it, and the current weight version."""
+        with self._state_lock:
+            if step is None or step == self.next_step:
+                state = self._state()
+            elif step in self._states_at_start:
+                state = self._states_at_start[step]
+            else:
+                raise ValueError(
+                    f"No rollout state for step {step}: the worker is at step {self.next_step} and keeps the state "
+                    f"of steps {sorted(self._states_at_start)}."
+                )
+        return {**state, "model_version": self._version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict` (before `start()`)."""
+        if self._thread is not None:
+            raise RuntimeError("MInTRLRolloutWorker.load_state_dict must be called before start().")
+        with self._state_lock:
+            self.next_step = int(state["next_step"])
+            self.prompt_index = int(state["prompt_index"])
+            self._load_schedule_state(state)
+        self.update_model_version(int(state["model_version"]))
+
+    def _state(self) -> dict[str, Any]:
+        return {"next_step": self.next_step, "prompt_index": self.prompt_index, **self._schedule_state()}
+
+    def _schedule_step(self) -> int:
+        return self._step
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # the thread
+
+    def consume_version(self, step: int) -> int:
+        """The weight version that trains the batch of optimizer step `step`: one sync per `weight_sync_steps`
+        steps since the run's first step, whose batch trains with the version the worker started at."""
+        k = self.weight_sync_steps
+        return self._first_version + step // k - self._first_step // k
+
+    def _run(self) -> None:
+        try:
+            while (admission_wait := self._wait_for_admission(self.next_step)) is not None:
+                self._write_batch(self.next_step, admission_wait)
+        except BaseException as err:
+            if not self._stop.is_set():  # an engine closed by `stop()` fails the batch in progress: no error
+                self._error = err
+                logger.exception("The MInTRL rollout worker failed")
+
+    def _wait_for_admission(self, step: int) -> float | None:
+        """Seconds waited until the server's weights are recent enough for batch `step` (None: stopped)."""
+        start = time.monotonic()
+        oldest_allowed = self.consume_version(step) - self.max_staleness
+        with self._version_changed:
+            while self._version < oldest_allowed and not self._stop.is_set():
+                self._heartbeat = time.monotonic()
+                self._version_changed.wait(timeout=1.0)
+        self._heartbeat = time.monotonic()
+        return None if self._stop.is_set() else time.monotonic() - start
+
+    def _write_batch(self, step: int, admission_wait: float) -> None:
+        """Batch `step`: its groups' rollouts, rewards and advantages, the schedule stepped with its measures, then
+        its samples and metrics pushed to the trainer."""
+        started = time.monotonic()
+        version = self._version  # the oldest weights that write this batch (a sync during it only makes it fresher)
+        intervening, is_control, first_prompt = self._begin_batch(step)
+        rows = [self.dataset[(first_prompt + g) % len(self.dataset)] for g in range(self.groups_per_step)]
+        group_rows = [row for row in rows for _ in range(self.group_size)]
+        trajectories = self._trajectories(group_rows, is_control.tolist())
+
+        self.engine.reset_cache_stats()
+        transport_before = self._judge_transport()
+        schedule = getattr(self.args, "rollout_schedule", "auto")
+        speculate = getattr(self.args, "speculative_chunks", True)
+        rollout_for(self.engine, self.judge, self.tokenizer, self.settings, schedule, speculate).run(trajectories)
+        self._heartbeat = time.monotonic()
+        rollout = RolloutBatch.from_trajectories(
+            trajectories,
+            intervening,
+            is_control,
+            self.engine.prefix_cache_hit_rate(),
+            transport_before,
+            self._judge_transport(),
+        )
+        rewards_per_func = self._rewards(group_rows, trajectories)
+        rewards = GenerationBatch(group_rows, rewards_per_func=rewards_per_func).rewards(self.reward_weights)
+        advantages = control_baseline_advantages(rewards, is_control, self.group_size)
+        measured = RolloutMeasures.of(rewards, rollout)
+        with self._state_lock:
+            share = self.intervention_budget.share if self.intervention_budget is not None and intervening else None
+            metrics = rollout_metrics(rollout, measured, self.args, share)
+            self._step_schedule(rollout, measured)
+            self.next_step = step + 1
+            self.prompt_index = first_prompt + self.groups_per_step
+
+        for i, t in enumerate(trajectories):
+            sample = self._sample(
+                group_rows[i]["prompt"],
+                t,
+                advantages[i].item(),
+                rewards[i].item(),
+                rewards_per_func[i],
+                group_id=first_prompt + i // self.group_size,  # the group's prompt position: unique per group
+                version=version,
+                is_control=bool(is_control[i]),
+            )
+            sample.enqueued_at = time.time()
+            self.rollout_buffer.put(sample)
+        staleness = float(self.consume_version(step) - version)  # weight syncs between writing and training them
+        metrics.update(self._completion_metrics(trajectories))
+        metrics.update({"mintrl/staleness": staleness, "mintrl/staleness_max": staleness})
+        metrics["mintrl/admission_wait_s"] = admission_wait  # the worker waited for the trainer (staleness bound)
+        metrics["mintrl/rollout_s"] = time.monotonic() - started
+        with contextlib.suppress(queue.Full):  # the trainer stopped reading its metrics: never block generation
+            self.metrics_queue.put_nowait(metrics)
+
+    def _begin_batch(self, step: int) -> tuple[bool, torch.Tensor, int]:
+        """Record the state batch `step` starts from and take its decisions: whether it intervenes, which rollouts
+        are controls (budget controller included), its first prompt."""
+        with self._state_lock:
+            self._states_at_start[step] = self._state()
+            keep_from = step - (self.max_staleness + 2) * self.weight_sync_steps  # older ones are trained already
+            self._states_at_start = {s: v for s, v in self._states_at_start.items() if s >= keep_from}
+            self._step = step
+            intervening = self._interventions_scheduled(step)
+            n_rows = self.groups_per_step * self.group_size
+            if intervening:
+                rows = slice(0, n_rows)
+                reviewed = reviewed_rows(rows, n_rows, self.group_size, self.num_controls, self.intervention_budget)
+                is_control = ~reviewed
+            else:
+                is_control = torch.ones(n_rows, dtype=torch.bool)
+            return intervening, is_control, self.prompt_index
+
+    def _trajectories(self, rows: list[dict], is_control: list[bool]) -> list[Trajectory]:
+        """As `MInTRLTrainer._intervention_rollout` builds them: controls have no review budget."""
+        chat_template_kwargs = getattr(self.args, "chat_template_kwargs", None) or {}
+        reference_column = getattr(self.args, "reference_column", "solution")
+        prompt_ids = {}  # a group's rollouts share their prompt's tokens
+        trajectories = []
+        for row, control in zip(rows, is_control, strict=True):
+            key = id(row)
+            if key not in prompt_ids:
+                prompt_ids[key] = prompt_token_ids(self.tokenizer, row["prompt"], **chat_template_kwargs)
+            trajectories.append(
+                Trajectory(
+                    prompt_ids=list(prompt_ids[key]),
+                    question=question_text(row["prompt"]),
+                    reference=row.get(reference_column),
+                    review_budget=0 if control else self.args.max_reviews,
+                )
+            )
+        return trajectories
+
+    def _rewards(self, rows: list[dict], trajectories: list[Trajectory]) -> torch.Tensor:
+        """(rollouts, reward functions), NaN where a function returned None: each function called once for the batch,
+        with the keyword arguments `MInTRLTrainer`'s reward functions get (no `trainer_state`: the trainer is
+        elsewhere)."""
+        prompts = [row["prompt"] for row in rows]
+        completion_ids = [t.completion_ids for t in trajectories]
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        conversational = is_conversational({"prompt": prompts[0]})
+        completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+        excluded = ("prompt", "completion", "completion_ids")  # as TRL's `_calculate_rewards`
+        columns = {key: [row[key] for row in rows] for key in rows[0] if key not in excluded}
+        kwargs = {
+            **columns,
+            "mintrl_intervened": [t.review_budget > 0 for t in trajectories],
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": completion_ids,
+        }
+        rewards = torch.full((len(rows), len(self.reward_funcs)), math.nan)
+        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_func_names, strict=True)):
+            values = asyncio.run(func(**kwargs)) if is_async_callable(func) else func(**kwargs)
+            if len(values) != len(rows):
+                raise ValueError(f"Reward function {name!r} returned {len(values)} rewards for {len(rows)} rollouts.")
+            rewards[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
+        return rewards
+
+    def _sample(
+        self,
+        prompt,
+        t: Trajectory,
+        advantage: float,
+        reward: float,
+        rewards: torch.Tensor,
+        *,
+        group_id: int,
+        version: int,
+        is_control: bool,
+    ) -> RolloutSample:
+        """One rollout as TRL's trainer takes it: prompt + completion tokens, the behaviour policy's sampled log-probs
+        on policy tokens (0 on judge tokens and the prompt: the loss anchors judge tokens at kappa), its weighted
+        `reward` and each function's `rewards` for the logs, and, in the metrics' extras, the judge-token mask."""
+        if t.logprobs is None:
+            raise RuntimeError(
+                f"{type(self.engine).__name__} does not report sampling log-probs: the asynchronous loss anchors each "
+                "policy token at the log-prob it was sampled with."
+            )
+        n_prompt, n_completion = len(t.prompt_ids), len(t.completion_ids)
+        trained = not (self._truncated(t) and getattr(self.args, "mask_truncated_completions", False))
+        judge_mask = np.concatenate([np.zeros(n_prompt), 1 - np.asarray(t.env_mask, dtype=np.float64)])
+        text = self.tokenizer.decode(t.completion_ids, skip_special_tokens=True)
+        metrics = {"reward": reward}
+        metrics.update({f"rewards/{name}": float(r) for name, r in zip(self.reward_func_names, rewards, strict=True)})
+        return RolloutSample(
+            prompt=prompt if is_conversational({"prompt": prompt}) else [{"role": "user", "content": prompt}],
+            completion=[{"role": "assistant", "content": text}],
+            input_ids=np.asarray(t.prompt_ids + t.completion_ids, dtype=np.int64),
+            completion_mask=np.asarray([0] * n_prompt + [int(trained)] * n_completion, dtype=np.int64),
+            old_log_probs=np.asarray([0.0] * n_prompt + [0.0 if lp is None else lp for lp in t.logprobs], np.float32),
+            advantage=advantage,
+            model_version=version,
+            group_id=group_id,
+            metrics=SampleMetrics(
+                metrics,
+                extras={"judge_mask": judge_mask.astype(np.int8), "model_version": version, "is_control": is_control},
+            ),
+        )
+
+    def _completion_metrics(self, trajectories: list[Trajectory]) -> dict[str, float | tuple[float, float]]:
+        """The completion lengths TRL logs for GRPO (rates where TRL's async worker uses them)."""
+        lengths = [len(t.completion_ids) for t in trajectories]
+        clipped = sum(self._truncated(t) for t in trajectories)
+        return {
+            "completions/mean_length": (float(sum(lengths)), float(len(lengths))),
+            "completions/max_length": float(max(lengths)),
+            "completions/min_length": float(min(lengths)),
+            "completions/clipped_ratio": (float(clipped), float(len(lengths))),
+        }
+
+    def _truncated(self, t: Trajectory) -> bool:
+        """Cut at `max_completion_length`: not ended by EOS (or pad), as TRL tells."""
+        return bool(t.completion_ids) and t.completion_ids[-1] not in self.eos_and_pad
+
+    def _judge_transport(self) -> TransportStatus:
+        return TransportStatus() if self.judge is None else self.judge.transport_status()
