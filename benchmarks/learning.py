@@ -542,12 +542,20 @@ def normalise(results: dict) -> dict:
     if "sweep" not in settings:
         sweep = [r for r in results["runs"] if r.get("group") == "sweep"]
         regime = sweep[0]["regime"] if sweep else SWEEP_REGIME
-        judge = sweep[0]["overrides"].get("_judge_notation", "far") if sweep else "near"
+        judge = sweep[0]["overrides"].get("_judge_notation", _default_notation(regime)) if sweep else "near"
         default = (
             SWEEP_MAIN["default"] if SWEEP_MAIN["default"] in settings["plan"].get(regime, []) else "mintrl-const"
         )
         settings["sweep"] = {"regime": regime, "judge": judge, "default": default}
     return results
+
+
+def _default_notation(regime_name: str) -> str:
+    """The rule judge's notation of a regime's runs without `_judge_notation`: the regime's own; the previous
+    version's regimes (no longer defined) used the far judge."""
+    from benchmarks.toy.training import REGIMES
+
+    return REGIMES[regime_name].judge_notation if regime_name in REGIMES else "far"
 
 
 def _provenance_text(prov: dict) -> str:
