@@ -1,0 +1,140 @@
+"""benchmarks/cost_async.py without a server: the per-round pairing, the report computed from the JSON alone, the
+staleness bookkeeping against TRL's one-batch-ahead collation, and the process accounting."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks import cost_async
+from benchmarks.cost import ROLLOUT_SHAPE, turn_order
+from benchmarks.stats import mean_interval
+
+
+def saved_result(sps: dict[str, list[float]], pairs: list[str]) -> dict:
+    """A cost_async.json content with the given steps per second per arm and round."""
+    arms = list(sps)
+    rounds = len(next(iter(sps.values())))
+    runs = []
+    for r in range(rounds):
+        for position, i in enumerate(turn_order(len(arms), r)):
+            arm = arms[i]
+            synchronous = cost_async.ARMS[arm][1]
+            runs.append(
+                {
+                    "arm": arm,
+                    "round": r,
+                    "position": position,
+                    "steps_per_second": sps[arm][r],
+                    "window_seconds": 2 / sps[arm][r],
+                    "trainer_cpu_seconds": 2.0,
+                    "server_cpu_seconds": 12.0,
+                    "first_step_seconds": 20.0,
+                    "staleness": None if synchronous else {"1": 30, "2": 2},
+                    "logs": [{"step": 2, "completions/mean_length": 90.0, "sample/dropped_stale_total": 3.0}],
+                }
+            )
+    return {
+        "provenance": {
+            "command": "python benchmarks/cost_async.py",
+            "commit": "0" * 40,
+            "changed_files_that_matter": [],
+        },
+        "settings": {
+            "rounds": rounds,
+            "warmup": 1,
+            "steps": 2,
+            "pairs": pairs,
+            "arms": arms,
+            "shape": dict(ROLLOUT_SHAPE),
+            "delay_fraction": 0.1,
+        },  # fmt: skip
+        "wall_seconds": 60.0,
+        "result": {
+            "runs": runs,
+            "full_length_seconds": 10.0,
+            "judge_delay_s": 1.0,
+            "stop_tokens": 3,
+            "server_command": "python vllm_cli.py serve model",
+        },  # fmt: skip
+    }
+
+
+def test_the_ratio_is_paired_within_each_round_and_the_report_is_computed_from_the_json():
+    sps = {
+        "mintrl_async": [0.2, 0.3, 0.1],
+        "mintrl_sync": [0.1, 0.2, 0.1],
+        "grpo_async": [0.4, 0.4, 0.4],
+        "grpo_sync": [0.2, 0.4, 0.2],
+    }
+    saved = saved_result(sps, ["mintrl", "grpo"])
+    stats = cost_async.pair_stats(saved["result"]["runs"], "mintrl")
+    assert stats["ratios"] == pytest.approx([2.0, 1.5, 1.0])  # per round, not a ratio of means
+    interval = mean_interval([2.0, 1.5, 1.0])
+    text = cost_async.render(saved)
+    row = next(line for line in text.splitlines() if line.startswith(f"| {cost_async.PAIR_LABELS['mintrl']} |"))
+    assert f"| {interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}] |" in row
+    assert "1: 94%, 2: 6%" in row  # trained staleness of the async arm
+    grpo = next(line for line in text.splitlines() if line.startswith(f"| {cost_async.PAIR_LABELS['grpo']} |"))
+    assert "| 1.67 [" in grpo
+    # per-round table: every round, in its Williams order, with both ratios
+    assert "| 2 | " in text and "| 3 | " in text
+    block = cost_async.readme_block(saved).splitlines()
+    assert [line.split(" | ")[1] for line in block if line.startswith(("| MInTRL", "| GRPO"))] == [
+        row.split(" | ")[1],
+        grpo.split(" | ")[1],
+    ]
+
+
+class FakeCollator:
+    def torch_call(self, examples):
+        return {"collated": len(examples[0])}
+
+
+def test_staleness_is_counted_against_the_weights_that_train_each_collated_batch():
+    """The collator runs one micro-batch ahead of the loss (accelerate's dispatcher): each loss pops the oldest
+    collated batch and compares its samples' versions with the trainer's version at that moment."""
+    trainer = SimpleNamespace(rollout_queue=queue.Queue(), model_version=1, state=SimpleNamespace(global_step=0))
+    trainer.compute_loss = lambda model, inputs, **kwargs: "loss"
+    recorder = cost_async.StalenessRecorder(trainer, FakeCollator)
+
+    def push(version: int) -> dict:
+        sample = SimpleNamespace(metrics={"reward": 0.0}, model_version=version)
+        trainer.rollout_queue.put(sample)
+        got = trainer.rollout_queue.get(timeout=1)
+        return {"metrics": got.metrics}  # what TRL's dataset yields: the same metrics object
+
+    collator = FakeCollator()
+    with recorder.collating():
+        for versions in ([1, 1], [1, 1]):  # step 0's batch and, prefetched, step 1's
+            collator.torch_call([[SimpleNamespace(samples=[push(v) for v in versions])]])
+        assert trainer.compute_loss(None, {}) == "loss"  # step 0 trains with version 1
+        trainer.model_version, trainer.state.global_step = 2, 1
+        collator.torch_call([[SimpleNamespace(samples=[push(2), push(1)])]])  # step 2's, written during step 0
+        trainer.compute_loss(None, {})
+        trainer.model_version, trainer.state.global_step = 3, 2
+        trainer.compute_loss(None, {})
+    assert FakeCollator.torch_call is not None and "recording" not in FakeCollator.torch_call.__name__
+    assert [r["staleness"] for r in recorder.per_step] == [[0, 0], [1, 1], [1, 2]]
+    assert not recorder.pending and not recorder.collated
+
+
+def test_cpu_accounting_sees_child_processes():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while child.pid not in cost_async.descendants(cost_async.os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.pid in cost_async.descendants(cost_async.os.getpid())
+        assert child.pid in cost_async.leftover_children(None)
+        assert child.pid not in cost_async.leftover_children(child.pid)  # the "server" is excepted
+        ours, server = cost_async.cpu_seconds(child.pid)
+        assert ours > 0 and server >= 0
+    finally:
+        child.kill()
+        child.wait()
