@@ -27,7 +27,7 @@ from ..losses import advantage_regression_loss, control_baseline_advantages, min
 from ..model_card import ModelCardMixin
 from ..text import question_text
 from ..trainer_base import GRPOTrainerBase, check_reference_column, default_output_dir
-from .absorption import AbsorptionTracker, warn_not_absorbed
+from .absorption import AbsorptionTracker
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
 from .judge_factory import (
@@ -38,6 +38,7 @@ from .judge_factory import (
     check_judge_backend,
     check_judge_votes,
 )
+from .loss_metrics import log_loss_totals
 from .rollout import RolloutSettings, Trajectory
 from .scheduler import check_rollout_schedule, rollout_for
 
@@ -447,7 +448,6 @@ class MInTRLTrainer(ModelCardMixin, InterventionSchedule, GRPOTrainerBase):
             self._regression_rows(inputs, in_regression),
         )
 
-        metrics = self._metrics[mode]
         n_judge = judge_tokens.sum()
         judge_nll = -(per_token_logps.detach() * judge_tokens).sum()
         squared_residuals = torch.where(in_regression, residuals.detach().pow(2), 0.0).sum()
@@ -464,18 +464,7 @@ class MInTRLTrainer(ModelCardMixin, InterventionSchedule, GRPOTrainerBase):
             ),
             reduction="sum",
         )
-        if totals[1] > 0:
-            metrics["mintrl/judge_token_nll"].append((totals[0] / totals[1]).item())
-        if mode == "train":  # totals are reduced over all processes: every process takes the same decision
-            trend, warn = self.absorption.update(self.state.global_step, totals[0].item(), totals[1].item())
-            if trend is not None and totals[1] > 0:
-                metrics["mintrl/judge_nll_trend"].append(trend.fall)
-                metrics["mintrl/corrections_not_absorbed"].append(float(trend.not_absorbed))
-            if warn and self.accelerator.is_main_process:
-                warn_not_absorbed(self.args, trend)
-        metrics["entropy"].append((totals[2] / totals[3].clamp(min=1.0)).item())
-        if totals[5] > 0:  # the root mean square over the rows in the regression, all processes
-            metrics["mintrl/regression_residual"].append((totals[4] / totals[5]).sqrt().item())
+        log_loss_totals(self, mode, totals)
         return loss
 
     def _regression_rows(self, inputs: dict, in_regression: torch.Tensor) -> torch.Tensor:
