@@ -408,19 +408,10 @@ def delayed_rule_judge_class(shape: dict, delay_s: float):
 
 
 def common_fields(output_dir: str, steps: int, rows: int, shape: dict, seed: int) -> dict:
-    from benchmarks.toy.training import _CHECKPOINTING
+    from benchmarks.toy.training import run_fields
 
     return dict(
-        output_dir=output_dir,
-        use_cpu=True,
-        bf16=False,
-        **{_CHECKPOINTING: False},
-        report_to=[],
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        seed=seed,
-        max_steps=steps,
+        **run_fields(output_dir, steps=steps, seed=seed),
         per_device_train_batch_size=rows,  # one generation batch and one micro-batch per optimizer step
         gradient_accumulation_steps=1,
         max_completion_length=shape["max_completion_length"],

