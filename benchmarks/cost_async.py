@@ -773,10 +773,11 @@ def render(saved: dict) -> str:
         "(its threads and TRL's worker process) and of the server, the first step's seconds (pipeline fill "
         "included), and the trainers' own per-step logs (timed steps): mean completion length, judge-token share, "
         "the trainer's wait for rollouts (`perf/rollout_wait_s`, TRL's asynchronous trainer), the MInTRL worker's "
-        "wait for admission and its seconds per step's rollouts, samples dropped as stale.",
+        "wait for admission and its seconds per step's rollouts, rollouts dropped as stale per timed step (written, "
+        "then discarded by the trainer for exceeding `max_staleness`).",
         "",
         "| arm | s / step | trainer CPU s / step | server CPU s / step | first step s | mean completion length | "
-        "judge-token share | trainer waits for rollouts s | worker admission wait s | worker rollout s | dropped |",
+        "judge-token share | trainer waits for rollouts s | worker admission wait s | worker rollout s | dropped / step |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -787,8 +788,9 @@ def render(saved: dict) -> str:
         run_list = _arm_runs(runs, arm)
         if not run_list:
             continue
+        # TRL logs the samples dropped since its previous log line (the "_total" key is summed per interval)
         dropped = [e.get("sample/dropped_stale_total") for r in run_list for e in r["logs"] if e["step"] > warmup]
-        dropped_total = sum(d for d in dropped if d is not None)
+        dropped_per_step = sum(d for d in dropped if d is not None) / (len(run_list) * steps)
         cells = [
             f"{_mean(r['window_seconds'] / steps for r in run_list):.2f}",
             f"{_mean(r['trainer_cpu_seconds'] / steps for r in run_list):.2f}",
@@ -799,7 +801,7 @@ def render(saved: dict) -> str:
             fmt(_log_mean(run_list, "perf/rollout_wait_s", warmup)),
             fmt(_log_mean(run_list, "mintrl/admission_wait_s", warmup)),
             fmt(_log_mean(run_list, "mintrl/rollout_s", warmup)),
-            f"{dropped_total:.0f}" if not ARMS[arm][1] else "-",
+            f"{dropped_per_step:.1f}" if not ARMS[arm][1] else "-",
         ]
         lines.append(f"| {arm} | {' | '.join(cells)} |")
     lines += [

@@ -82,6 +82,9 @@ def test_the_ratio_is_paired_within_each_round_and_the_report_is_computed_from_t
     assert "1: 94%, 2: 6%" in row  # trained staleness of the async arm
     grpo = next(line for line in text.splitlines() if line.startswith(f"| {cost_async.PAIR_LABELS['grpo']} |"))
     assert "| 1.67 [" in grpo
+    # stale rollouts dropped per timed step: TRL logs each interval's count (3 per run here; 3 runs x 2 timed steps)
+    arm_row = next(line for line in text.splitlines() if line.startswith("| grpo_async |"))
+    assert arm_row.endswith("| 1.5 |")
     # per-round table: every round, in its Williams order, with both ratios
     assert "| 2 | " in text and "| 3 | " in text
     block = cost_async.readme_block(saved).splitlines()

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from benchmarks import learning_async
 from trl_mintrl.mintrl.config import MInTRLFields
-
 
 
 def test_every_arm_trains_with_the_same_mintrl_settings(tmp_path):
