@@ -401,7 +401,7 @@ def test_async_settings_refused_with_the_field(cpu_args, overrides, message):
 
 def test_defaults_and_mintrl_fields(cpu_args):
     args = AsyncMInTRLConfig(**cpu_args)
-    assert (args.max_staleness, args.token_budget, args.weight_sync, args.anchor) == (1, 0, "disk", "const")
+    assert (args.max_staleness, args.token_budget, args.weight_sync, args.anchor) == (2, 0, "disk", "const")
     assert (args.num_control_generations, args.num_intervened_generations) == (2, 2)
     assert args.accelerator_config.dispatch_batches  # AsyncGRPOConfig's own __post_init__ ran
 

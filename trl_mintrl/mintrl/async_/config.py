@@ -84,13 +84,16 @@ class AsyncMInTRLConfig(MInTRLFields, AsyncGRPOConfig):
     Parameters:
         > Parameters that control the asynchronous pipeline
 
-        max_staleness (`int`, *optional*, defaults to `1`):
-            How many weight syncs a rollout may lag behind the weights that train on it; an older one is dropped. At
-            least `1`: TRL's dataloader (accelerate's dispatcher) fetches the next micro-batch before the current one
-            trains, so the rollouts of optimizer step s+1 exist before step s updates the weights. `1` is the least
-            staleness possible; more lets generation run further ahead. The regression needs no correction for
-            staleness (its target holds for any behaviour policy), but older rollouts say less about the current
-            policy.
+        max_staleness (`int`, *optional*, defaults to `2`):
+            How many weight syncs a rollout may lag behind the weights that train on it; the worker starts a step's
+            rollouts only once they will be this fresh, so none is dropped. At least `1`: TRL's dataloader
+            (accelerate's dispatcher) fetches the next micro-batch before the current one trains, so the rollouts of
+            optimizer step s+1 exist before step s updates the weights. `1` is the least staleness possible, but then
+            generation and training take turns (the next batch may start only after the sync that ends the step
+            before); `2` is the least at which they overlap. The default `2` measured 1.95x the steps per second of
+            `MInTRLTrainer` with no resolved learning cost (`benchmarks/cost_async.py`, `learning_async.py`). The
+            regression needs no correction for staleness (its target holds for any behaviour policy), but older
+            rollouts say less about the current policy.
         weight_sync (`str`, *optional*, defaults to `"disk"`):
             How the trained weights reach the vLLM server after each optimizer step (every `weight_sync_steps`):
             `"disk"` writes them as safetensors into `weight_sync_dir` and has the server reload them (vLLM's
@@ -126,10 +129,11 @@ class AsyncMInTRLConfig(MInTRLFields, AsyncGRPOConfig):
 
     # AsyncGRPOConfig fields with MInTRL's defaults
     max_staleness: int = field(
-        default=1,
+        default=2,
         metadata={
-            "help": "How many weight syncs a rollout may lag behind the weights that train on it; an older one is "
-            "dropped. At least 1: TRL's dataloader fetches the next micro-batch before the current one trains."
+            "help": "How many weight syncs a rollout may lag behind the weights that train on it. At least 1: TRL's "
+            "dataloader fetches the next micro-batch before the current one trains; 1 makes generation and training "
+            "take turns, 2 (default) is the least at which they overlap."
         },
     )
     token_budget: int | None = field(
