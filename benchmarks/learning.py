@@ -2,7 +2,7 @@
 precondition.
 
     python benchmarks/learning.py             # full run (see MODES["full"]; needs free cores)
-    python benchmarks/learning.py --quick     # 1 seed, few steps, 4 arms on the out-of-reach regime (< 5 min)
+    python benchmarks/learning.py --quick     # 1 seed, 6 steps, 4 arms on the in-band regime (~1.5 min idle)
     python benchmarks/learning.py --replot benchmarks/results/learning.json   # tables and plots from the JSON
 
 Regimes (`benchmarks.toy.training.REGIMES`): "out-of-reach" = short chains ending in an operator the warm start never
@@ -1113,7 +1113,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--quick", action="store_true", help="1 seed, 6 steps, 4 arms on out-of-reach, no sweep (< 5 min)"
+        "--quick", action="store_true", help="1 seed, 6 steps, 4 arms on in-band, no sweep (~1.5 min on 2 idle cores)"
     )
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 2 methods (the test)")
     parser.add_argument(
