@@ -198,8 +198,9 @@ def _staleness_text(runs: list[dict]) -> str:
     return ", ".join(f"{k}: {100 * v / total:.0f}%" for k, v in sorted(counts.items()))
 
 
-def _log_mean(runs: list[dict], key: str, until: int | None = None) -> str:
-    values = [e[key] for r in runs for e in r["logs"] if key in e and (until is None or e["step"] <= until)]
+def _log_mean(runs: list[dict], key: str, steps: range) -> str:
+    """Mean of a logged value over the runs' log lines of `steps`."""
+    values = [e[key] for r in runs for e in r["logs"] if key in e and e["step"] in steps]
     return f"{statistics.fmean(values):.3f}" if values else "-"
 
 
@@ -230,15 +231,12 @@ def render(saved: dict) -> str:
             "-" if arm == "sync" else format_interval(paired_difference(_by_seed(runs, k), _by_seed(sync, k)))
             for k in ("pass@1", "pass@8")
         ]
-        rewards = f"{_log_mean(runs, 'reward', phase)} / " + (
-            f"{statistics.fmean([e['reward'] for r in runs for e in r['logs'] if e['step'] > phase]):.3f}"
-            if any(e["step"] > phase for r in runs for e in r["logs"])
-            else "-"
-        )
+        during, after = range(1, phase + 1), range(phase + 1, s["steps"] + 1)
+        rewards = f"{_log_mean(runs, 'reward', during)} / {_log_mean(runs, 'reward', after)}"
         lines.append(
             f"| {arm} | {len(runs)} | {format_mean_std([r['final']['pass@1'] for r in runs])} "
             f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {diffs[0]} | {diffs[1]} "
-            f"| {_staleness_text(runs)} | {rewards} | {_log_mean(runs, 'mintrl/judge_token_frac', phase)} "
+            f"| {_staleness_text(runs)} | {rewards} | {_log_mean(runs, 'mintrl/judge_token_frac', during)} "
             f"| {statistics.fmean(r['train_seconds'] for r in runs) / 60:.1f} |"
         )
     lines += [
