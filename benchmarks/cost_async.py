@@ -242,24 +242,13 @@ class Server:
         self.pids: set[int] = set()
 
     def start(self) -> None:
-        import requests
+        from trl_mintrl.engines.vllm_http import wait_for_health
 
         with open(self.log_path, "w") as out:
             self.proc = subprocess.Popen(
                 self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm serve not up after {SERVER_START_S} s:\n{self.log_tail()}")
-            time.sleep(1)
+        wait_for_health(self.url, SERVER_START_S, process=self.proc, log_path=self.log_path)
         self.pids = descendants(self.proc.pid)
 
     def log_tail(self, chars: int = 6000) -> str:

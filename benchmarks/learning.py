@@ -5,16 +5,19 @@ precondition.
     python benchmarks/learning.py --quick     # 1 seed, 6 steps, 4 arms on the in-band regime (~1.5 min idle)
     python benchmarks/learning.py --replot benchmarks/results/learning.json   # tables and plots from the JSON
 
-Regimes (`benchmarks.toy.training.REGIMES`): "out-of-reach" = short chains ending in an operator the warm start never
-saw, `a@b = a+b-7` (stated nowhere; only the judge and the references know it, and sampling does not find it;
-answers uniform over 0-12, and a sample counts only with its `@` step written right: `step_reward`);
-"unreachable" = the same with `a#b = a+b+2` (the previous benchmark's regime: the policy's near misses find it);
-"reachable" = long chains of familiar operations; "sort-hint" = SORT's regime, the out-of-reach problems from the
-hint warm start (`benchmarks/toy/warm_start_hint/`: it applies a rule stated in its prompt), with references in the
-policy's notation and the toy's rule planner writing SORT's plan (`benchmarks.toy.hint`). Each regime's calibration (warm-start pass@1 / pass@8 / pass@64,
-and pass@1 / pass@8 on the same problems in familiar notation) is computed in every run and printed with its results.
-MInTRL arms run with a "near" judge (corrections in the policy's notation, `14+3=10`) or a "far" one (the reference's,
-`14@3=10`); a label without suffix is the far judge, as before. Every arm starts from its regime's committed warm start, trains
+Regimes (`benchmarks.toy.training.REGIMES`), each with its calibration (warm-start pass@1 / pass@8 / pass@64, the
+judge's corrections' NLL under the warm start `correction_nats`, and pass@1 / pass@8 on the same problems in familiar
+notation) computed in every run and printed with its results: "in-band" = MInTRL's regime (issue 27): chains of 3-6
+operations, two of them `a~b = a+b-1` (stated nowhere), every rule step checked by the reward (`step_reward`), so the
+whole solution is out of sampling's reach while each correction is merely unlikely for the warm start; "distance-3" ..
+"distance+2" = the same design with the rule's offset moved (the judge's distance swept, `BAND_OPERATORS`);
+"out-of-reach" = short chains ending in `a@b = a+b-7` (answers uniform over 0-12, the `@` step checked), too far for
+both sampling and training; "reachable" = long chains of familiar operations; "sort-hint" = SORT's regime, the
+out-of-reach problems from the hint warm start (`benchmarks/toy/warm_start_hint/`: it applies a rule stated in its
+prompt), with references in the policy's notation and the toy's rule planner writing SORT's plan
+(`benchmarks.toy.hint`). ("unreachable", `a#b = a+b+2`, is the older benchmarks' regime, `beyond.py`'s.)
+A MInTRL label's `-near` / `-far` suffix picks the rule judge's notation: the policy's (`14+3=10`) or the
+reference's (`14@3=10`); without one, the regime's own (near on the in-band family, far elsewhere). Every arm starts from its regime's committed warm start, trains
 for the same optimizer steps on the same prompts (per seed) with the same optimiser and lr schedule (chosen for
 GRPO), and is evaluated on the same held-out problems (pass@1 and pass@8 from 8 samples at temperature 1). Each arm is
 compared to GRPO by the paired difference over seeds with a 95% t-interval. `learning.json` records the command, the

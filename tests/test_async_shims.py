@@ -4,7 +4,10 @@ transfer against a recording stand-in for `vllm serve`."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from trl.experimental.async_grpo import async_grpo_trainer, packing
 from trl.trainer.utils import add_fused_lm_head
 
+from trl_mintrl.engines.vllm_http import wait_for_health
 from trl_mintrl.mintrl.async_.cpu_shims import (
     install_cpu_shims,
     peak_flops_unknown_off_cuda,
@@ -320,6 +324,21 @@ def test_disk_reload_transfer_errors_name_the_server(vllm_stub, tmp_path):
         gone.resume()
     gone.destroy()
     assert not (tmp_path / "gone").exists()
+
+
+def test_wait_for_health_stops_at_a_dead_server_process_and_shows_its_log(tmp_path, vllm_stub):
+    """The one health wait (weight sync, benchmarks' and tests' servers): a server process that died is reported at
+    once with its log, not after the deadline; a live server returns."""
+    log = tmp_path / "server.log"
+    log.write_text("early output\nValueError: no such model\n")
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    dead.wait()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 3\. Read the log\..*server\.log:.*no such model"):
+        wait_for_health(f"http://127.0.0.1:{free_port()}", 30, process=dead, log_path=log, hint="Read the log.")
+    assert time.monotonic() - started < 5
+    wait_for_health(vllm_stub.url, 0)
+    assert vllm_stub.routes() == ["/health"]
 
 
 def test_disk_reload_transfer_refuses_a_shared_folder(tmp_path):

@@ -116,10 +116,10 @@ def vllm_server(tiny_model_path, tmp_path_factory):
     """A `vllm serve` of the tiny model on 127.0.0.1, as TRL's server mode expects it (dev endpoints, NCCL weight
     transfer configured, processed log-probs); its base URL. It serves the model under its path, on the OpenAI API
     too (`{base_url}/v1`, the endpoint judge's tests). Started once, stopped after the session."""
+    import signal
     import subprocess
-    import time
 
-    import requests
+    from trl_mintrl.engines.vllm_http import wait_for_health
 
     port = free_port()
     log = tmp_path_factory.mktemp("vllm_server") / "server.log"
@@ -127,32 +127,24 @@ def vllm_server(tiny_model_path, tmp_path_factory):
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's engine core runs in its own process
-    with open(log, "w") as out:
-        proc = subprocess.Popen(server_command(tiny_model_path, port), env=env, stdout=out, stderr=subprocess.STDOUT)
+    with open(log, "w") as out:  # its own process group: stopping it reaches the engine core too
+        proc = subprocess.Popen(
+            server_command(tiny_model_path, port), env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}; {log}:\n{log.read_text()[-8000:]}")
-            try:
-                if requests.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"vllm serve not up after {SERVER_START_S} s (it starts in about 30 s on 2 idle cores; other "
-                    f"jobs on the machine slow it down); {log}:\n{log.read_text()[-8000:]}"
-                )
-            time.sleep(1)
+        wait_for_health(
+            base_url, SERVER_START_S, process=proc, log_path=log,
+            hint="It starts in about 30 s on 2 idle cores; other jobs on the machine slow it down.",
+        )  # fmt: skip
         yield base_url
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 

@@ -17,10 +17,12 @@ import logging
 import math
 import queue
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -31,6 +33,39 @@ from .vllm import _with_temperature, hit_rate_between, server_prefix_cache_count
 logger = logging.getLogger(__name__)
 
 _RETRYABLE = (requests.ConnectionError, requests.Timeout)
+
+
+def wait_for_health(
+    base_url: str,
+    timeout_s: float,
+    *,
+    process: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+    hint: str = "",
+) -> None:
+    """Poll `GET {base_url}/health` once a second until the server answers 200.
+
+    Raises `TimeoutError` after `timeout_s` seconds, or `RuntimeError` as soon as `process` (the server, when the
+    caller started it) has exited; both messages end with `hint` and the last 8000 characters of `log_path`."""
+
+    def failure(what: str) -> str:
+        log = log_path.read_text(errors="replace")[-8000:] if log_path is not None and log_path.exists() else ""
+        return " ".join(filter(None, [what, hint])) + (f"\n{log_path}:\n{log}" if log else "")
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(failure(f"The vLLM server for {base_url} exited with {process.returncode}."))
+        try:
+            if requests.get(f"{base_url}/health", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                failure(f"The vLLM server at {base_url} did not answer /health within {timeout_s:.0f}s.")
+            )
+        time.sleep(1.0)
 
 
 class VLLMHTTPEngine(GenerationEngine):

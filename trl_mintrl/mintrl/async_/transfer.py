@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import requests
 import torch
 from safetensors.torch import save_file
+
+from ...engines.vllm_http import wait_for_health
 
 _VERSION_NAME = re.compile(r"\.?v\d+(\.tmp)?")
 
@@ -90,7 +91,9 @@ class DiskReloadTransfer:
                 )
             shutil.rmtree(self.folder)
         self.folder.mkdir(parents=True)
-        self._wait_for_server()
+        wait_for_health(
+            self.server_url, self.server_timeout, hint="Check that it is running and reachable from the trainer."
+        )
 
     def pause(self) -> None:
         self._post("/pause", params={"mode": "keep"}, timeout=self.control_timeout)
@@ -125,21 +128,6 @@ class DiskReloadTransfer:
     def destroy(self) -> None:
         """Delete the folder. The server keeps serving the last weights it loaded."""
         shutil.rmtree(self.folder, ignore_errors=True)
-
-    def _wait_for_server(self) -> None:
-        deadline = time.monotonic() + self.server_timeout
-        while True:
-            try:
-                if requests.get(f"{self.server_url}/health", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"The vLLM server at {self.server_url} did not answer /health within {self.server_timeout:.0f}s. "
-                    "Check that it is running and reachable from the trainer."
-                )
-            time.sleep(1.0)
 
     def _post(self, route: str, *, timeout: float, hint: str = "", **kwargs) -> requests.Response:
         url = f"{self.server_url}{route}"
