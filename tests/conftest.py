@@ -137,25 +137,33 @@ def thinking_tokenizer(tiny_tokenizer):
     return tokenizer
 
 
+def cpu_run_args(output_dir, **overrides) -> dict:
+    """Keyword arguments for any GRPOConfig subclass that make a 2-step CPU run take seconds (`overrides` win)."""
+    return (
+        dict(
+            output_dir=str(output_dir),
+            use_cpu=True,
+            bf16=False,
+            gradient_checkpointing=False,
+            report_to=[],
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=16,
+            max_steps=2,
+            logging_steps=1,
+            save_strategy="no",
+            learning_rate=1e-3,
+            seed=0,
+            disable_tqdm=True,
+        )
+        | overrides
+    )
+
+
 @pytest.fixture
 def cpu_args(tmp_path):
-    """Keyword arguments for any GRPOConfig subclass that make a 2-step CPU run take seconds."""
-    return dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=16,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-3,
-        seed=0,
-        disable_tqdm=True,
-    )
+    """`cpu_run_args` in the test's temporary folder."""
+    return cpu_run_args(tmp_path / "out")
 
 
 def toy_rows() -> list[dict]:

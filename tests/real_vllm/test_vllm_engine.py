@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 import torch
-from conftest import digit_count_reward
+from conftest import cpu_run_args, digit_count_reward
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_mintrl.engines import TransformersEngine, engine_for_trainer
@@ -19,22 +19,7 @@ from trl_mintrl.text import chat_token_ids
 def trained(tiny_model_path, tmp_path_factory, toy_dataset_module):
     """A plain GRPO colocate run of 2 steps (lr 1e-2, so the engine's weights must be re-synced to match)."""
     args = GRPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("grpo_vllm")),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=16,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-2,
-        seed=0,
-        disable_tqdm=True,
-        use_vllm=True,
-        vllm_mode="colocate",
+        **cpu_run_args(tmp_path_factory.mktemp("grpo_vllm"), learning_rate=1e-2, use_vllm=True, vllm_mode="colocate")
     )
     trainer = GRPOTrainer(
         model=tiny_model_path, reward_funcs=digit_count_reward, args=args, train_dataset=toy_dataset_module
