@@ -4,6 +4,7 @@ precondition.
     python benchmarks/learning.py             # full run (see MODES["full"]; needs free cores)
     python benchmarks/learning.py --quick     # 1 seed, 6 steps, 4 arms on the in-band regime (~1.5 min idle)
     python benchmarks/learning.py --replot benchmarks/results/learning.json   # tables and plots from the JSON
+    python benchmarks/learning.py --recheck in-band:mintrl-const:0   # rerun a recorded run here, compare its scores
 
 Regimes (`benchmarks.toy.training.REGIMES`), each with its calibration (warm-start pass@1 / pass@8 / pass@64, the
 judge's corrections' NLL under the warm start `correction_nats`, and pass@1 / pass@8 on the same problems in familiar
@@ -17,9 +18,9 @@ out-of-reach problems from the hint warm start (`benchmarks/toy/warm_start_hint/
 prompt), with references in the policy's notation and the toy's rule planner writing SORT's plan
 (`benchmarks.toy.hint`). ("unreachable", `a#b = a+b+2`, is the older benchmarks' regime, `beyond.py`'s.)
 A MInTRL label's `-near` / `-far` suffix picks the rule judge's notation: the policy's (`14+3=10`) or the
-reference's (`14@3=10`); without one, the regime's own (near on the in-band family, far elsewhere). Every arm starts from its regime's committed warm start, trains
-for the same optimizer steps on the same prompts (per seed) with the same optimiser and lr schedule (chosen for
-GRPO), and is evaluated on the same held-out problems (pass@1 and pass@8 from 8 samples at temperature 1). Each arm is
+reference's (`14@3=10`); without one, the regime's own (near on the in-band family, far elsewhere). Every arm starts
+from its regime's committed warm start, trains for the same optimizer steps on the same prompts (per seed) with the
+same optimiser and lr schedule (chosen for GRPO), and is evaluated on the same held-out problems (pass@1 and pass@8 from 8 samples at temperature 1). Each arm is
 compared to GRPO by the paired difference over seeds with a 95% t-interval. `learning.json` records the command, the
 commit, the settings and one record per run (regime, label, seed, final scores, curve of held-out pass@1 / pass@8,
 per-step logs), and is rewritten after every run; `learning.md` and the PNGs are rendered from it.
@@ -1134,6 +1135,14 @@ def main(argv: list[str] | None = None) -> None:
         help="full mode in parts: run only these parts' regimes (and the sweep) and merge them into the existing "
         "learning.json, keeping every other record",
     )
+    parser.add_argument(
+        "--recheck",
+        nargs="+",
+        metavar="REGIME:LABEL:SEED",
+        default=None,
+        help="rerun these runs of the output folder's learning.json at this checkout and compare their final "
+        "pass@1 / pass@8 with the recorded ones (writes learning_recheck.json; exit status 1 if any differs)",
+    )
     parser.add_argument("--replot", type=Path, default=None, help="re-render learning.md and plots from a JSON")
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
     args = parser.parse_args(argv)
@@ -1145,6 +1154,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.readme:
             update_readme(args.readme, README_START, README_END, readme_block(results))
         return
+    if args.recheck:
+        sys.exit(0 if recheck(args.recheck, args.out or RESULTS, argv, args.workers) else 1)
     mode = "smoke" if args.smoke else "quick" if args.quick else "horizon" if args.horizon else "full"
     out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
     out.mkdir(parents=True, exist_ok=True)
@@ -1164,6 +1175,46 @@ def main(argv: list[str] | None = None) -> None:
         for r in _part_scope(settings, parts)[0]
     ]
     execute(results, out, "learning.json", render, [(baseline, job) for job in base_jobs], run_job, jobs, args.workers)
+
+
+def recheck(keys: list[str], out: Path, argv: list[str], workers: int) -> bool:
+    """Rerun the runs `keys` (`regime:label:seed`) of `out/learning.json` with its settings at this checkout and
+    compare their final pass@1 / pass@8 with the recorded ones: the parts of a full run are written at different
+    commits, and this shows whether the code since then changes them. Writes `out/learning_recheck.json`; True when
+    every rerun matches."""
+    results = normalise(json.loads((out / "learning.json").read_text()))
+    plan = {(j["regime"], j["label"], str(j["seed"])): j for j in plan_jobs(results["settings"])}
+    jobs = []
+    for key in keys:
+        if tuple(key.rsplit(":", 2)) not in plan:
+            raise SystemExit(f"--recheck {key}: not a run of {out / 'learning.json'}'s plan (regime:label:seed)")
+        jobs.append(plan[tuple(key.rsplit(":", 2))])
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
+        reruns = list(pool.map(run_job, jobs))
+    by_regime = results.get("regime_provenance") or {}
+    rows = []
+    for job, rerun in zip(jobs, reruns, strict=True):
+        [recorded] = [r for r in runs_of(results, job["regime"], job["label"]) if r["seed"] == job["seed"]]
+        scores = {k: (recorded["final"][k], rerun["final"][k]) for k in ("pass@1", "pass@8")}
+        rows.append(
+            {
+                "run": job["name"],
+                "recorded_at": by_regime.get(job["regime"], results["provenance"])["commit"],
+                "recorded": {k: v[0] for k, v in scores.items()},
+                "rerun": {k: v[1] for k, v in scores.items()},
+                "same": all(a == b for a, b in scores.values()),
+            }
+        )
+        print(
+            f"{job['name']} (recorded at {rows[-1]['recorded_at'][:7]}): pass@1 / pass@8 "
+            f"{100 * scores['pass@1'][0]:.2f} / {100 * scores['pass@8'][0]:.2f} recorded, "
+            f"{100 * scores['pass@1'][1]:.2f} / {100 * scores['pass@8'][1]:.2f} now: "
+            f"{'same' if rows[-1]['same'] else 'DIFFERENT'}",
+            flush=True,
+        )
+    report = {"provenance": provenance("benchmarks/learning.py", argv), "runs": rows}
+    (out / "learning_recheck.json").write_text(json.dumps(report, indent=1))
+    return all(row["same"] for row in rows)
 
 
 def execute(results: dict, out: Path, json_name: str, render_fn, baseline_jobs, run_fn, jobs, workers: int) -> None:

@@ -138,6 +138,29 @@ def test_rule_judge_from_start_revises_the_first_chunk_of_every_rollout_and_only
     assert rule_judge(8).review_fn(problem.question, "", ["4-3=1\n\n"], None) is None
 
 
+def test_recheck_reruns_a_recorded_run_and_fails_when_its_scores_differ(tmp_path):
+    """`--recheck` reruns one recorded run at this checkout: a smoke run's record matches (exit 0); the same record
+    with its pass@1 changed does not (exit 1), and learning_recheck.json says which."""
+    learning = [sys.executable, "benchmarks/learning.py", "--workers", "0", "--out", str(tmp_path)]
+    subprocess.run([*learning, "--smoke"], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    recheck = [*learning, "--recheck", "in-band:mintrl-const:1"]
+    done = subprocess.run(recheck, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = json.loads((tmp_path / "learning_recheck.json").read_text())["runs"]
+    assert row["run"] == "in-band-mintrl-const-s1" and row["same"] and row["recorded"] == row["rerun"]
+
+    results = json.loads((tmp_path / "learning.json").read_text())
+    [run] = [r for r in results["runs"] if (r["label"], r["seed"]) == ("mintrl-const", 1)]
+    run["final"]["pass@1"] += 0.01
+    (tmp_path / "learning.json").write_text(json.dumps(results))
+    done = subprocess.run(recheck, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "DIFFERENT" in done.stdout
+    [row] = json.loads((tmp_path / "learning_recheck.json").read_text())["runs"]
+    assert not row["same"] and row["recorded"]["pass@1"] == row["rerun"]["pass@1"] + 0.01
+    unknown = subprocess.run([*learning, "--recheck", "in-band:sort:0"], cwd=ROOT, capture_output=True, text=True)
+    assert unknown.returncode != 0 and "not a run of" in unknown.stderr
+
+
 def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     """Runs `benchmarks/learning.py --smoke` (1 step, 2 prompts, 2 seeds, GRPO and MInTRL) as a user would, then
     changes one run's number in the JSON and re-renders: the table follows the JSON."""
