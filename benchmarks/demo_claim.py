@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.learning import RESULTS, final_by_seed, runs_of
+from benchmarks.learning import RESULTS, arm_provenance, final_by_seed, runs_of
 from benchmarks.stats import format_interval, paired_difference
 
 LEARNING_JSON = RESULTS / "learning.json"
@@ -41,10 +41,10 @@ def arm_differences(runs: list[dict], results: dict, demo: dict) -> list[str]:
     return out
 
 
-def regime_commit(results: dict, regime: str) -> str:
-    """The commit that wrote `regime`'s records (learning.json runs in parts: `regime_provenance`), 12 digits."""
-    provenance = (results.get("regime_provenance") or {}).get(regime) or results.get("provenance", {})
-    return provenance.get("commit", "?")[:12]
+def arms_commit(results: dict, regime: str, labels: tuple[str, ...]) -> str:
+    """The commit(s) that wrote these arms' runs on `regime` (learning.json runs in parts: `arm_provenance`), 12
+    digits each."""
+    return ", ".join(sorted({arm_provenance(results, regime, label)["commit"][:12] for label in labels}))
 
 
 def committed_comparison(
@@ -61,7 +61,7 @@ def committed_comparison(
     pointer = "See the README's Benchmarks section (full tables: benchmarks/results/learning.md)."
     if results is None:
         return f"No committed benchmark results ({source} is missing): nothing to compare with. {pointer}"
-    commit = regime_commit(results, regime)
+    commit = arms_commit(results, regime, (label, baseline))
     runs, base = runs_of(results, regime, label), runs_of(results, regime, baseline)
     if not runs or not base:
         return (

@@ -461,8 +461,9 @@ def _part_scope(settings: dict, parts: list[str] | None) -> tuple[dict[str, list
 
 def merge_previous(results: dict, previous: dict, parts: list[str]) -> dict:
     """`results` (a part's fresh run) with every record of `previous` (learning.json before it) that the parts do not
-    rerun: other arms' runs, other regimes' calibrations, and the sweep unless a part reruns it. Each regime keeps the
-    provenance of the last run that wrote it (`regime_provenance`; a file without it: its top-level provenance)."""
+    rerun: other arms' runs, other regimes' calibrations, and the sweep unless a part reruns it. Each regime's
+    calibration keeps the provenance of the last run that wrote it (`regime_provenance`), each arm (regime and
+    label) that of the run that wrote its runs (`arm_provenance`; a file without them: its top-level provenance)."""
     scope, sweep = _part_scope(results["settings"], parts)
 
     def kept(run: dict) -> bool:
@@ -474,7 +475,12 @@ def merge_previous(results: dict, previous: dict, parts: list[str]) -> dict:
         b["regime"]: previous["provenance"] for b in previous["baselines"]
     }
     results["baselines"] = [b for b in previous["baselines"] if b["regime"] not in scope] + results["baselines"]
-    results["runs"] = [r for r in previous["runs"] if kept(r)] + results["runs"]
+    kept_runs = [r for r in previous["runs"] if kept(r)]
+    results["arm_provenance"] = {
+        **{arm_key(r): arm_provenance(previous, r["regime"], r["label"]) for r in kept_runs},
+        **results.get("arm_provenance", {}),
+    }
+    results["runs"] = kept_runs + results["runs"]
     results["regime_provenance"] = {**old_provenance, **{r: results["provenance"] for r in scope}}
     if not sweep and previous["settings"].get("sweep", {}).get("regime") == SWEEP_REGIME:
         results["settings"]["sweep"] = previous["settings"]["sweep"]
@@ -502,6 +508,18 @@ def phase_end_step(steps: int) -> int:
     """The default intervention phase's last step (`rl_config`: 40% of the steps, as the paper's 200 of 500): every
     arm's held-out scores are taken there too, and the lower-rate arms lower it from there."""
     return max(1, int(0.4 * steps))
+
+
+def arm_key(run: dict) -> str:
+    return f"{run['regime']}:{run['label']}"
+
+
+def arm_provenance(results: dict, regime: str, label: str) -> dict:
+    """The command and commit that wrote the runs of `label` on `regime` (a part may rerun only some of a regime's
+    arms); a file from before `arm_provenance`: its regime's, else its top-level provenance."""
+    by_arm = results.get("arm_provenance") or {}
+    by_regime = results.get("regime_provenance") or {}
+    return by_arm.get(f"{regime}:{label}") or by_regime.get(regime) or results["provenance"]
 
 
 def runs_of(results: dict, regime: str, label: str) -> list[dict]:
@@ -571,13 +589,17 @@ def _provenance_text(prov: dict) -> str:
 
 
 def provenance_lines(results: dict) -> list[str]:
-    """Which command and commit wrote each regime's records (one line per distinct run)."""
-    by_regime = results.get("regime_provenance") or {r: results["provenance"] for r in results["settings"]["plan"]}
+    """Which command and commit wrote each regime's runs (one line per distinct run; a regime whose arms were
+    written by several runs names its arms)."""
     groups: dict[str, list[str]] = {}
     for regime in results["settings"]["plan"]:
-        if regime in by_regime:
-            groups.setdefault(_provenance_text(by_regime[regime]), []).append(regime)
-    return [f"- {', '.join(regimes)}: {text}" for text, regimes in groups.items()]
+        labels = list(dict.fromkeys(r["label"] for r in results["runs"] if r["regime"] == regime))
+        by_text: dict[str, list[str]] = {}
+        for label in labels:
+            by_text.setdefault(_provenance_text(arm_provenance(results, regime, label)), []).append(label)
+        for text, arms in by_text.items():
+            groups.setdefault(text, []).append(regime if len(by_text) == 1 else f"{regime} ({', '.join(arms)})")
+    return [f"- {'; '.join(regimes)}: {text}" for text, regimes in groups.items()]
 
 
 def report(results: dict) -> str:
@@ -681,9 +703,7 @@ def readme_block(results: dict) -> str:
     results = normalise(results)
     settings = results["settings"]
     regimes = [r for r in README_REGIMES if r in settings["plan"] and runs_of(results, r, "grpo")]
-    commits = sorted(
-        {p["commit"][:12] for p in (results.get("regime_provenance") or {"": results["provenance"]}).values()}
-    )
+    commits = sorted({arm_provenance(results, r["regime"], r["label"])["commit"][:12] for r in results["runs"]})
     lines = [
         f"{settings['steps']} optimizer steps; held-out pass@1 in %, difference to GRPO paired by seed with a 95% "
         f"t-interval (**bold**: resolved). From `benchmarks/results/learning.json` (commits {', '.join(commits)}); "
@@ -1182,6 +1202,7 @@ def recheck(keys: list[str], out: Path, argv: list[str], workers: int) -> bool:
     compare their final pass@1 / pass@8 with the recorded ones: the parts of a full run are written at different
     commits, and this shows whether the code since then changes them. Writes `out/learning_recheck.json`; True when
     every rerun matches."""
+    prov = provenance("benchmarks/learning.py", argv)  # the checkout the reruns start from
     results = normalise(json.loads((out / "learning.json").read_text()))
     plan = {(j["regime"], j["label"], str(j["seed"])): j for j in plan_jobs(results["settings"])}
     jobs = []
@@ -1191,7 +1212,6 @@ def recheck(keys: list[str], out: Path, argv: list[str], workers: int) -> bool:
         jobs.append(plan[tuple(key.rsplit(":", 2))])
     with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
         reruns = list(pool.map(run_job, jobs))
-    by_regime = results.get("regime_provenance") or {}
     rows = []
     for job, rerun in zip(jobs, reruns, strict=True):
         [recorded] = [r for r in runs_of(results, job["regime"], job["label"]) if r["seed"] == job["seed"]]
@@ -1199,7 +1219,7 @@ def recheck(keys: list[str], out: Path, argv: list[str], workers: int) -> bool:
         rows.append(
             {
                 "run": job["name"],
-                "recorded_at": by_regime.get(job["regime"], results["provenance"])["commit"],
+                "recorded_at": arm_provenance(results, job["regime"], job["label"])["commit"],
                 "recorded": {k: v[0] for k, v in scores.items()},
                 "rerun": {k: v[1] for k, v in scores.items()},
                 "same": all(a == b for a, b in scores.values()),
@@ -1212,7 +1232,7 @@ def recheck(keys: list[str], out: Path, argv: list[str], workers: int) -> bool:
             f"{'same' if rows[-1]['same'] else 'DIFFERENT'}",
             flush=True,
         )
-    report = {"provenance": provenance("benchmarks/learning.py", argv), "runs": rows}
+    report = {"provenance": prov, "runs": rows}
     (out / "learning_recheck.json").write_text(json.dumps(report, indent=1))
     return all(row["same"] for row in rows)
 
@@ -1225,6 +1245,8 @@ def execute(results: dict, out: Path, json_name: str, render_fn, baseline_jobs, 
 
     def record(kind: str, result: dict) -> None:
         results[kind].append(_json_round_trip(result))
+        if kind == "runs":
+            results.setdefault("arm_provenance", {})[arm_key(result)] = results["provenance"]
         results["wall_seconds"] = time.perf_counter() - start
         (out / json_name).write_text(json.dumps(results, indent=1))
         render_fn(results, out, plots=False)

@@ -604,7 +604,7 @@ def test_memory_benchmark_quick_writes_phase_table(tmp_path):
 def test_a_part_reruns_its_arms_and_keeps_every_other_record():
     """`--part`: the fresh part's runs replace the same (regime, label) runs of the previous learning.json; other arms,
     other regimes' calibrations and provenance stay; a previous sweep of another regime (the old design) is dropped."""
-    from benchmarks.learning import MODES, PARTS, merge_previous, plan_jobs
+    from benchmarks.learning import MODES, PARTS, arm_provenance, merge_previous, plan_jobs, provenance_lines
 
     def run(regime, label, seed, group="main"):
         return {"regime": regime, "label": label, "seed": seed, "group": group, "tag": "old"}
@@ -633,6 +633,15 @@ def test_a_part_reruns_its_arms_and_keeps_every_other_record():
     assert tags == {("in-band", "grpo"): "new", ("in-band", "sort"): "old", ("reachable", "grpo"): "old"}
     assert {b["regime"]: b["tag"] for b in merged["baselines"]} == {"in-band": "new", "reachable": "old"}
     assert merged["regime_provenance"]["in-band"] == new_prov and merged["regime_provenance"]["reachable"] == old_prov
+    # the part reran in-band's grpo only: its sort runs keep the provenance of the run that wrote them
+    assert (
+        arm_provenance(merged, "in-band", "sort") == old_prov and arm_provenance(merged, "in-band", "grpo") == new_prov
+    )
+    merged["settings"]["plan"] = {"in-band": ["grpo", "sort"], "reachable": ["grpo"]}
+    assert provenance_lines(merged) == [
+        f"- in-band (sort); reachable: `old` at commit `{'a' * 12}`",
+        f"- in-band (grpo): `new` at commit `{'b' * 12}`",
+    ]
     assert "sweep" not in merged["settings"] or merged["settings"]["sweep"]["regime"] == "in-band"
     # the parts cover the full plan exactly once
     everything = {(j["regime"], j["label"], j["seed"]) for j in plan_jobs({"mode": "full", **MODES["full"]})}

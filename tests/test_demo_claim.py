@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_claim import LEARNING_JSON, committed_comparison, load_results, regime_commit
+from benchmarks.demo_claim import LEARNING_JSON, arms_commit, committed_comparison, load_results
 from benchmarks.learning import final_by_seed, runs_of
 from benchmarks.stats import format_interval, paired_difference
 
@@ -33,7 +33,10 @@ def _set_mintrl(results: dict, regime: str, shift: dict) -> dict:
 
 def test_the_line_states_the_committed_paired_difference_and_its_verdict(committed):
     text = committed_comparison(committed, ARM)
-    assert "benchmarks/results/learning.json" in text and regime_commit(committed, "in-band") in text
+    assert (
+        "benchmarks/results/learning.json" in text
+        and arms_commit(committed, "in-band", ("mintrl-const", "grpo")) in text
+    )
     assert "README's Benchmarks section" in text
     for metric in ("pass@1", "pass@8"):
         diff = paired_difference(

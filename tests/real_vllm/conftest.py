@@ -116,6 +116,7 @@ def vllm_server(tiny_model_path, tmp_path_factory):
     """A `vllm serve` of the tiny model on 127.0.0.1, as TRL's server mode expects it (dev endpoints, NCCL weight
     transfer configured, processed log-probs); its base URL. It serves the model under its path, on the OpenAI API
     too (`{base_url}/v1`, the endpoint judge's tests). Started once, stopped after the session."""
+    import contextlib
     import signal
     import subprocess
 
@@ -139,13 +140,14 @@ def vllm_server(tiny_model_path, tmp_path_factory):
             hint="It starts in about 30 s on 2 idle cores; other jobs on the machine slow it down.",
         )  # fmt: skip
         yield base_url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
+    finally:  # the group may be gone already (a server that died at start): nothing left to stop then
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group outlived the SIGTERM (the engine core)
+        proc.wait()
 
 
 @pytest.fixture

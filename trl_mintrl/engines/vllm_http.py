@@ -46,7 +46,9 @@ def wait_for_health(
     """Poll `GET {base_url}/health` once a second until the server answers 200.
 
     Raises `TimeoutError` after `timeout_s` seconds, or `RuntimeError` as soon as `process` (the server, when the
-    caller started it) has exited; both messages end with `hint` and the last 8000 characters of `log_path`."""
+    caller started it) has exited; both messages end with `hint` and the last 8000 characters of `log_path`. Not TRL's
+    `VLLMClient.check_server`: its requests have no timeout, a non-200 answer never ends its wait, and it cannot see
+    a server process that died."""
 
     def failure(what: str) -> str:
         log = log_path.read_text(errors="replace")[-8000:] if log_path is not None and log_path.exists() else ""
