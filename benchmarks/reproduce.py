@@ -1,0 +1,201 @@
+"""Rerun a README headline at seeds it was never measured on, and say whether the fresh result agrees.
+
+    python benchmarks/reproduce.py in-band                  # the in-band arms at fresh seeds (5-9; ~50 min, 1 worker)
+    python benchmarks/reproduce.py in-band --seeds 10 11    # other fresh seeds (added to the same file)
+    python benchmarks/reproduce.py --replot                 # the report from reproduce.json, no run
+
+A headline is a paired difference over seeds (MInTRL-const - GRPO, ...) from `learning.json`, measured on the seeds
+its regime was designed on. This script runs the headline's arms with exactly the recorded jobs' settings
+(`benchmarks.learning.plan_jobs` on `learning.json`'s settings, only the seeds differ) at fresh seeds, and prints, per
+difference, the recorded interval, the fresh one, and the pooled one over every seed run (what the README quotes).
+The two agree unless Welch's two-sample test rejects equal means at 5% (the 95% interval of fresh - recorded
+excludes 0); any disagreement makes the exit status 1. `reproduce.json` holds the command, the commit and one record
+per fresh run (the same records as learning.json's), rewritten after every run; `reproduce.md` is rendered from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
+
+from benchmarks import learning  # noqa: E402  (sets the single-thread, offline environment first)
+from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.stats import Interval, format_interval, paired_difference, t_quantile_975  # noqa: E402
+
+RESULTS = learning.RESULTS
+JSON_NAME = "reproduce.json"
+# headline -> the regime and the arms it reruns, and the differences it checks (arm, baseline)
+HEADLINES = {
+    "in-band": dict(
+        regime="in-band",
+        labels=["grpo", "grpo-2x", "mintrl-const", "sort-uniform"],
+        differences=[("mintrl-const", "grpo"), ("sort-uniform", "grpo"), ("grpo-2x", "grpo")],
+        fresh_seeds=[5, 6, 7, 8, 9],
+    ),
+}
+METRICS = ("pass@1", "pass@8")
+
+
+def fresh_jobs(recorded: dict, headline: str, seeds: list[int]) -> list[dict]:
+    """The headline's jobs at `seeds`, with the recorded runs' settings (steps, prompts, evaluation); refuses seeds
+    the recorded benchmark already ran (they are not fresh)."""
+    spec = HEADLINES[headline]
+    used = sorted(set(seeds) & set(recorded["settings"]["seeds"]))
+    if used:
+        raise SystemExit(f"--seeds {used}: already run by learning.json (seeds {recorded['settings']['seeds']})")
+    settings = {**recorded["settings"], "seeds": seeds, "seeds_per_regime": {}, "sweep_seeds": 0}
+    settings["plan"] = {spec["regime"]: spec["labels"]}
+    return learning.plan_jobs(settings)
+
+
+def difference_of_means(fresh: Interval, recorded: Interval) -> Interval | None:
+    """fresh - recorded with Welch's 95% interval (Welch-Satterthwaite degrees of freedom, rounded down); None when
+    either side has fewer than two seeds."""
+    if fresh.std is None or recorded.std is None:
+        return None
+    va, vb = fresh.std**2 / fresh.n, recorded.std**2 / recorded.n
+    mean = fresh.mean - recorded.mean
+    if va + vb == 0:
+        return Interval(mean, 0.0, mean, mean, fresh.n + recorded.n)
+    df = (va + vb) ** 2 / (va**2 / (fresh.n - 1) + vb**2 / (recorded.n - 1))
+    half = t_quantile_975(max(1, math.floor(df))) * math.sqrt(va + vb)
+    return Interval(mean, math.sqrt(va + vb), mean - half, mean + half, fresh.n + recorded.n)
+
+
+def comparisons(recorded: dict, fresh_runs: list[dict], headline: str) -> list[dict]:
+    """Per checked difference and metric: the recorded, fresh and pooled paired intervals, fresh - recorded (Welch),
+    and whether they agree."""
+    spec = HEADLINES[headline]
+    regime = spec["regime"]
+    rows = []
+    for arm, base in spec["differences"]:
+        old = {label: learning.runs_of(recorded, regime, label) for label in (arm, base)}
+        new = {
+            label: sorted((r for r in fresh_runs if r["label"] == label), key=lambda r: r["seed"])
+            for label in (arm, base)
+        }
+        for metric in METRICS:
+            by_seed = {
+                side: {label: learning.final_by_seed(runs[label], metric) for label in (arm, base)}
+                for side, runs in (("recorded", old), ("fresh", new))
+            }
+            intervals = {side: paired_difference(d[arm], d[base]) for side, d in by_seed.items()}
+            pooled = paired_difference(
+                {**by_seed["recorded"][arm], **by_seed["fresh"][arm]},
+                {**by_seed["recorded"][base], **by_seed["fresh"][base]},
+            )
+            gap = None
+            if intervals["fresh"] is not None and intervals["recorded"] is not None:
+                gap = difference_of_means(intervals["fresh"], intervals["recorded"])
+            agree = None if gap is None else not gap.resolved
+            rows.append(
+                dict(arm=arm, baseline=base, metric=metric, **intervals, pooled=pooled, fresh_minus_recorded=gap,
+                     agree=agree)
+            )  # fmt: skip
+    return rows
+
+
+def report(results: dict, recorded: dict) -> str:
+    """reproduce.md: per headline, the fresh runs' provenance and the comparison table."""
+    commands = {}  # each invocation that wrote runs, once
+    for r in results["runs"]:
+        prov = r["provenance"]
+        changed = prov["changed_files_that_matter"]
+        text = f"`{prov['command']}` at commit `{prov['commit'][:12]}`" + (
+            f" (changed files: {', '.join(changed)})" if changed else ""
+        )
+        commands.setdefault(text, []).append(r["name"])
+    lines = [
+        "# Reproduction of the README's headlines (written by benchmarks/reproduce.py from reproduce.json; do not edit)",
+        "",
+        "Recorded runs: `benchmarks/results/learning.json`. Differences in points, paired by seed, with 95% "
+        "t-intervals; fresh - recorded with Welch's 95% interval; **disagree** when that interval excludes 0.",
+        "",
+        "Fresh runs written by:",
+        *(f"- {text}: {len(names)} runs" for text, names in commands.items()),
+    ]
+    for headline, spec in HEADLINES.items():
+        runs = [r for r in results["runs"] if r["headline"] == headline]
+        if not runs:
+            continue
+        seeds = sorted({r["seed"] for r in runs})
+        lines += [
+            "",
+            f"## {headline} ({spec['regime']} regime): fresh seeds {', '.join(map(str, seeds))}",
+            "",
+            "| difference | metric | recorded seeds | recorded | fresh seeds | fresh | fresh - recorded | verdict "
+            "| all seeds | pooled (every seed run) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in comparisons(recorded, runs, headline):
+            verdict = {None: "-", True: "agree", False: "**disagree**"}[row["agree"]]
+            n = lambda interval: interval.n if interval is not None else 0  # noqa: E731
+            lines.append(
+                f"| {row['arm']} - {row['baseline']} | {row['metric']} | {n(row['recorded'])} "
+                f"| {format_interval(row['recorded'])} | {n(row['fresh'])} | {format_interval(row['fresh'])} "
+                f"| {format_interval(row['fresh_minus_recorded'])} | {verdict} | {n(row['pooled'])} "
+                f"| {format_interval(row['pooled'])} |"
+            )
+        lines += ["", "Per fresh run (final held-out pass@1 / pass@8, %; train seconds):", ""]
+        for r in sorted(runs, key=lambda r: (r["label"], r["seed"])):
+            lines.append(
+                f"- {r['name']}: {100 * r['final']['pass@1']:.2f} / {100 * r['final']['pass@8']:.2f}; "
+                f"{r['train_seconds']:.0f} s"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def all_agree(results: dict, recorded: dict) -> bool:
+    rows = [
+        row for h in HEADLINES for row in comparisons(recorded, [r for r in results["runs"] if r["headline"] == h], h)
+    ]
+    return all(row["agree"] is not False for row in rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("headline", nargs="?", choices=sorted(HEADLINES), help="the headline to rerun")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="fresh seeds (default: the headline's)")
+    parser.add_argument("--workers", type=int, default=1, help="parallel runs (0: inline)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of learning.json and reproduce.json")
+    parser.add_argument("--replot", action="store_true", help="only render reproduce.md from reproduce.json")
+    args = parser.parse_args(argv)
+    recorded = learning.normalise(json.loads((args.out / "learning.json").read_text()))
+    path = args.out / JSON_NAME
+    previous = json.loads(path.read_text()) if path.is_file() else None
+
+    def render(results: dict, out: Path, plots: bool = True) -> str:
+        text = report(results, recorded)
+        (out / "reproduce.md").write_text(text)
+        return text
+
+    if args.replot:
+        if previous is None:
+            raise SystemExit(f"--replot: no {path}")
+        print(render(previous, args.out))
+        sys.exit(0 if all_agree(previous, recorded) else 1)
+    if args.headline is None:
+        parser.error("name a headline to rerun (or --replot)")
+    seeds = args.seeds or HEADLINES[args.headline]["fresh_seeds"]
+    prov = provenance("benchmarks/reproduce.py", argv)
+    # each run records the command and commit that wrote it: the file gathers runs of several invocations
+    jobs = [
+        {**job, "headline": args.headline, "provenance": prov} for job in fresh_jobs(recorded, args.headline, seeds)
+    ]
+    results = {"provenance": prov, "baselines": [], "runs": []}
+    if previous is not None:  # keep the other seeds' and headlines' runs; a rerun seed replaces its record
+        names = {job["name"] for job in jobs}
+        results["runs"] = [r for r in previous["runs"] if r["name"] not in names]
+    learning.execute(results, args.out, JSON_NAME, render, [], learning.run_job, jobs, args.workers)
+    sys.exit(0 if all_agree(results, recorded) else 1)
+
+
+if __name__ == "__main__":
+    main()
