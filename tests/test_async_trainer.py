@@ -258,14 +258,15 @@ def test_builds_the_rollout_worker_and_the_disk_sync(tiny_model_path, cpu_args, 
     TRL's end-of-completion ids and the config's sampling, and the disk weight sync bound to the tied head. Nothing
     contacts the server before training starts."""
     judge_object = revise_first_step_judge() if judge == "object" else None
-    args = async_args(cpu_args, temperature=0.7, top_p=0.9)
+    args = async_args(cpu_args, temperature=0.7)
     trainer = AsyncMInTRLTrainer(tiny_model_path, [role_reward], args, toy_dataset, judge=judge_object)
     worker, engine = trainer.rollout_worker, trainer.policy_engine
     try:
         assert isinstance(worker, MInTRLRolloutWorker) and worker.engine is engine
         assert isinstance(engine, VLLMHTTPEngine) and engine.served_model() == tiny_model_path
         assert engine.eos_token_ids == trainer.eos_token_ids  # derived before TRL's constructor, as it derives them
-        assert (engine.sampling_defaults["temperature"], engine.sampling_defaults["top_p"]) == (0.7, 0.9)
+        # the filters sent at their "off" values, so the server's generation_config defaults never apply
+        assert engine.sampling_defaults == dict(temperature=0.7, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
         if judge == "object":
             assert worker.judge is judge_object
         else:  # judge="self": the policy on the server, shown the reference
@@ -366,6 +367,10 @@ NON_DEFAULT = {
     "queue_maxsize": 64,
     "log_completions": True,
     "num_completions_to_print": 2,
+    "top_p": 0.9,
+    "top_k": 20,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
     "judge_vllm_gpu_memory_utilization": 0.3,
 }
 

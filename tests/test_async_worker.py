@@ -340,7 +340,7 @@ class CompletionsServer:
     `100 + (sum(prompt) + i) % 400` with log-prob `-t / 1000`, `max_tokens` of them unless `eos` is reached first.
     Records each request body; `respond(body)` may answer instead (status, payload); `delay` slows each answer.
     `GET /metrics` counts prefix-cache queries (prompt tokens) and hits (all but the last); `GET /server_info`
-    gives `max_num_seqs`."""
+    gives `max_num_seqs` and `logprobs_mode` (None: it answers 404, as a server without VLLM_SERVER_DEV_MODE)."""
 
     def __init__(self, eos: int = 2):
         self.bodies: list[dict] = []
@@ -348,6 +348,7 @@ class CompletionsServer:
         self.delay = 0.0
         self.in_flight = self.max_in_flight = 0
         self.hits = self.queries = 0
+        self.logprobs_mode: str | None = "processed_logprobs"
         self.lock = threading.Lock()
         server = self
 
@@ -373,8 +374,14 @@ class CompletionsServer:
                     text = f"vllm:prefix_cache_queries_total{{engine='0'}} {server.queries}\n"
                     text += f"vllm:prefix_cache_hits_total{{engine='0'}} {server.hits}\n"
                     self.send(200, text)
+                elif server.logprobs_mode is None:
+                    self.send(404, "Not Found")
                 else:
-                    self.send(200, {"vllm_config": {"scheduler_config": {"max_num_seqs": 3}}})
+                    config = {
+                        "scheduler_config": {"max_num_seqs": 3},
+                        "model_config": {"logprobs_mode": server.logprobs_mode},
+                    }
+                    self.send(200, {"vllm_config": config})
 
             def send(self, status, payload):
                 data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
@@ -525,3 +532,42 @@ def test_the_worker_runs_on_the_http_engine_and_stop_closes_it(server, engines, 
     worker.check_health(stale_after_s=300)
     with pytest.raises(RuntimeError, match="is closed"):
         engine.generate([[1]], max_new_tokens=1)
+
+
+@pytest.mark.parametrize(
+    "mode, temperature, refused",
+    [
+        ("processed_logprobs", 0.7, False),
+        ("raw_logprobs", 1.0, False),  # the raw model's log-probs are the policy's at temperature 1
+        ("raw_logprobs", 0.7, True),
+        ("processed_logits", 1.0, True),
+    ],
+)
+def test_the_worker_refuses_a_server_whose_logprobs_are_not_the_policys(
+    server, engines, make_worker, cpu_args, mode, temperature, refused
+):
+    """The regression anchors policy tokens at the server's sampled log-probs: they must be the policy's at the
+    sampling temperature, or no rollout starts."""
+    server.logprobs_mode = mode
+    worker = make_worker(
+        worker_args(cpu_args), engine=engines(server.url, sampling_defaults={"temperature": temperature})
+    )
+    if refused:
+        message = (
+            rf"--logprobs-mode {mode}: .*temperature={temperature}.*Restart it with --logprobs-mode processed_logprobs"
+        )
+        with pytest.raises(ValueError, match=message):
+            worker.start()
+        assert worker._thread is None
+    else:
+        worker.start()
+        assert worker._thread is not None
+
+
+def test_the_worker_warns_when_the_server_does_not_say_its_logprobs_mode(
+    server, engines, make_worker, cpu_args, caplog
+):
+    server.logprobs_mode = None
+    worker = make_worker(worker_args(cpu_args), engine=engines(server.url))
+    worker.start()
+    assert "Could not read the --logprobs-mode" in caplog.text and "VLLM_SERVER_DEV_MODE=1" in caplog.text

@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
+from conftest import missing_extra
 from trl import GRPOConfig
 
 from trl_mintrl import MInTRLConfig, SORTConfig
@@ -24,14 +25,10 @@ from trl_mintrl import MInTRLConfig, SORTConfig
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = [MInTRLConfig, SORTConfig]
 
-# The quick start installs `.[test]`: the docs toolchain (`.[docs]`) and Chromium (Debian's `chromium`) are extra.
-# CI installs both, and there a missing one fails instead of skipping.
+# The quick start installs `.[test]`: the docs toolchain (`.[docs]`) and Chromium (Debian's `chromium`) are extra;
+# the tests that need them are marked `docs` (conftest.missing_extra: skipped without them, failed in CI's extras step).
 MKDOCS = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _missing(what: str) -> None:
-    (pytest.fail if os.environ.get("CI") else pytest.skip)(what)
 
 
 def own_fields(config: type) -> set[str]:
@@ -106,7 +103,7 @@ def _parse(html: str) -> _Links:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     if MKDOCS is None:
-        _missing('mkdocs is not installed: pip install -e ".[docs]"')
+        missing_extra('mkdocs is not installed: pip install -e ".[docs]"')
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     result = subprocess.run(
@@ -120,7 +117,7 @@ def site(tmp_path_factory) -> Path:
 def _browser_dom(page: Path) -> str:
     """The page as Chromium renders it (after its scripts ran), as HTML."""
     if CHROMIUM is None:
-        _missing("Chromium is not installed: apt-get install chromium")
+        missing_extra("Chromium is not installed: apt-get install chromium")
     result = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120,
@@ -141,6 +138,7 @@ def _resolves(page: Path, page_ids: set[str], href: str) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.docs
 @pytest.mark.parametrize(
     "page, must_show",
     [
@@ -163,6 +161,7 @@ def test_pages_render_in_a_browser_with_working_internal_links(site, page, must_
 
 
 @pytest.mark.slow
+@pytest.mark.docs
 def test_api_reference_has_a_parameter_row_for_every_config_field(site):
     """The docstrings reach the rendered reference as parameter tables (the signature alone would list the names)."""
     dom = _browser_dom(site / "api" / "index.html")

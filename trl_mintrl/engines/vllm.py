@@ -109,7 +109,8 @@ def _with_temperature(defaults: dict[str, Any], temperature: float | None) -> di
 
 def server_prefix_cache_counters(session, base_url: str) -> tuple[float, float] | None:
     """(prefix-cache hits, queries) in tokens from a `vllm serve` server's Prometheus counters, summed over its
-    engines; None if it does not report them. `session`: anything with `requests`' `get`."""
+    engines; None if it does not report them. `session`: anything with a `get(url, timeout=)` (a `requests`
+    session, an `httpx2` client)."""
     try:
         response = session.get(f"{base_url}/metrics", timeout=10)
         response.raise_for_status()

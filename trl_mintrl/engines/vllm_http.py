@@ -3,7 +3,8 @@
 `VLLMServerEngine` (vllm.py) is TRL's server mode: every call is a collective of the training processes, so it cannot
 run in a thread of its own next to training. This engine is the asynchronous trainer's: token ids go out through
 `POST /v1/completions` (`return_token_ids`, `logprobs: 0` for each sampled token's log-prob, the EOS ids as
-`stop_token_ids`), one request per prompt, sent concurrently from a thread pool with `requests`; the server batches
+`stop_token_ids`), one request per prompt, sent concurrently from a thread pool through one `httpx2` client (the HTTP library
+`huggingface_hub` already brings); the server batches
 them continuously. No collective, no process group: only the thread that owns it calls it.
 
 It streams (`GenerationEngine.stream`): a chunk request is sent when the rollout asks for it and collected when its
@@ -18,21 +19,20 @@ import math
 import queue
 import random
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import requests
+import httpx2
 
 from .base import Generation, GenerationEngine, GenerationStream
 from .vllm import _with_temperature, hit_rate_between, server_prefix_cache_counters
 
 logger = logging.getLogger(__name__)
 
-_RETRYABLE = (requests.ConnectionError, requests.Timeout)
+_RETRYABLE = (httpx2.TransportError,)  # refused or dropped connections and timeouts: the request never got an answer
 
 
 def wait_for_health(
@@ -59,9 +59,9 @@ def wait_for_health(
         if process is not None and process.poll() is not None:
             raise RuntimeError(failure(f"The vLLM server for {base_url} exited with {process.returncode}."))
         try:
-            if requests.get(f"{base_url}/health", timeout=5).status_code == 200:
+            if httpx2.get(f"{base_url}/health", timeout=5).status_code == 200:
                 return
-        except requests.RequestException:
+        except httpx2.HTTPError:
             pass
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -119,9 +119,9 @@ class VLLMHTTPEngine(GenerationEngine):
         self._seeds = random.Random(seed)
         self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="mintrl-http")
-        self._local = threading.local()  # one `requests.Session` per pool thread (sessions are not thread-safe)
-        self._sessions: list[requests.Session] = []
-        self._sessions_lock = threading.Lock()
+        # one client for every pool thread (it is thread-safe), a connection per request in flight
+        limits = httpx2.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+        self._client = httpx2.Client(limits=limits)
         self._cache_counters_at_reset: tuple[float, float] | None = None
 
     @property
@@ -132,10 +132,7 @@ class VLLMHTTPEngine(GenerationEngine):
         """Fail what waits, join the pool's threads (requests in flight finish first), close the connections."""
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
-        with self._sessions_lock:
-            for session in self._sessions:
-                session.close()
-            self._sessions = []
+        self._client.close()
 
     def check_open(self) -> None:
         """Raise once closed: a caller waiting for answers must not wait for ones that will never come."""
@@ -171,7 +168,7 @@ class VLLMHTTPEngine(GenerationEngine):
         }
         for attempt in range(self.max_retries + 1):
             try:
-                response = self._session().post(self.completions_url, json=payload, timeout=self.request_timeout)
+                response = self._client.post(self.completions_url, json=payload, timeout=self.request_timeout)
                 break
             except _RETRYABLE as err:
                 if attempt == self.max_retries or self._closed:
@@ -180,7 +177,7 @@ class VLLMHTTPEngine(GenerationEngine):
                         f"{err}). Check that `vllm serve` is running and reachable at {self.base_url}."
                     ) from err
                 time.sleep(min(2**attempt, 8))
-        if not response.ok:
+        if not response.is_success:
             raise RuntimeError(
                 f"POST {self.completions_url} returned {response.status_code}: {response.text[:1000]}"
                 f" (model {payload['model']!r})."
@@ -188,7 +185,7 @@ class VLLMHTTPEngine(GenerationEngine):
         self.last_response_at = time.monotonic()
         return self._parse(response)
 
-    def _parse(self, response: requests.Response) -> Generation:
+    def _parse(self, response: httpx2.Response) -> Generation:
         try:
             choice = response.json()["choices"][0]
             token_ids = choice.get("token_ids")
@@ -213,22 +210,30 @@ class VLLMHTTPEngine(GenerationEngine):
         # vLLM sends None for a NaN log-prob; keep it NaN, as TRL does
         return Generation(list(token_ids), [math.nan if lp is None else float(lp) for lp in token_logprobs])
 
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = self._local.session = requests.Session()
-            with self._sessions_lock:
-                self._sessions.append(session)
-        return session
+    def server_config(self) -> dict | None:
+        """The server's resolved `vllm_config` from `/server_info` (a dev-mode route, `VLLM_SERVER_DEV_MODE=1`); None
+        when it does not answer it."""
+        try:
+            response = self._client.get(f"{self.base_url}/server_info", params={"config_format": "json"}, timeout=30)
+            response.raise_for_status()
+            config = response.json()["vllm_config"]
+        except (httpx2.HTTPError, ValueError, KeyError, TypeError):
+            return None
+        return config if isinstance(config, dict) else None
 
     def server_max_num_seqs(self) -> int | None:
-        """The server's `max_num_seqs` from `/server_info` (a dev-mode route, `VLLM_SERVER_DEV_MODE=1`); None when
+        """The server's `max_num_seqs`; None when it does not say."""
+        try:
+            return int(self.server_config()["scheduler_config"]["max_num_seqs"])
+        except (TypeError, KeyError, ValueError):
+            return None
+
+    def server_logprobs_mode(self) -> str | None:
+        """The server's `--logprobs-mode` (`raw_logprobs`, vLLM's default, or `processed_logprobs`, ...); None when
         it does not say."""
         try:
-            response = requests.get(f"{self.base_url}/server_info", params={"config_format": "json"}, timeout=30)
-            response.raise_for_status()
-            return int(response.json()["vllm_config"]["scheduler_config"]["max_num_seqs"])
-        except (requests.RequestException, ValueError, KeyError, TypeError):
+            return str(self.server_config()["model_config"]["logprobs_mode"])
+        except (TypeError, KeyError):
             return None
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -246,7 +251,7 @@ class VLLMHTTPEngine(GenerationEngine):
         return _HTTPStream(self, wake)
 
     def reset_cache_stats(self) -> None:
-        self._cache_counters_at_reset = server_prefix_cache_counters(self._session(), self.base_url)
+        self._cache_counters_at_reset = server_prefix_cache_counters(self._client, self.base_url)
 
     def prefix_cache_hit_rate(self) -> float | None:
         """Share of prompt tokens the server found in its prefix cache since `reset_cache_stats` (all its clients
@@ -254,7 +259,7 @@ class VLLMHTTPEngine(GenerationEngine):
         if self._cache_counters_at_reset is None:
             return None
         return hit_rate_between(
-            self._cache_counters_at_reset, server_prefix_cache_counters(self._session(), self.base_url)
+            self._cache_counters_at_reset, server_prefix_cache_counters(self._client, self.base_url)
         )
 
 

@@ -57,6 +57,16 @@ REFUSED_ASYNC_FIELDS: dict[str, tuple[str, str]] = {
         "read the rewards and lengths in the logs",
     ),
     **_refused(
+        "top_p top_k min_p repetition_penalty",
+        "the regression anchors each policy token at the log-prob the vLLM server sampled it with, and the trainer "
+        "scores the same token under the full softmax at `temperature`; a truncated (top_p, top_k, min_p) or "
+        "penalised (repetition_penalty) sampling distribution gives the server a different log-prob even at "
+        "staleness 0 (measured: -0.10 nats per token at temperature 0.7, top_p 0.9), a bias in every residual that "
+        "grows with the completion's length and so favours long rollouts",
+        "sample from the full distribution and shape it with `temperature` only (MInTRLTrainer, which scores its "
+        "own samples, takes these fields)",
+    ),
+    **_refused(
         "judge_vllm_gpu_memory_utilization",
         "the asynchronous trainer has no colocated vLLM engine to share GPU memory with: the policy generates on a "
         "vLLM server, and a judge='model' or 'base' judge generates with transformers in the trainer's process",
@@ -75,8 +85,10 @@ class AsyncMInTRLConfig(MInTRLFields, AsyncGRPOConfig):
     [`~trl.experimental.async_grpo.AsyncGRPOConfig`] parameters apply, except those MInTRL cannot honour
     (`REFUSED_ASYNC_FIELDS`: `epsilon`, `epsilon_high`, `token_budget`, `router_aux_loss_coef`,
     `max_tool_calling_iterations`, `fork_threshold_tokens`, `queue_maxsize`, `log_completions`,
-    `num_completions_to_print`, `judge_vllm_gpu_memory_utilization`): a non-default value is refused when the config
-    is built, with the reason and what to use instead. `max_inflight_tasks` is not read (TRL sets it for its own
+    `num_completions_to_print`, the sampling filters `top_p`, `top_k`, `min_p` and `repetition_penalty`,
+    `judge_vllm_gpu_memory_utilization`): a non-default value is refused when the config is built, with the reason
+    and what to use instead. The server must report the log-probs it samples with (`vllm serve --logprobs-mode
+    processed_logprobs`, checked when training starts): its default, the raw model's, ignores `temperature`. `max_inflight_tasks` is not read (TRL sets it for its own
     worker): `max_staleness` bounds how far MInTRL's worker runs ahead. MInTRL's own parameters are those
     of [`MInTRLConfig`], with the same names, defaults, meaning and checks, except `anchor` (below). On CPU set
     `use_cpu=True` and `bf16=False` (`AsyncGRPOConfig` defaults to bf16).

@@ -19,6 +19,7 @@ from unittest import mock
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer
+from trl.import_utils import is_requests_available
 
 from ...judges import Judge
 from ...losses import mintrl_anchors, packed_advantage_regression_loss
@@ -70,6 +71,7 @@ class AsyncMInTRLTrainer(ModelCardMixin, ExtraStateMixin, AsyncGRPOTrainer):
             args = AsyncMInTRLConfig(default_output_dir(model, "AsyncMInTRL"))
         if not isinstance(args, AsyncMInTRLConfig):
             raise TypeError(f"AsyncMInTRLTrainer needs args=AsyncMInTRLConfig(...), got {type(args).__name__}.")
+        require_requests()
         check_async_inputs(args, model, train_dataset, peft_config, judge, rollout_worker, weight_transfer, kwargs)
         # the judge `args.judge` names needs the trainer (its model, device, engine): set once TRL has made it
         judge_from_args = rollout_worker is None and judge is None
@@ -124,13 +126,15 @@ class AsyncMInTRLTrainer(ModelCardMixin, ExtraStateMixin, AsyncGRPOTrainer):
             args.vllm_server_base_url,
             model=model,  # the name `vllm serve <model>` serves it under, as TRL's own worker requests it
             eos_token_ids=end_of_completion_ids(model, tokenizer, **hub_kwargs),
+            # the filters sent at their "off" values (AsyncMInTRLConfig refuses others): without them `vllm serve`
+            # applies the model's generation_config.json (Qwen3: top_p 0.95, top_k 20), which the anchors cannot follow
             sampling_defaults=dict(
                 temperature=args.temperature,
                 top_p=args.top_p,
                 top_k=args.top_k,
-                min_p=args.min_p,
+                min_p=args.min_p or 0.0,
                 repetition_penalty=args.repetition_penalty,
-            ),
+            ),  # fmt: skip
             request_timeout=args.request_timeout,
             seed=args.seed,
         )
@@ -236,6 +240,16 @@ class AsyncMInTRLTrainer(ModelCardMixin, ExtraStateMixin, AsyncGRPOTrainer):
         self.absorption.load_state_dict(state["judge_absorption"])
         if self.rollout_worker is not None:
             self.rollout_worker.load_state_dict(state["rollout_worker"])
+
+
+def require_requests() -> None:
+    """An ImportError naming the extra, before any model loads: TRL's `AsyncGRPOTrainer` builds its `VLLMClient`,
+    which talks to the vLLM server with `requests`, a dependency of neither TRL nor trl-mintrl's base install."""
+    if not is_requests_available():
+        raise ImportError(
+            "AsyncMInTRLTrainer needs `requests`: TRL's AsyncGRPOTrainer talks to the vLLM server with it. Install "
+            'the extra: pip install "trl-mintrl[async]" (from a checkout: pip install -e ".[async]").'
+        )
 
 
 def check_async_inputs(

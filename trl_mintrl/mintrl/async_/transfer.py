@@ -21,7 +21,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import requests
+import httpx2
 import torch
 from safetensors.torch import save_file
 
@@ -129,11 +129,11 @@ class DiskReloadTransfer:
         """Delete the folder. The server keeps serving the last weights it loaded."""
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _post(self, route: str, *, timeout: float, hint: str = "", **kwargs) -> requests.Response:
+    def _post(self, route: str, *, timeout: float, hint: str = "", **kwargs) -> httpx2.Response:
         url = f"{self.server_url}{route}"
         try:
-            response = requests.post(url, timeout=timeout, **kwargs)
-        except requests.RequestException as exc:
+            response = httpx2.post(url, timeout=timeout, **kwargs)
+        except httpx2.HTTPError as exc:
             raise RuntimeError(
                 f"Weight sync: POST {url} failed ({type(exc).__name__}: {exc}). Check that the vLLM server is running "
                 f"and reachable at {self.server_url}. {hint}"
@@ -143,7 +143,7 @@ class DiskReloadTransfer:
                 f"Weight sync: POST {url} returned 404. {route} is a vLLM dev-mode route: start the server with "
                 "VLLM_SERVER_DEV_MODE=1 in its environment."
             )
-        if not response.ok:
+        if not response.is_success:
             raise RuntimeError(
                 f"Weight sync: POST {url} returned {response.status_code}: {response.text[:1000]}. {hint}".rstrip()
             )

@@ -51,6 +51,31 @@ logger = logging.getLogger(__name__)
 THREAD_NAME = "mintrl-async-rollout"
 
 
+def check_logprobs_mode(engine: GenerationEngine) -> None:
+    """Refuse a vLLM server whose sampled log-probs are not the policy's at the engine's sampling temperature, which
+    the regression anchors policy tokens at (TRL's synchronous trainer checks its server likewise, for its importance
+    sampling): vLLM's default `--logprobs-mode raw_logprobs` reports the raw model's, the same only at temperature 1;
+    the `*_logits` modes report no log-probs at all. A server that cannot say gets a warning."""
+    if not isinstance(engine, VLLMHTTPEngine):
+        return
+    temperature = engine.sampling_defaults.get("temperature", 1.0)
+    mode = engine.server_logprobs_mode()
+    if mode is None:
+        logger.warning(
+            "Could not read the --logprobs-mode of the vLLM server at %s (GET /server_info needs "
+            "VLLM_SERVER_DEV_MODE=1): unless it is `processed_logprobs`, its sampled log-probs are not the policy's at "
+            "temperature=%s, and the regression's anchors on policy tokens are biased.",
+            engine.base_url,
+            temperature,
+        )
+    elif not (mode == "processed_logprobs" or mode == "raw_logprobs" and temperature == 1.0):
+        raise ValueError(
+            f"The vLLM server at {engine.base_url} runs with --logprobs-mode {mode}: the log-probs it reports for the "
+            f"tokens it samples are not the policy's at temperature={temperature}, which MInTRL's regression anchors "
+            "policy tokens at (every residual would be biased). Restart it with --logprobs-mode processed_logprobs."
+        )
+
+
 class MInTRLRolloutWorker(InterventionSchedule):
     """TRL's `RolloutWorkerProtocol` for MInTRL, run as a thread of the trainer's main process.
 
@@ -155,6 +180,7 @@ class MInTRLRolloutWorker(InterventionSchedule):
         if self._thread is not None:
             logger.warning("MInTRLRolloutWorker.start() called while it runs; ignored.")
             return
+        check_logprobs_mode(self.engine)
         self._first_step, self._first_version = self.next_step, self._version
         self._heartbeat = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
