@@ -36,6 +36,8 @@ SPECS = [
 ]
 ADVANTAGES = [0.5, -0.25, 0.75, -1.0, 1.25, 0.0]
 STALE_UID = 0  # written by the weights before the last sync: model_version 0 while the trainer is at 1
+# the step's rollouts in the regression, as the worker counts them: these 5 in the micro-batch and 3 in another
+STEP_REGRESSION_ROWS = 8
 
 
 def make_samples(old_log_probs):
@@ -61,6 +63,7 @@ def make_samples(old_log_probs):
                         "judge_mask": judge_mask,
                         "model_version": 0 if uid == STALE_UID else 1,
                         "is_control": False,
+                        "step_regression_rows": STEP_REGRESSION_ROWS,
                     },
                 ),
             )
@@ -105,7 +108,7 @@ def test_judge_mask_reaches_every_loss_term(planner):
     batch, collator = collate_through_trl(samples, planner)
 
     assert batch["judge_mask"].shape == batch["old_log_probs"].shape
-    assert batch["global_n_sequences"].tolist() == [5.0] * NUM_PROCESSES
+    assert batch["step_regression_rows"].tolist() == [float(STEP_REGRESSION_ROWS)] * NUM_PROCESSES
     assert len(collator.metrics["reward"]) == 1  # TRL still averages the float keys of SampleMetrics
 
     terms, shared_position_flags = [], defaultdict(set)
@@ -187,7 +190,7 @@ def test_packed_regression_equals_padded_regression():
             batch["segment_id"][rank, real],
             batch["advantages"][rank, real].double(),
             beta,
-            num_sequences=batch["global_n_sequences"][rank].double() / NUM_PROCESSES,
+            num_sequences=batch["step_regression_rows"][rank].double() / NUM_PROCESSES,
         )
         loss = loss + rank_loss / NUM_PROCESSES
         residuals.append(rank_residuals)
@@ -211,6 +214,7 @@ def test_packed_regression_equals_padded_regression():
         padded([s.completion_mask[1:] for s in in_regression]),
         torch.tensor([s.advantage for s in in_regression], dtype=torch.float32).double(),
         beta,
+        num_rows=STEP_REGRESSION_ROWS,  # this micro-batch's share of the step's mean
     )
 
     torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-12)

@@ -126,39 +126,48 @@ class ScriptedWorker:
         if batch == self.fail_at:
             raise ValueError(f"batch {batch} cannot be written")
         for group in range(self.groups_per_step):
-            for sample in scripted_group(batch * self.groups_per_step + group, self.version):
+            for sample in scripted_group(batch * self.groups_per_step + group, self.version, self.groups_per_step):
                 self.rollout_buffer.put(sample)
         self.written.append((batch, self.version))
         self.metrics_queue.put({"scripted/batches_total": 1.0})
         self.next_batch += 1
 
 
-def rollout_sample(prompt, completion, judge, behaviour_logps, advantage, version, group_id) -> RolloutSample:
+def rollout_sample(
+    prompt, completion, judge, behaviour_logps, advantage, version, group_id, step_rows, trained=True
+) -> RolloutSample:
     """A rollout as `MInTRLRolloutWorker` writes it: sampled log-probs on policy tokens, 0 on the prompt and on judge
-    tokens, the judge-token mask in the metrics' extras."""
+    tokens, the judge-token mask and its step's rollouts in the regression (`step_rows`) in the metrics' extras;
+    `trained=False`: left out of the regression (mask_truncated_completions)."""
     judge_mask = np.array([0] * len(prompt) + judge)
     return RolloutSample(
         prompt=[],
         completion=[],
         input_ids=np.array(prompt + completion),
-        completion_mask=np.array([0] * len(prompt) + [1] * len(completion)),
+        completion_mask=np.array([0] * len(prompt) + [int(trained)] * len(completion)),
         old_log_probs=np.where(judge_mask == 1, 0.0, behaviour_logps).astype(np.float32),
         advantage=advantage,
         model_version=version,
         group_id=group_id,
         metrics=SampleMetrics(
-            {"reward": advantage}, extras={"judge_mask": judge_mask, "model_version": version, "is_control": False}
+            {"reward": advantage},
+            extras={
+                "judge_mask": judge_mask,
+                "model_version": version,
+                "is_control": False,
+                "step_regression_rows": step_rows,
+            },
         ),
     )
 
 
-def scripted_group(group_id: int, version: int) -> list[RolloutSample]:
+def scripted_group(group_id: int, version: int, groups_per_step: int) -> list[RolloutSample]:
     """Four rollouts of one prompt (two controls, two intervened, one judge token each), behaviour log-probs -1."""
     prompt = [10 + group_id % 50, 11, 12, 13]
     rollouts = [([20, 21, 22, 23], [0] * 4), ([20, 24, 25], [0] * 3), ([30, 31, 32], [0, 1, 0]), ([33, 34], [1, 0])]
     return [
         rollout_sample(prompt, completion, judge, np.full(len(prompt) + len(completion), -1.0), advantage, version,
-                       group_id)
+                       group_id, step_rows=4 * groups_per_step)
         for (completion, judge), advantage in zip(rollouts, [-0.5, -0.5, 1.5, -0.5], strict=True)
     ]  # fmt: skip
 
@@ -215,10 +224,15 @@ def test_stale_rollout_loss_is_the_hand_computed_regression(tiny_model_path, cpu
     reference.load_state_dict(trainer.model.state_dict())
     assert np.abs(behaviour(0)[0] - stale_logps[0]).max() > 1e-2  # its anchors are not the current log-probs
     logps = stale_logps + behaviour(1)
-    samples = [
-        rollout_sample(p, c, j, lp, a, version=g, group_id=g) for (g, p, c, j, a), lp in zip(specs, logps, strict=True)
-    ]
-    batch, _ = collate_through_trl(samples, "fixed")  # as TRL's trainer does: queue, planner, collator
+
+    def collated(step_rows: int):  # as TRL's trainer does: queue, planner, collator
+        samples = [
+            rollout_sample(p, c, j, lp, a, version=g, group_id=g, step_rows=step_rows)
+            for (g, p, c, j, a), lp in zip(specs, logps, strict=True)
+        ]
+        return samples, collate_through_trl(samples, "fixed")[0]
+
+    samples, batch = collated(step_rows=4)
     assert (batch["token_index"] < 0).any()  # the shorter row has padding terms
 
     trainer.model.train()
@@ -243,10 +257,47 @@ def test_stale_rollout_loss_is_the_hand_computed_regression(tiny_model_path, cpu
         scale = param.grad.abs().max().item()  # float32 agreement, at the scale of the tensor's gradient
         torch.testing.assert_close(trained_grads[name].grad, param.grad, rtol=0, atol=1e-5 * scale, msg=name)
 
-    trainer.current_gradient_accumulation_steps = 2  # the micro-batches of an optimizer step add up to its mean
+    # one of two micro-batches of an optimizer step of 8 rollouts: its share of the step's mean
+    trainer.current_gradient_accumulation_steps = 2
+    _, batch = collated(step_rows=8)
     with torch.no_grad():
-        halved = sum(trainer.compute_loss(trainer.model, row) for row in rows)
+        halved = sum(
+            trainer.compute_loss(trainer.model, {k: v[r : r + 1] for k, v in batch.items()}) for r in range(2)
+        )
     torch.testing.assert_close(halved, expected.detach() / 2, rtol=1e-5, atol=1e-7)
+
+
+def test_every_rollout_of_an_optimizer_step_weighs_the_same_whatever_its_micro_batch(
+    tiny_model_path, cpu_args, toy_dataset
+):
+    """An optimizer step of two micro-batches, one keeping all 4 rollouts in the regression and one keeping 1 of 4
+    (mask_truncated_completions left the other 3 out): the step's loss is the mean over those 5 rollouts, each
+    weighing 1/5, as in MInTRLTrainer, not 1/4 and 1 (a mean per micro-batch)."""
+    trainer = make_trainer(tiny_model_path, toy_dataset, async_args(cpu_args), ScriptedWorker(max_staleness=1))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    prompt, completions = [11, 12, 13, 14], [[31, 32, 33], [31, 34], [35, 36, 37, 38], [39]]
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="sdpa", dtype=torch.float32)
+    with torch.no_grad():  # the trainer's model runs TRL's packed tree attention: score with a plain copy
+        logps = [sequence_log_probs(reference, np.array(prompt + c)).numpy() - 0.1 for c in completions]
+    micro_batches = [[True] * 4, [False, True, False, False]]  # rollouts in the regression, per micro-batch
+    loss, squared = 0.0, []
+    for step, kept in enumerate(micro_batches):
+        samples = [
+            rollout_sample(prompt, c, [0] * len(c), lp, a, version=1, group_id=step, step_rows=5, trained=k)
+            for c, lp, a, k in zip(completions, logps, [0.5, -0.5, 1.0, -1.0], kept, strict=True)
+        ]
+        batch, _ = collate_through_trl(samples, "fixed")
+        loss = loss + sum(
+            trainer.compute_loss(trainer.model, {k: v[r : r + 1] for k, v in batch.items()}) for r in range(2)
+        )
+        with torch.no_grad():
+            for sample, k in zip(samples, kept, strict=True):
+                if k:  # the anchors are 0.1 below the current log-probs
+                    n_completion = int(sample.completion_mask.sum())
+                    squared.append((BETA * 0.1 * n_completion - sample.advantage) ** 2)
+    assert len(squared) == 5
+    torch.testing.assert_close(loss.detach(), torch.tensor(sum(squared) / 5), rtol=1e-4, atol=1e-6)
 
 
 # ----- what the trainer builds for a vLLM server -----

@@ -162,6 +162,9 @@ def test_truncated_rollouts_leave_the_regression_but_stay_in_the_baseline(make_w
         assert sample.completion_mask.sum() == (len(ids) if ids[-1] == worker.engine.eos_token_ids[0] else 0)
     assert sum(sample.completion_mask.sum() == 0 for _, sample in batch) > 0  # some were cut at 4 tokens
     assert len(batch) == STEP  # still one step's rollouts: the step boundary stays where the trainer expects it
+    # every sample carries the step's count of rollouts in the regression: the loss is the mean over them
+    in_regression = sum(bool(sample.completion_mask.any()) for _, sample in batch)
+    assert {sample.metrics.extras["step_regression_rows"] for _, sample in batch} == {in_regression}
 
 
 def test_metrics_are_pushed_per_batch_in_trls_format(make_worker, cpu_args):

@@ -21,7 +21,8 @@ from trl.trainer.utils import pad
 
 class SampleMetrics(dict):
     """A rollout sample's float metrics (the keys TRL's collator averages and logs), plus `extras`, which TRL never
-    reads: `judge_mask` (np array aligned with `input_ids`, 1 on judge tokens), `model_version`, `is_control`."""
+    reads: `judge_mask` (np array aligned with `input_ids`, 1 on judge tokens), `model_version`, `is_control`, and
+    `step_regression_rows` (the rollouts of the sample's optimizer step that are in the regression)."""
 
     __slots__ = ("extras",)
 
@@ -38,14 +39,12 @@ class _LossTerms:
         self.segment_id: list[int] = []
         self.target: list[int] = []
         self.judge: list[float] = []
-        self.n_sequences = 0
         for i, sample in enumerate(row.samples):
             input_ids = np.asarray(sample["input_ids"])
             trained = np.flatnonzero(np.asarray(sample["completion_mask"])[1:]) + 1
             self.segment_id += [i] * len(trained)
             self.target += input_ids[trained].tolist()
             self.judge += _judge_mask(sample, len(input_ids))[trained].tolist()
-            self.n_sequences += bool(len(trained))
 
 
 def _judge_mask(sample: dict[str, Any], length: int) -> np.ndarray:
@@ -65,8 +64,10 @@ class MInTRLRolloutCollator(DataCollatorForRollout):
     """TRL's rollout collator plus what MInTRL's loss needs:
     - `judge_mask` (num_processes, M_max) float: 1 on the loss terms whose target is a judge token, laid out as
       `old_log_probs` (padded with 0);
-    - `global_n_sequences` (num_processes,): the sequences with at least one loss term in the whole micro-batch,
-      repeated per rank like TRL's `global_n_tokens`, so each rank can divide by its share of the global count.
+    - `step_regression_rows` (num_processes,): the rollouts in the regression over the whole optimizer step (all
+      its micro-batches and ranks), repeated per rank like TRL's `global_n_tokens`: the loss is the mean over them,
+      as in `MInTRLTrainer`, however the step's rollouts fall into micro-batches (the worker writes it: one
+      optimizer step's rollouts are one batch of its, so a micro-batch never holds two steps' samples).
 
     `pack`'s term order is re-walked here, and checked against the packed batch (segment and target token of every
     term): if TRL ever lays terms out differently, this raises instead of misaligning the mask.
@@ -87,6 +88,11 @@ class MInTRLRolloutCollator(DataCollatorForRollout):
                     "positions ascending; the judge-token mask would be misaligned. Update _LossTerms to its order."
                 )
         batch["judge_mask"] = pad([torch.tensor(t.judge, dtype=torch.float32) for t in terms], padding_value=0)
-        n_sequences = sum(t.n_sequences for t in terms)
-        batch["global_n_sequences"] = torch.full((self.num_processes,), float(n_sequences))
+        counts = {sample["metrics"].extras["step_regression_rows"] for row in rows for sample in row.samples}
+        if len(counts) != 1:
+            raise RuntimeError(
+                f"A micro-batch holds samples of optimizer steps with {sorted(counts)} rollouts in the regression: "
+                "the rollout worker must write one optimizer step's rollouts at a time (whole steps, in order)."
+            )
+        batch["step_regression_rows"] = torch.full((self.num_processes,), float(counts.pop()))
         return batch

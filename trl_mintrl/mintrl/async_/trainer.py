@@ -179,16 +179,13 @@ class AsyncMInTRLTrainer(ModelCardMixin, ExtraStateMixin, AsyncGRPOTrainer):
 
         # the behaviour policy's sampled log-probs on policy tokens, kappa on judge tokens; no ratio, no clipping
         anchors = mintrl_anchors(old_log_probs, judge_tokens, "const", self.args.kappa)
-        # As TRL divides by its tokens: each rank by its share of the micro-batch's sequences (DDP averages the
-        # ranks' gradients), and by the micro-batches of an optimizer step (the Trainer's own scaling is off).
-        sequences_per_rank = (inputs["global_n_sequences"][0] / self.accelerator.num_processes).clamp(min=1.0)
+        # The mean over the optimizer step's rollouts in the regression, as MInTRLTrainer's: each rank divides by
+        # its share of the step's count (DDP averages the ranks' gradients); the count covers every micro-batch of
+        # the step (the Trainer's own accumulation scaling is off), so a micro-batch with fewer rows in the
+        # regression (mask_truncated_completions) gives each of them the same weight as the others'.
+        step_rows = inputs["step_regression_rows"][0].clamp(min=1.0) / self.accelerator.num_processes
         loss, residuals = packed_advantage_regression_loss(
-            log_probs,
-            anchors,
-            segment_id,
-            advantages,
-            self.args.regression_beta,
-            sequences_per_rank * self.current_gradient_accumulation_steps,
+            log_probs, anchors, segment_id, advantages, self.args.regression_beta, step_rows
         )
 
         with torch.no_grad():

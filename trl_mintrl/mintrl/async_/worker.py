@@ -312,6 +312,8 @@ class MInTRLRolloutWorker(InterventionSchedule):
             self.next_step = step + 1
             self.prompt_index = first_prompt + self.groups_per_step
 
+        masking = getattr(self.args, "mask_truncated_completions", False)
+        trained = [not (masking and self._truncated(t)) for t in trajectories]
         for i, t in enumerate(trajectories):
             sample = self._sample(
                 group_rows[i]["prompt"],
@@ -322,6 +324,8 @@ class MInTRLRolloutWorker(InterventionSchedule):
                 group_id=first_prompt + i // self.group_size,  # the group's prompt position: unique per group
                 version=version,
                 is_control=bool(is_control[i]),
+                trained=trained[i],
+                step_regression_rows=sum(trained),
             )
             sample.enqueued_at = time.time()
             self.rollout_buffer.put(sample)
@@ -408,17 +412,20 @@ class MInTRLRolloutWorker(InterventionSchedule):
         group_id: int,
         version: int,
         is_control: bool,
+        trained: bool,
+        step_regression_rows: int,
     ) -> RolloutSample:
-        """One rollout as TRL's trainer takes it: prompt + completion tokens, the behaviour policy's sampled log-probs
-        on policy tokens (0 on judge tokens and the prompt: the loss anchors judge tokens at kappa), its weighted
-        `reward` and each function's `rewards` for the logs, and, in the metrics' extras, the judge-token mask."""
+        """One rollout as TRL's trainer takes it: prompt + completion tokens (`trained`: in the regression, else
+        masked), the behaviour policy's sampled log-probs on policy tokens (0 on judge tokens and the prompt: the loss
+        anchors judge tokens at kappa), its weighted `reward` and each function's `rewards` for the logs, and, in the
+        metrics' extras, the judge-token mask and the rollouts of its optimizer step in the regression (the loss
+        is their mean, whichever micro-batch and rank each lands in)."""
         if t.logprobs is None:
             raise RuntimeError(
                 f"{type(self.engine).__name__} does not report sampling log-probs: the asynchronous loss anchors each "
                 "policy token at the log-prob it was sampled with."
             )
         n_prompt, n_completion = len(t.prompt_ids), len(t.completion_ids)
-        trained = not (self._truncated(t) and getattr(self.args, "mask_truncated_completions", False))
         judge_mask = np.concatenate([np.zeros(n_prompt), 1 - np.asarray(t.env_mask, dtype=np.float64)])
         text = self.tokenizer.decode(t.completion_ids, skip_special_tokens=True)
         metrics = {"reward": reward}
@@ -434,7 +441,12 @@ class MInTRLRolloutWorker(InterventionSchedule):
             group_id=group_id,
             metrics=SampleMetrics(
                 metrics,
-                extras={"judge_mask": judge_mask.astype(np.int8), "model_version": version, "is_control": is_control},
+                extras={
+                    "judge_mask": judge_mask.astype(np.int8),
+                    "model_version": version,
+                    "is_control": is_control,
+                    "step_regression_rows": step_regression_rows,
+                },
             ),
         )
 
