@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 from pathlib import Path
 
@@ -15,19 +16,22 @@ import numpy as np
 import pytest
 import torch
 from conftest import params_changed, snapshot
-from mintrl_helpers import revise_first_step_judge, role_reward
+from mintrl_helpers import mintrl_fields, revise_first_step_judge, role_reward
+from openai_server import ScriptedServer
 from peft import LoraConfig
 from test_async_packing import collate_through_trl
+from test_mintrl_scheduler import FakeLM
 from transformers import AutoModelForCausalLM
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from trl_mintrl.engines.vllm_http import VLLMHTTPEngine
-from trl_mintrl.judges import GeneratingJudge
+from trl_mintrl.judges import EndpointJudge, GeneratingJudge
 from trl_mintrl.mintrl.async_ import AsyncMInTRLConfig, AsyncMInTRLTrainer, SampleMetrics
 from trl_mintrl.mintrl.async_.config import REFUSED_ASYNC_FIELDS
 from trl_mintrl.mintrl.async_.trainer import STATE_FILE
 from trl_mintrl.mintrl.async_.transfer import DiskReloadTransfer
 from trl_mintrl.mintrl.async_.worker import MInTRLRolloutWorker
+from trl_mintrl.mintrl.judge_factory import JudgeOutageError
 
 BETA, KAPPA = 0.05, -0.2
 TRL_TRACE_THREAD = "rollout-trace-logger"  # TRL's RolloutQueueDataset starts this daemon and never stops it
@@ -382,6 +386,53 @@ def test_a_failing_worker_stops_training_and_leaves_no_thread(tiny_model_path, c
 
 
 # ----- resume -----
+
+
+def test_a_judge_outage_stops_after_the_step_that_trains_the_deciding_batch(
+    tiny_model_path, tiny_tokenizer, cpu_args, toy_dataset, tmp_path
+):
+    """MInTRL's own worker (the scripted engine) with an endpoint judge whose server answers HTTP 500 to everything.
+    Batch 0's rollouts end before any review (no judge request: no news), batches 1 and 2 get no answer, so with
+    judge_outage_steps=2 the worker decides on batch 2, while it runs up to max_staleness=2 steps ahead; the run
+    stops where MInTRLTrainer stops, after the optimizer step that trains batch 2 (global step 3), with
+    checkpoint-3 and JudgeOutageError. The checkpoint holds the judge's failure counters as of batch 3's start,
+    which a resumed run continues from."""
+    server = ScriptedServer(lambda question, attempt, body: (500, {"error": "down"}, 0))
+    output_dir = tmp_path / "run"
+    args = AsyncMInTRLConfig(
+        **mintrl_fields(cpu_args, output_dir=str(output_dir), judge_outage_steps=2), max_staleness=2
+    )
+
+    def trainer_and_judge(max_steps: int):
+        judge = EndpointJudge(server.url, model="judge", max_retries=0)
+        worker = MInTRLRolloutWorker(args, tiny_tokenizer, toy_dataset, [role_reward], judge, FakeLM(tiny_tokenizer))
+        args.max_steps = max_steps
+        return make_trainer(tiny_model_path, toy_dataset, args, worker), judge
+
+    try:
+        trainer, judge = trainer_and_judge(max_steps=6)
+        checkpoint = output_dir / "checkpoint-3"
+        message = (
+            rf"no judge request was answered for 2 training steps in a row .*HTTP 500.*{re.escape(str(checkpoint))}$"
+        )
+        with pytest.raises(JudgeOutageError, match=message):
+            trainer.train()
+        worker = trainer.rollout_worker
+        assert trainer.state.global_step == 3 and worker.judge_outage_stop[0] == 2
+        assert worker.next_step > 3  # it had scored batches beyond the deciding one: the stop did not land there
+        assert sorted(p.name for p in output_dir.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-3"]
+        saved = json.loads((checkpoint / STATE_FILE).read_text())["rollout_worker"]
+        assert saved["next_step"] == 3 and saved["judge_outage_steps"] == 2
+        failures_at_save = saved["judge"]["failures"]["http_5xx"]
+        assert 0 < failures_at_save < judge.failures["http_5xx"]  # batch 3's start, not the worker's latest count
+
+        resumed, resumed_judge = trainer_and_judge(max_steps=5)
+        with pytest.raises(JudgeOutageError, match="for 3 training steps in a row"):  # still down: batch 3 fails
+            resumed.train(resume_from_checkpoint=str(checkpoint))
+        assert resumed.state.global_step == 4
+        assert resumed_judge.failures["http_5xx"] > failures_at_save  # counted on from the checkpoint, not from 0
+    finally:
+        server.close()
 
 
 def test_resume_restores_the_trainer_and_worker_state(tiny_model_path, cpu_args, toy_dataset):

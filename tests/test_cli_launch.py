@@ -76,6 +76,17 @@ def test_train_launches_two_processes_by_config_name(tiny_model_path, tmp_path):
         assert card_command in (folder / "README.md").read_text()  # the command as typed, launcher flags too
 
 
+def test_a_launched_run_that_fails_ends_with_its_own_line_and_exit_code(tmp_path):
+    """Training that fails in the launched process: the user sees that process's one-line error and its exit code,
+    not the launcher's RuntimeError and CalledProcessError tracebacks after it."""
+    command = [sys.executable, "-m", "trl_mintrl.cli", "train", "mintrl", "--config",
+               str(REPO / "recipes" / "cpu" / "mintrl.yaml"), "--accelerate_config", "cpu", "--kappa", "5"]  # fmt: skip
+    result = run_process_group(command, cwd=tmp_path, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "trl-mintrl train: error: kappa=5.0: " in result.stderr
+    assert "Traceback" not in result.stderr and "CalledProcessError" not in result.stderr, result.stderr[-3000:]
+
+
 def test_cpu_launches_set_the_threads_accelerate_would_announce(monkeypatch):
     import psutil
 

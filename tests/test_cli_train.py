@@ -1,7 +1,10 @@
 """`trl-mintrl train`: TrlParser recipes, command-line overrides, errors raised before the model loads, model cards."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -400,6 +403,25 @@ def test_dotted_reward_path_resolves_from_the_current_folder(tmp_path, monkeypat
     (reward,) = recipe.reward_funcs
     assert reward.__module__ == "my_cwd_rewards" and reward(completions=["a", "b"]) == [0.5, 0.5]
     monkeypatch.delitem(__import__("sys").modules, "my_cwd_rewards")
+
+
+def test_a_repository_recipe_resolves_its_names_and_data_from_any_folder(tmp_path):
+    """recipes/cpu/mintrl.yaml names `benchmarks.toy.task.*` (the repository's toy task, not installed) and
+    `recipes/cpu/data/arithmetic.jsonl`, both relative to the repository: run from another folder, in a fresh
+    interpreter without the repository on its path, they resolve relative to the recipe's repository."""
+    script = (
+        "import json, sys\n"
+        "from trl_mintrl.cli.train import check_environment, parse_recipe\n"
+        f"recipe = parse_recipe(['mintrl', '--config', {CPU_RECIPES['mintrl']!r}])\n"
+        "check_environment(recipe)\n"
+        "print(json.dumps([recipe.script_args.dataset_name, recipe.reward_funcs[0].__module__]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    dataset, reward_module = json.loads(done.stdout.strip().splitlines()[-1])
+    assert dataset == ARITHMETIC and reward_module == "benchmarks.toy.task"
 
 
 @pytest.fixture

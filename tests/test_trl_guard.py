@@ -102,6 +102,20 @@ def test_micro_batch_counter_and_loss_scaling_we_rely_on():
     assert "self.deepspeed_engine_wrapped.backward(loss, sync_gradients=self.sync_gradients, **kwargs)" in backward
 
 
+def test_accelerate_deepspeed_backward_we_call():
+    """SORT's separate repair step calls accelerate's DeepSpeed wrapper as `Accelerator.backward` does, with its own
+    accumulation boundary (`ReferenceRepair._backward`): the wrapper must take `sync_gradients`, set the engine's
+    boundary from it, pass the other keywords (`scale_wrt_gas`) to the engine's backward and step only there."""
+    from accelerate.utils.deepspeed import DeepSpeedEngineWrapper
+
+    params = inspect.signature(DeepSpeedEngineWrapper.backward).parameters
+    assert list(params)[:3] == ["self", "loss", "sync_gradients"] and "kwargs" in params
+    source = inspect.getsource(DeepSpeedEngineWrapper.backward)
+    assert "self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)" in source
+    assert "self.engine.backward(loss, **kwargs)" in source
+    assert source.find("if sync_gradients:") < source.find("self.engine.step()")
+
+
 def test_every_config_field_we_read_exists():
     """Every `self.args.<name>`, `trainer.args.<name>` and `training_args.<name>` the package reads is a field (or
     property) of GRPOConfig or of one of our configs."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.resources as resources
 import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 # accelerate launch flags accepted on the `train` command line (value-taking); none is a training config field
@@ -97,9 +99,26 @@ def accelerate_launch_args(launch: list[str]) -> list[str]:
 
 
 def launch_training(launch: list[str], train_argv: list[str]) -> None:
-    """Run `accelerate launch [--config_file F] [flags] -m trl_mintrl.cli train TRAIN_ARGV` in this process."""
+    """Run `accelerate launch [--config_file F] [flags] -m trl_mintrl.cli train TRAIN_ARGV` in this process. When
+    the training fails in a launched process, that process has printed its error already: exit with its exit code,
+    without the launcher's tracebacks (accelerate raises `CalledProcessError` for one process, torchrun's
+    `ChildFailedError` for several)."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     args = accelerate_launch_args(launch)
     os.environ[LAUNCH_FLAGS_ENV] = shlex.join(launch)  # accelerate passes this process's environment on
-    launch_command(launch_command_parser().parse_args([*args, "-m", "trl_mintrl.cli", "train", *train_argv]))
+    try:
+        launch_command(launch_command_parser().parse_args([*args, "-m", "trl_mintrl.cli", "train", *train_argv]))
+    except subprocess.CalledProcessError as error:
+        sys.exit(exit_status(error.returncode))
+    except Exception as error:
+        failures = getattr(error, "failures", None)  # torchrun's ChildFailedError: rank -> ProcessFailure
+        if not isinstance(failures, dict) or not failures:
+            raise
+        codes = [exit_status(failure.exitcode) for _, failure in sorted(failures.items())]
+        sys.exit(next((code for code in codes if code), 1))
+
+
+def exit_status(returncode: int) -> int:
+    """A child's exit code as a shell reports it: 128 + N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import os
 import shlex
 import sys
@@ -229,16 +230,50 @@ def _convert(action: argparse.Action, key: str, value):
     return converted
 
 
-def _import(path: str):
-    """`module:attr` or `module.attr` -> the attribute; modules in the current folder resolve too (as in TRL), so
-    a repository checkout's `benchmarks.toy.task.toy_reward` works from its root."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+def recipe_folders(config_path: str | None) -> list[str]:
+    """Where a recipe's relative names (dotted Python paths, a local `dataset_name`) are looked up: the working
+    folder, then the recipe's folder and its parents up to the repository it lives in (the first holding `.git` or
+    `pyproject.toml`), so a repository's recipe works from any folder it is pointed at."""
+    folders = [os.getcwd()]
+    if config_path is None:
+        return folders
+    folder = os.path.dirname(os.path.abspath(config_path))
+    while True:
+        folders.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder or any(os.path.exists(os.path.join(folder, m)) for m in (".git", "pyproject.toml")):
+            return list(dict.fromkeys(folders))
+        folder = parent
+
+
+def _import(path: str, folders: list[str]):
+    """`module:attr` or `module.attr` -> the attribute. A top-level module that is not installed is looked up in
+    `folders` (`recipe_folders`: the working folder first, as TRL does), so a repository checkout's
+    `benchmarks.toy.task.toy_reward` resolves from its root or from wherever its recipe is run."""
     module, _, attr = path.replace(":", ".").rpartition(".")
+    top = module.split(".")[0]
+    if importlib.util.find_spec(top) is None:
+        for folder in folders:
+            if os.path.isdir(os.path.join(folder, top)) or os.path.isfile(os.path.join(folder, f"{top}.py")):
+                if folder not in sys.path:
+                    sys.path.insert(0, folder)
+                break
     return getattr(importlib.import_module(module), attr)
 
 
-def resolve_reward_funcs(names: list[str]) -> list:
+def resolve_dataset_path(name: str | None, folders: list[str]) -> str | None:
+    """A relative local `dataset_name` missing from the working folder but present under one of the recipe's
+    `folders`, as an absolute path; anything else (a Hub id, an absolute or existing path) unchanged."""
+    if name is None or os.path.isabs(name) or os.path.exists(name):
+        return name
+    for folder in folders:
+        candidate = os.path.join(folder, name)
+        if os.path.exists(candidate):
+            return candidate
+    return name
+
+
+def resolve_reward_funcs(names: list[str], folders: list[str]) -> list:
     if not names:
         raise RecipeError(f"reward_funcs is empty: name at least one of {sorted(REWARDS)} or a dotted path.")
     funcs = []
@@ -249,7 +284,7 @@ def resolve_reward_funcs(names: list[str]) -> list:
                 "such as my_pkg.rewards.my_reward."
             )
         try:
-            funcs.append(REWARDS[name].reward if name in REWARDS else _import(name))
+            funcs.append(REWARDS[name].reward if name in REWARDS else _import(name, folders))
         except (ImportError, AttributeError, RuntimeError, ValueError) as err:  # e.g. a strict sandbox built there
             raise RecipeError(f"reward_funcs: cannot import {name!r}: {err}") from None
     return funcs
@@ -382,8 +417,10 @@ def parse_recipe(argv: list[str]) -> Recipe:
             f"max_steps={training_args.max_steps}: give a positive number of steps, or -1 to train for "
             "num_train_epochs."
         )
+    folders = recipe_folders(config_path)
+    script_args.dataset_name = resolve_dataset_path(script_args.dataset_name, folders)
     _check_data(script_args)
-    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs, folders)
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
         raise RecipeError(
@@ -394,7 +431,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
         if method not in JUDGED:
             raise RecipeError(f"judge_function is a MInTRL setting; `train {method}` has no judge. Remove it.")
         try:
-            _import(script_args.judge_function)
+            _import(script_args.judge_function, folders)
         except (ImportError, AttributeError, ValueError) as err:
             raise RecipeError(f"judge_function: cannot import {script_args.judge_function!r}: {err}.") from None
     if training_args.push_to_hub and not training_args.hub_model_id:
@@ -578,7 +615,7 @@ def run(recipe: Recipe):
     trainer_cls = with_model_card(getattr(importlib.import_module(module), trainer_name))
     extra = {}
     if script_args.judge_function is not None:
-        extra["judge"] = _import(script_args.judge_function)()
+        extra["judge"] = _import(script_args.judge_function, recipe_folders(recipe.config_path))()
     trainer = trainer_cls(
         model=model_args.model_name_or_path,
         reward_funcs=recipe.reward_funcs,

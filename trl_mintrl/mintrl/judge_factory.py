@@ -5,6 +5,7 @@ are warned about apart, and a judge that stops answering altogether stops the ru
 from __future__ import annotations
 
 import logging
+import os
 
 from transformers import TrainerCallback
 
@@ -212,6 +213,23 @@ class JudgeOutageError(RuntimeError):
     """Training stopped because the judge gave no answer for `judge_outage_steps` steps (`judge_outage_policy`)."""
 
 
+class RaisesOnJudgeOutage:
+    """Mixed into a MInTRL trainer (before the Trainer class): `train()` raises `JudgeOutageError` when
+    `judge_outage_policy="stop"` ended it, after the checkpoint of the step it stopped at was written, so that a script
+    does not carry on as if training had finished. The trainer says why it stopped (`_judge_outage_stop_reason`)."""
+
+    def _judge_outage_stop_reason(self) -> str | None:
+        raise NotImplementedError
+
+    def train(self, *args, **kwargs):
+        output = super().train(*args, **kwargs)
+        reason = self._judge_outage_stop_reason()
+        if reason is not None:
+            checkpoint = os.path.abspath(self._checkpoint_folder(None))
+            raise JudgeOutageError(f"{reason} Checkpoint: {checkpoint}")
+        return output
+
+
 class JudgeOutage(TrainerCallback):
     """Counts the consecutive training batches in which every judge request got no answer, and acts after
     `judge_outage_steps` of them: `"stop"` has the Trainer save a checkpoint and stop after the current optimizer
@@ -237,12 +255,17 @@ class JudgeOutage(TrainerCallback):
         args, steps = self.args, self.args.judge_outage_steps
         latest = last_error or "see the judge's log lines"
         if args.judge_outage_policy == "stop" and self.failed_steps >= steps:
+            server = (  # a judge object passed to the trainer names no server in the config
+                f"the judge server (judge_base_url={args.judge_base_url!r}, judge_model={args.judge_model!r})"
+                if args.judge_base_url is not None
+                else "the judge's server"
+            )
             self.stop_reason = (
                 f"MInTRL judge: no judge request was answered for {self.failed_steps} training steps in a row "
                 f"(latest: {latest}), so training stopped with a checkpoint (judge_outage_policy='stop') rather than "
-                "go on as GRPO without the judge it was configured with. Fix the judge server (judge_base_url="
-                f"{args.judge_base_url!r}, judge_model={args.judge_model!r}), then resume from the checkpoint "
-                "(resume_from_checkpoint=True); to train on through an outage, set judge_outage_policy='continue'."
+                f"go on as GRPO without the judge it was configured with. Fix {server}, then resume from the "
+                "checkpoint (resume_from_checkpoint=True); to train on through an outage, set "
+                "judge_outage_policy='continue'."
             )
             if self.main_process:
                 logger.error("%s", self.stop_reason)

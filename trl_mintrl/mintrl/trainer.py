@@ -15,7 +15,6 @@ The trainer only wires TRL's seams:
 from __future__ import annotations
 
 import math
-import os
 import textwrap
 from dataclasses import dataclass, fields
 
@@ -33,7 +32,7 @@ from .config import MInTRLConfig
 from .judge_factory import (
     JudgeFailureWarning,
     JudgeOutage,
-    JudgeOutageError,
+    RaisesOnJudgeOutage,
     build_judge,
     check_judge_backend,
     check_judge_votes,
@@ -257,7 +256,7 @@ def reviewed_rows(
     return intervened & reviewed[slot]
 
 
-class MInTRLTrainer(ModelCardMixin, InterventionSchedule, GRPOTrainerBase):
+class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, GRPOTrainerBase):
     """Minimal-Intervention RL. Used exactly like `GRPOTrainer`, plus an optional `judge` object (e.g. a
     `FunctionJudge`) that overrides `args.judge`."""
 
@@ -316,14 +315,8 @@ class MInTRLTrainer(ModelCardMixin, InterventionSchedule, GRPOTrainerBase):
         self.add_callback(self.judge_outage)  # saves and stops after the step in which "stop" decides
         self.absorption = AbsorptionTracker(args.absorption_window, args.absorption_max_nll, args.absorption_min_fall)
 
-    def train(self, *args, **kwargs):
-        """`Trainer.train`, raising `JudgeOutageError` when `judge_outage_policy="stop"` ended it (after the
-        checkpoint of the step it stopped at was written), so that a script does not carry on as if it had finished."""
-        output = super().train(*args, **kwargs)
-        if self.judge_outage.stop_reason is not None:
-            checkpoint = os.path.abspath(self._checkpoint_folder(None))
-            raise JudgeOutageError(f"{self.judge_outage.stop_reason} Checkpoint: {checkpoint}")
-        return output
+    def _judge_outage_stop_reason(self) -> str | None:
+        return self.judge_outage.stop_reason
 
     # ----- schedule -----
     def interventions_active(self) -> bool:

@@ -417,12 +417,9 @@ class ReferenceRepair:
             with contextlib.nullcontext() if last else accelerator.no_sync(model):
                 accelerator.backward(loss)
             return
-        synced = accelerator.sync_gradients
-        accelerator.gradient_state._set_sync_gradients(steps_engine)
-        try:
-            accelerator.backward(loss, scale_wrt_gas=False)
-        finally:
-            accelerator.gradient_state._set_sync_gradients(synced)
+        # What `accelerator.backward` does under DeepSpeed, with the boundary given instead of the accumulation
+        # state's (its public wrapper takes it: the engine steps on it); `scale_wrt_gas=False` reaches the engine
+        accelerator.deepspeed_engine_wrapped.backward(loss, sync_gradients=steps_engine, scale_wrt_gas=False)
 
     def _micro_batches(self, rows: int) -> list[range]:
         """Consecutive row ranges of at most `per_device_train_batch_size` rows: every repair forward (and plan

@@ -7,7 +7,9 @@ it pushes into rows (`TreeRow`) and trains on them. This subclass only wires its
 - `get_train_dataloader` swaps in `MInTRLRolloutCollator`, which lays the judge-token mask out per loss term;
 - `compute_loss` is MInTRL's sequence-level regression on the packed loss terms: policy tokens anchored at the
   log-probs they were sampled with (by whatever weights wrote the rollout), judge tokens at `kappa`, no ratio;
-- checkpoints carry the trainer's and the worker's state (`ExtraStateMixin`).
+- checkpoints carry the trainer's and the worker's state (`ExtraStateMixin`), the judge's included;
+- `judge_outage_policy="stop"` stops after the optimizer step that trains the batch whose judge calls decided it
+  (`JudgeOutageStop`), with a checkpoint and `JudgeOutageError`, as `MInTRLTrainer` does.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import time
 from unittest import mock
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+from accelerate.utils import broadcast_object_list
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, TrainerCallback
 from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer
 from trl.import_utils import is_requests_available
 
@@ -26,7 +29,7 @@ from ...losses import mintrl_anchors, packed_advantage_regression_loss
 from ...model_card import ModelCardMixin
 from ...trainer_base import ExtraStateMixin, check_reference_column, default_output_dir
 from ..absorption import AbsorptionTracker
-from ..judge_factory import build_judge, check_judge_backend, check_judge_votes
+from ..judge_factory import RaisesOnJudgeOutage, build_judge, check_judge_backend, check_judge_votes
 from ..loss_metrics import log_loss_totals
 from ..trainer import MInTRLTrainer
 from .collator import MInTRLRolloutCollator
@@ -37,7 +40,32 @@ from .transfer import DiskReloadTransfer
 STATE_FILE = "mintrl_async_state.json"
 
 
-class AsyncMInTRLTrainer(ModelCardMixin, ExtraStateMixin, AsyncGRPOTrainer):
+class JudgeOutageStop(TrainerCallback):
+    """`judge_outage_policy="stop"` for the asynchronous trainer. The rollout worker decides when it scores a batch,
+    up to `max_staleness` steps before that batch trains (`MInTRLRolloutWorker.judge_outage_stop`); the run saves a
+    checkpoint and stops after the optimizer step that trains the deciding batch, as `MInTRLTrainer` stops after the
+    step whose batch decided. Rank 0 holds the worker: its decision is broadcast, so every rank stops together."""
+
+    def __init__(self, trainer: AsyncMInTRLTrainer):
+        self.trainer = trainer
+        self.reason: str | None = None  # set when it stopped the run
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.reason = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        worker = self.trainer.rollout_worker
+        decision = getattr(worker, "judge_outage_stop", None)  # a given worker may not watch the judge
+        if self.trainer.accelerator.num_processes > 1:
+            decision = broadcast_object_list([decision], from_process=0)[0]
+        if decision is not None and state.global_step >= decision[0] + 1:  # batch s trains at optimizer step s + 1
+            self.reason = decision[1]
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, AsyncGRPOTrainer):
     """Asynchronous Minimal-Intervention RL. Used like TRL's `AsyncGRPOTrainer` (the model as a path or Hub id that
     the vLLM server at `args.vllm_server_base_url` serves), plus an optional `judge` object (e.g. a `FunctionJudge`)
     that overrides `args.judge`.
@@ -107,6 +135,11 @@ class AsyncMInTRLTrainer(ModelCardMixin, ExtraStateMixin, AsyncGRPOTrainer):
         if judge_from_args:
             rollout_worker.judge = build_judge(args, self)
         self.absorption = AbsorptionTracker(args.absorption_window, args.absorption_max_nll, args.absorption_min_fall)
+        self.judge_outage_stop = JudgeOutageStop(self)
+        self.add_callback(self.judge_outage_stop)
+
+    def _judge_outage_stop_reason(self) -> str | None:
+        return self.judge_outage_stop.reason
 
     def _build_rollout_worker(self, model: str, args, tokenizer, train_dataset, reward_funcs, judge):
         """(tokenizer, worker): MInTRL's rollout worker on the vLLM server, built before TRL's constructor (which reads

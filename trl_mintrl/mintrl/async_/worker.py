@@ -97,8 +97,8 @@ class MInTRLRolloutWorker(InterventionSchedule):
 
     One optimizer step's rollouts (`per_device_train_batch_size * gradient_accumulation_steps * world_size`, whole
     groups) make a batch; a sample's `group_id` is its group's prompt position (counted over epochs and resumes).
-    The schedule's watch of the judge is `MInTRLTrainer`'s (`InterventionSchedule`): `judge_outage` is a
-    `TrainerCallback` that stops training after a judge outage once the trainer adds it. `state_dict(step)` /
+    The schedule's watch of the judge is `MInTRLTrainer`'s (`InterventionSchedule`); when `judge_outage_policy="stop"`
+    decides, `judge_outage_stop` says on which step's batch, for the trainer to stop after that step. `state_dict(step)` /
     `load_state_dict` resume exactly at an optimizer step. A worker runs once: `start()` after `stop()` is refused.
     """
 
@@ -134,6 +134,9 @@ class MInTRLRolloutWorker(InterventionSchedule):
         self.rollout_buffer: queue.Queue[RolloutSample] = queue.Queue()
         self.metrics_queue: queue.Queue[dict] = queue.Queue(maxsize=4096)  # full: metrics are dropped, never waited on
         self._init_schedule(args)
+        # (step, reason) once judge_outage_policy="stop" decides, on the batch of optimizer `step`: the trainer stops
+        # after that step, which trains up to max_staleness steps after the worker scored its batch
+        self.judge_outage_stop: tuple[int, str] | None = None
         self.next_step = 0  # the optimizer step that trains the next batch
         self.prompt_index = 0  # the next prompt's position, counted over epochs (row: position % len(dataset))
         self._step = 0  # the step of the batch being built (`_schedule_step`)
@@ -221,10 +224,10 @@ class MInTRLRolloutWorker(InterventionSchedule):
         `global_step` at the checkpoint; None: from the next batch the worker starts): that batch's first prompt,
         the schedule's state before it, and the current weight version."""
         with self._state_lock:
-            if step is None or step == self.next_step:
-                state = self._state()
-            elif step in self._states_at_start:
+            if step in self._states_at_start:  # the batch has started (it may be under way): its state at the start
                 state = self._states_at_start[step]
+            elif step is None or step == self.next_step:
+                state = self._state()
             else:
                 raise ValueError(
                     f"No rollout state for step {step}: the worker is at step {self.next_step} and keeps the state "
@@ -240,10 +243,18 @@ class MInTRLRolloutWorker(InterventionSchedule):
             self.next_step = int(state["next_step"])
             self.prompt_index = int(state["prompt_index"])
             self._load_schedule_state(state)
+            if self.judge is not None:
+                self.judge.load_state_dict(state.get("judge", {}))  # added later: older checkpoints have none
         self.update_model_version(int(state["model_version"]))
 
     def _state(self) -> dict[str, Any]:
-        return {"next_step": self.next_step, "prompt_index": self.prompt_index, **self._schedule_state()}
+        judge = self.judge.state_dict() if self.judge is not None else {}  # e.g. the endpoint judge's counters
+        return {
+            "next_step": self.next_step,
+            "prompt_index": self.prompt_index,
+            "judge": judge,
+            **self._schedule_state(),
+        }
 
     def _schedule_step(self) -> int:
         return self._step
@@ -309,6 +320,8 @@ class MInTRLRolloutWorker(InterventionSchedule):
             share = self.intervention_budget.share if self.intervention_budget is not None and intervening else None
             metrics = rollout_metrics(rollout, measured, self.args, share)
             self._step_schedule(rollout, measured)
+            if self.judge_outage.stop_reason is not None and self.judge_outage_stop is None:
+                self.judge_outage_stop = (step, self.judge_outage.stop_reason)
             self.next_step = step + 1
             self.prompt_index = first_prompt + self.groups_per_step
 
