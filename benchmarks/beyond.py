@@ -217,7 +217,7 @@ def report(results: dict) -> str:
         lines.append(
             f"| {label} | {p:g} | {len(runs)} | {format_mean_std(list(p1.values()))} "
             f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(vs_grpo)} "
-            f"| {learning._verdict(vs_grpo)} | {format_interval(vs_clean)} | {learning._verdict(vs_clean)} "
+            f"| {learning.verdict_cell(vs_grpo)} | {format_interval(vs_clean)} | {learning.verdict_cell(vs_clean)} "
             f"| {' | '.join(phase)} |"
         )
     lines += _votes_section(results, settings)
@@ -310,7 +310,7 @@ def _votes_section(results: dict, settings: dict) -> list[str]:
         lines.append(
             f"| {p:g} | {len(votes)} | {format_mean_std(_mean_of_runs(votes, 'mintrl/vote_agreement'))} "
             f"| {format_mean_std(_mean_of_runs(votes, 'mintrl/vetoed_revisions'), scale=1)} | {revised[0]} "
-            f"| {revised[1]} | {format_interval(diff)} | {learning._verdict(diff)} |"
+            f"| {revised[1]} | {format_interval(diff)} | {learning.verdict_cell(diff)} |"
         )
     return lines
 
@@ -350,7 +350,7 @@ def _budget_section(results: dict, settings: dict, grpo: dict) -> list[str]:
             f"| {arm} | {len(runs)} | {format_mean_std([total_judge_tokens(r) for r in runs], scale=1, digits=0)} "
             f"| {format_mean_std(reviewing)} | {format_mean_std(active, scale=1)} "
             f"| {format_mean_std(share) if share else '-'} | {format_mean_std(list(p1.values()))} "
-            f"| {format_interval(vs_grpo)} | {learning._verdict(vs_grpo)} |"
+            f"| {format_interval(vs_grpo)} | {learning.verdict_cell(vs_grpo)} |"
         )
     if budget and fixed:
         tokens = {r["seed"]: total_judge_tokens(r) for r in budget}
@@ -360,7 +360,7 @@ def _budget_section(results: dict, settings: dict, grpo: dict) -> list[str]:
         diff = paired_difference(learning.final_by_seed(budget), learning.final_by_seed(fixed))
         lines += [
             "",
-            f"Controller - fixed, paired by seed: pass@1 {format_interval(diff)} ({learning._verdict(diff)}); "
+            f"Controller - fixed, paired by seed: pass@1 {format_interval(diff)} ({learning.verdict_cell(diff)}); "
             f"judge tokens controller / fixed {_format_ratio(ratio)}.",
         ]
     return lines
@@ -384,7 +384,7 @@ def _mintrl_sort_section(results: dict, settings: dict, grpo: dict) -> list[str]
         "|---|---|---|---|---|---|",
         f"| mintrl-sort | {len(runs)} | {format_mean_std(list(p1.values()))} "
         f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(diff)} "
-        f"| {learning._verdict(diff)} |",
+        f"| {learning.verdict_cell(diff)} |",
     ]
 
 

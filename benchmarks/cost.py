@@ -387,7 +387,7 @@ def _paired_ratio(records: list[dict], grpo: list[dict], key: str):
 def _ratio_cell(name: str, interval) -> str:
     if name == "grpo":
         return "1 (reference)"
-    return "-" if interval is None else _ratio_interval(interval)
+    return "-" if interval is None else format_ratio(interval)
 
 
 def _same_rollouts(records: list[dict], grpo: list[dict]) -> str:
@@ -475,7 +475,8 @@ def readme_block(saved: dict) -> str:
     return "\n".join(lines)
 
 
-def _ratio_interval(interval) -> str:
+def format_ratio(interval) -> str:
+    """`1.23 [1.10, 1.40]`: a ratio's mean and interval; the mean alone when there is no interval."""
     if interval.low is None:
         return f"{interval.mean:.2f}"
     return f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
@@ -489,7 +490,7 @@ ROLLOUT_SHAPE = {"prompts": 2, "controls": 8, "intervened": 8, "max_completion_l
                  "max_reviews": 4, "max_correction_tokens": 16, "mean_length": 96}  # fmt: skip
 
 
-def _stop_tokens(engine, prompts: list[list[int]], cap: int, mean_length: int) -> list[int]:
+def pick_stop_tokens(engine, prompts: list[list[int]], cap: int, mean_length: int) -> list[int]:
     """Stop tokens that end a sampled completion after about `mean_length` tokens (geometric lengths: most short, a
     few up to the cap): the random tiny model never says EOS, so its most frequent tokens stand in for it."""
     from collections import Counter
@@ -504,7 +505,7 @@ def _stop_tokens(engine, prompts: list[list[int]], cap: int, mean_length: int) -
     return chosen
 
 
-def _rollout_judges(shape: dict, delay_s: float, stack):
+def rollout_judges(shape: dict, delay_s: float, stack):
     """The rule judge (flags a step a hash picks, or keeps the chunk) answering at once and, as a judge model on
     other hardware would, after `delay_s` per call (a batch; 4 calls in flight); and the endpoint judge against a
     local server that answers after `delay_s` and revises every chunk (tests/fault_server.py, keep-alive)."""
@@ -654,13 +655,13 @@ def _measure_regime(name: str, share: int | None, rounds: int, delay_fraction: f
         prompts = [p for p in prompts for _ in range(group)]
         budgets = [shape["max_reviews"] if i % group >= shape["controls"] else 0 for i in range(rows)]
         cap = shape["max_completion_length"]
-        stops = _stop_tokens(base, prompts, cap, shape["mean_length"])
+        stops = pick_stop_tokens(base, prompts, cap, shape["mean_length"])
         policy = VLLMEngine(base.llm, eos_token_ids=stops, sampling_defaults={"temperature": 1.0})
         plain = VLLMEngine(base.llm, eos_token_ids=[], sampling_defaults={"temperature": 1.0, "ignore_eos": True})
         start = time.perf_counter()
         plain.generate(prompts[: max_num_seqs or rows], cap)
         full_length_s = time.perf_counter() - start  # rows that run together, to the cap: one full-length generation
-        judges = _rollout_judges(shape, delay_fraction * full_length_s, stack)
+        judges = rollout_judges(shape, delay_fraction * full_length_s, stack)
         settings = RolloutSettings(**{k: shape[k] for k in ("chunk_size", "max_reviews", "max_correction_tokens",
                                                               "max_completion_length")})  # fmt: skip
         records = {f"{j}_{s}": [] for j in judges for s in ROLLOUT_SCHEDULES}
@@ -712,7 +713,7 @@ def render_rollout(saved: dict) -> str:
             busy = mean_interval([r["busy_share"] for r in records])
             kept = statistics.mean(sum(r["policy_tokens"]) for r in records)
             waste = f"{_mean(records, 'generated_tokens') / kept:.2f}" if "generated_tokens" in records[0] else "-"
-            cells = [_ratio_interval(ratio), f"{100 * busy.mean:.0f}%", f"{_mean(records, 'seconds'):.2f}",
+            cells = [format_ratio(ratio), f"{100 * busy.mean:.0f}%", f"{_mean(records, 'seconds'):.2f}",
                      f"{kept:,.0f}", waste,
                      *(f"{_mean(records, key):,.0f}" for key in ("judge_tokens", "reviews", "revisions"))]  # fmt: skip
             asked = sum(r.get("speculative_calls", 0) for r in records)
@@ -746,7 +747,7 @@ def _schedule_differences(records: dict) -> list[str]:
             if f"{judge}_{schedule}" in records
         }
         cells = [
-            _ratio_interval(mean_interval([a - b for a, b in zip(ratio[x], ratio[y], strict=True)]))
+            format_ratio(mean_interval([a - b for a, b in zip(ratio[x], ratio[y], strict=True)]))
             if x in ratio and y in ratio
             else "-"
             for x, y in SCHEDULE_PAIRS
@@ -780,7 +781,7 @@ def rollout_readme_block(saved: dict) -> str:
             continue
         cells = []
         for regime in regimes:
-            cell = _ratio_interval(ratio(regime, name))
+            cell = format_ratio(ratio(regime, name))
             if f"{judge}_barrier" in regime["records"]:
                 cell += f" ({ratio(regime, f'{judge}_barrier').mean:.2f})"
             cells.append(cell)

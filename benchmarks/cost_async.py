@@ -105,7 +105,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from benchmarks.cost import ROLLOUT_SHAPE, _ratio_interval, _rollout_judges, _stop_tokens, turn_order  # noqa: E402
+from benchmarks.cost import ROLLOUT_SHAPE, format_ratio, pick_stop_tokens, rollout_judges, turn_order  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
 from benchmarks.readme import markers, update_readme  # noqa: E402
 from benchmarks.stats import mean_interval  # noqa: E402
@@ -319,7 +319,7 @@ def kill_leftovers(server_pid: int | None) -> list[str]:
 
 def build_model(folder: Path, shape: dict) -> dict:
     """The tiny model, its generation config given stop tokens that end a sampled completion after about
-    `shape["mean_length"]` tokens (`cost.py`'s `_stop_tokens`, sampled here with transformers: the server reads the
+    `shape["mean_length"]` tokens (`cost.py`'s `pick_stop_tokens`, sampled here with transformers: the server reads the
     config when it starts)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -340,7 +340,7 @@ def build_model(folder: Path, shape: dict) -> dict:
         generation_config=GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0),
     )
     torch.manual_seed(0)
-    stops = _stop_tokens(engine, prompts, shape["max_completion_length"], shape["mean_length"])
+    stops = pick_stop_tokens(engine, prompts, shape["max_completion_length"], shape["mean_length"])
     GenerationConfig(
         eos_token_id=[tok.eos_token_id, *stops], pad_token_id=tok.pad_token_id, do_sample=True
     ).save_pretrained(path)
@@ -389,7 +389,7 @@ def full_length_seconds(server_url: str, model_path: str, shape: dict) -> float:
 def delayed_rule_judge_class(shape: dict, delay_s: float):
     """`cost.py --rollout`'s "rule-delayed" judge class (its endpoint judge's local server is closed at once)."""
     with contextlib.ExitStack() as stack:
-        return type(_rollout_judges(shape, delay_s, stack)["rule-delayed"])
+        return type(rollout_judges(shape, delay_s, stack)["rule-delayed"])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -752,7 +752,7 @@ def render(saved: dict) -> str:
         sync_sps = _mean(r["steps_per_second"] for r in _arm_runs(runs, sync_arm))
         async_sps = _mean(r["steps_per_second"] for r in _arm_runs(runs, async_arm))
         lines.append(
-            f"| {PAIR_LABELS[pair]} | {_ratio_interval(stats['interval'])} | {sync_sps:.3f} | {async_sps:.3f} | "
+            f"| {PAIR_LABELS[pair]} | {format_ratio(stats['interval'])} | {sync_sps:.3f} | {async_sps:.3f} | "
             f"{_staleness_text(_arm_runs(runs, async_arm))} | {len(stats['rounds'])} |"
         )
     arms = settings["arms"]
@@ -829,7 +829,7 @@ def readme_block(saved: dict) -> str:
         stats = pair_stats(saved["result"]["runs"], pair)
         if stats is not None:
             staleness = _staleness_text(_arm_runs(saved["result"]["runs"], PAIRS[pair][0]))
-            lines.append(f"| {PAIR_LABELS[pair]} | {_ratio_interval(stats['interval'])} | {staleness} |")
+            lines.append(f"| {PAIR_LABELS[pair]} | {format_ratio(stats['interval'])} | {staleness} |")
     return "\n".join(lines)
 
 

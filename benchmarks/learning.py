@@ -655,7 +655,8 @@ def report(results: dict) -> str:
             lines.append(
                 f"| {label} | {len(runs)} | {format_mean_std([r['final']['pass@1'] for r in runs])} "
                 f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(diff1)} "
-                f"| {_verdict(diff1)} | {format_interval(diff8) if label != 'grpo' else '-'} | {' | '.join(cells)} "
+                f"| {verdict_cell(diff1)} | {format_interval(diff8) if label != 'grpo' else '-'} "
+                f"| {' | '.join(cells)} "
                 f"| {statistics.fmean(r['train_seconds'] for r in runs):.0f} |"
             )
         lines += retention_table(results, regime, labels)
@@ -944,7 +945,9 @@ def _mean_curve(runs: list[dict], base: dict | None) -> str:
     return ", ".join(points)
 
 
-def _verdict(diff) -> str:
+def verdict_cell(diff) -> str:
+    """Whether a paired difference's interval resolves it: `-` without an interval, `no`, or `**yes, better**` /
+    `**yes, worse**` (a table cell)."""
     if diff is None or diff.low is None:
         return "-"
     if not diff.resolved:

@@ -13,7 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from datasets import Dataset  # noqa: E402
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer  # noqa: E402
+from trl_mintrl import MInTRLConfig, MInTRLTrainer, cpu_training_fields  # noqa: E402
 from trl_mintrl.judges import FunctionJudge  # noqa: E402
 from trl_mintrl.tiny import build_tiny_model  # noqa: E402
 
@@ -44,10 +44,7 @@ def main():
     ]
     args = MInTRLConfig(
         output_dir="outputs/mintrl-tiny",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
+        **cpu_training_fields(),
         num_control_generations=4,
         num_intervened_generations=4,
         per_device_train_batch_size=16,

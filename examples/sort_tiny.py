@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from datasets import Dataset  # noqa: E402
 
-from trl_mintrl import SORTConfig, SORTTrainer  # noqa: E402
+from trl_mintrl import SORTConfig, SORTTrainer, cpu_training_fields  # noqa: E402
 from trl_mintrl.tiny import build_tiny_model  # noqa: E402
 
 
@@ -52,10 +52,7 @@ def main():
     model_dir = build_tiny_model("outputs/tiny-model")
     args = SORTConfig(
         output_dir="outputs/sort-tiny",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
+        **cpu_training_fields(),
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=32,

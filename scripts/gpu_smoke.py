@@ -141,7 +141,7 @@ def main() -> None:
 
     from datasets import Dataset
 
-    from trl_mintrl import MInTRLConfig, MInTRLTrainer, SORTConfig, SORTTrainer
+    from trl_mintrl import MInTRLConfig, MInTRLTrainer, SORTConfig, SORTTrainer, cpu_training_fields
     from trl_mintrl.judges import FunctionJudge
     from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
     from trl_mintrl.tiny import build_tiny_model
@@ -156,11 +156,9 @@ def main() -> None:
             for a in range(64)
         ]
     )
-    common = dict(
-        use_cpu=not ON_GPU,
+    common = cpu_training_fields(
+        use_cpu=not ON_GPU,  # on a GPU in bf16; activation checkpointing off and no reports either way
         bf16=ON_GPU,
-        gradient_checkpointing=False,
-        report_to=[],
         per_device_train_batch_size=cli.batch,
         max_completion_length=cli.max_completion_length,
         max_steps=cli.steps,

@@ -22,7 +22,7 @@ class RecordingTrainer(MInTRLTrainer):
         share_used = self.intervention_budget.share
         super()._score_batch(output, batch)
         self.records = getattr(self, "records", [])
-        local = self._process_slice(len(batch.inputs))
+        local = self.process_slice(len(batch.inputs))
         self.records.append(
             {
                 "share_used": share_used,

@@ -22,6 +22,7 @@ import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -65,27 +66,49 @@ def assert_resume_refuses(make_trainer, checkpoint: Path, file_name: str, cases:
             trainer.train(resume_from_checkpoint=str(folder))
 
 
-def run_process_group(command: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+# every process a test launches through `run_process_group` carries this variable, its value unique per command
+PROCESS_MARK = "TRL_MINTRL_TEST_COMMAND"
+
+
+def run_process_group(command: list[str], *, timeout: float, env=None, **kwargs) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True, timeout=timeout)` for commands that start processes
     of their own (torchrun, accelerate launch and their ranks): the command runs in a session of its own, and its
-    whole process group is SIGKILLed when it times out, when the test is interrupted, and after it exits (a rank
-    left behind), so that no process it started outlives the test."""
+    whole process group, and every process that carries the command's mark in its environment (torchrun starts its
+    ranks in sessions of their own; a rank whose parent died is in no group of ours), are SIGKILLed when it times
+    out, when the test is interrupted, and after it exits (a rank left behind), so that no process it started
+    outlives the test."""
+    mark = uuid.uuid4().hex
+    env = {**(os.environ if env is None else env), PROCESS_MARK: mark}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            **kwargs)  # fmt: skip
+                            env=env, **kwargs)  # fmt: skip
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        _kill_all(proc, mark)
         stdout, stderr = proc.communicate()
         raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
     finally:
-        _kill_group(proc)
+        _kill_all(proc, mark)
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_all(proc: subprocess.Popen, mark: str) -> None:
     with contextlib.suppress(ProcessLookupError):  # the group is gone already
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in marked_processes(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def marked_processes(mark: str) -> list[int]:
+    """The live processes whose environment carries `PROCESS_MARK=mark`."""
+    needle, found = f"{PROCESS_MARK}={mark}".encode(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    found.append(int(entry))
+    return found
 
 
 def run_on_two_processes(script: str, *args: str, out: Path) -> list[dict]:
@@ -151,13 +174,11 @@ def thinking_tokenizer(tiny_tokenizer):
 
 def cpu_run_args(output_dir, **overrides) -> dict:
     """Keyword arguments for any GRPOConfig subclass that make a 2-step CPU run take seconds (`overrides` win)."""
+    from trl_mintrl.cpu import cpu_training_fields
+
     return (
-        dict(
+        cpu_training_fields(
             output_dir=str(output_dir),
-            use_cpu=True,
-            bf16=False,
-            gradient_checkpointing=False,
-            report_to=[],
             per_device_train_batch_size=4,
             num_generations=4,
             max_completion_length=16,

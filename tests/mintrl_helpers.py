@@ -3,7 +3,7 @@ a scripted judge, small configs, and a trainer that records each generation batc
 
 from __future__ import annotations
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer
+from trl_mintrl import MInTRLConfig, MInTRLTrainer, cpu_training_fields
 from trl_mintrl.judges import FunctionJudge
 
 CORRECTION = "7+7=14\n\n"
@@ -58,7 +58,7 @@ ONE_STEP_ROWS = [
 def multi_process_args(out_dir: str, **overrides) -> MInTRLConfig:
     """The multi-process scripts' CPU run: per-device batch 2, groups of 2 control + 2 intervened rollouts of 12
     tokens (so a group spans two processes), chunks of 4, 2 steps."""
-    args = dict(output_dir=out_dir, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[],
+    args = dict(output_dir=out_dir, **cpu_training_fields(),
                 num_control_generations=2, num_intervened_generations=2, per_device_train_batch_size=2,
                 max_completion_length=12, chunk_size=4, max_reviews=2, max_correction_tokens=4, max_steps=2,
                 logging_steps=1, save_strategy="no", learning_rate=1e-3, disable_tqdm=True)  # fmt: skip

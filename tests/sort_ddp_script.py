@@ -28,6 +28,7 @@ from conftest import toy_rows  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from trl_mintrl.cpu import cpu_training_fields  # noqa: E402
 from trl_mintrl.sort import SORTConfig, SORTTrainer  # noqa: E402
 
 HARD = {f"Compute {a}+{(a * 3) % 7} =" for a in range(4)}
@@ -53,10 +54,7 @@ def run(model_path: str, out_dir: str, max_steps: int = 4, repair_update: str = 
     data = Dataset.from_list(toy_rows())
     args = SORTConfig(
         output_dir=os.path.join(out_dir, "trainer"),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
+        **cpu_training_fields(),
         per_device_train_batch_size=4,
         num_generations=2,
         max_completion_length=8,

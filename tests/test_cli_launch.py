@@ -139,14 +139,17 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie has exited, only its parent has not reaped it
 
 
+@pytest.mark.parametrize("session", ["group", "own session"])
 @pytest.mark.parametrize("ends", ["timeout", "exit"])
-def test_run_process_group_kills_every_process_it_started(tmp_path, ends):
+def test_run_process_group_kills_every_process_it_started(tmp_path, ends, session):
     """What tests launch (torchrun, accelerate launch) leaves no process behind: the whole group is killed when the
-    command times out, and after it exits with a child still running."""
+    command times out, and after it exits with a child still running, a child in a session of its own included (as
+    torchrun starts its ranks; one seen hung in gloo's teardown after its parent was killed)."""
     pid_file = tmp_path / "child.pid"
     wait = "wait" if ends == "timeout" else "true"
+    setsid = "setsid " if session == "own session" else ""
     # the child lets go of the output pipes, so that its parent's exit ends the command
-    command = ["bash", "-c", f"sleep 300 >/dev/null 2>&1 & echo $! > {pid_file}; {wait}"]
+    command = ["bash", "-c", f"{setsid}sleep 300 >/dev/null 2>&1 & echo $! > {pid_file}; {wait}"]
     if ends == "timeout":
         with pytest.raises(subprocess.TimeoutExpired):
             run_process_group(command, timeout=2)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trl_mintrl.cli.train import RecipeError, _masked_command, check_environment, main, parse_recipe
+from trl_mintrl.cli.recipe import RecipeError, _masked_command, check_environment, parse_recipe
+from trl_mintrl.cli.train import main
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_RECIPES = {method: str(REPO / "recipes" / "cpu" / f"{method}.yaml") for method in ("grpo", "mintrl", "sort")}
@@ -176,7 +177,7 @@ def test_environment_is_checked_before_loading(flags, message):
 def test_push_without_token_fails_up_front(monkeypatch):
     import huggingface_hub
 
-    monkeypatch.setattr("trl_mintrl.cli.train._hub_offline", lambda: False)
+    monkeypatch.setattr("trl_mintrl.cli.recipe._hub_offline", lambda: False)
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
     recipe = parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--push_to_hub", "true", "--hub_model_id", "me/x"])
     with pytest.raises(RecipeError, match="needs a Hugging Face token"):
@@ -218,7 +219,7 @@ def test_main_exits_with_the_message_and_loads_nothing(tmp_path, capsys):
 def test_help_names_the_methods_and_the_flags_that_are_no_config_fields(capsys):
     from trl_mintrl.cli import main as cli_main
     from trl_mintrl.cli.launch import resolve_accelerate_config
-    from trl_mintrl.cli.train import OPTIONS_HELP
+    from trl_mintrl.cli.recipe import OPTIONS_HELP
 
     cli_main(["train", "--help"])  # through the dispatcher, which takes launcher flags off first
     usage = capsys.readouterr().out
@@ -411,7 +412,7 @@ def test_a_repository_recipe_resolves_its_names_and_data_from_any_folder(tmp_pat
     interpreter without the repository on its path, they resolve relative to the recipe's repository."""
     script = (
         "import json, sys\n"
-        "from trl_mintrl.cli.train import check_environment, parse_recipe\n"
+        "from trl_mintrl.cli.recipe import check_environment, parse_recipe\n"
         f"recipe = parse_recipe(['mintrl', '--config', {CPU_RECIPES['mintrl']!r}])\n"
         "check_environment(recipe)\n"
         "print(json.dumps([recipe.script_args.dataset_name, recipe.reward_funcs[0].__module__]))\n"

@@ -315,7 +315,8 @@ def test_toy_benchmark_builds_and_steps_the_combined_method(tmp_path):
 def test_cpu_recipe_runs_through_the_cli_interventions_first_then_repairs(tmp_path, tiny_model_path, monkeypatch):
     """`trl-mintrl train mintrl-sort` on the CPU recipe: while the rule judge intervenes it rescues every group (no
     deferral); once interventions stop, the all-wrong groups are repaired. Checkpoint and card name both methods."""
-    from trl_mintrl.cli.train import check_environment, main, parse_recipe
+    from trl_mintrl.cli.recipe import check_environment, parse_recipe
+    from trl_mintrl.cli.train import main
 
     monkeypatch.chdir(REPO)  # the recipe's judge_function and reward resolve from the repository root
     check_environment(parse_recipe(["mintrl-sort", "--config", CPU_RECIPE]))  # nothing from the Hub

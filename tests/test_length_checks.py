@@ -17,8 +17,9 @@ from transformers import TrainerCallback
 
 from trl_mintrl.cli.train import main
 from trl_mintrl.engines import Generation, GenerationEngine
-from trl_mintrl.input_checks import InputError, _RepairLengthCheck
+from trl_mintrl.input_checks import InputError
 from trl_mintrl.sort import RepairItem, SORTConfig, SORTTrainer
+from trl_mintrl.sort.references import RepairLengthCheck
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = [json.loads(line) for line in (REPO / "recipes/cpu/data/arithmetic.jsonl").read_text().splitlines()[:8]]
@@ -93,9 +94,9 @@ def test_plan_prompt_length_is_that_of_the_prompt_the_policy_gets(
     )
     trainer._policy_engine = planner = RecordingPlanner(thinking_tokenizer)
     repair, rows = trainer.repair, ROWS[:2]
-    references = [repair._prepare_reference(row["solution"]) for row in rows]
+    references = [repair.renderer.reference(row["solution"]) for row in rows]
     repair._write_plans([RepairItem(row["prompt"], row["solution"]) for row in rows], references)
-    lengths = repair._repair_lengths([row["prompt"] for row in rows], references)
+    lengths = repair.renderer.repair_lengths([row["prompt"] for row in rows], references)
     assert [length["plan"] for length in lengths] == [len(ids) + 8 for ids in planner.prompts]
     assert all(thinking_tokenizer.decode(ids).endswith("<think>\n\n</think>\n\n") for ids in planner.prompts)
 
@@ -113,7 +114,7 @@ def test_a_pair_too_long_during_training_is_skipped_and_counted(tiny_model_path,
     dataset past the first ones) whose reference cannot fit is never deferred; training goes on."""
     long_row = {**ROWS[0], "solution": "6-0=6\n\n" * 600}  # 4200 tokens: no repair pass fits
     trainer = sort_trainer(tiny_model_path, cpu_args, [long_row, ROWS[1]], max_reference_tokens=8000)
-    trainer.remove_callback(_RepairLengthCheck)
+    trainer.remove_callback(RepairLengthCheck)
     spy = BufferSpy(trainer)
     trainer.add_callback(spy)
     trainer.train()

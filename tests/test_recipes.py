@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_mintrl.cli.train import check_environment, parse_recipe
+from trl_mintrl.cli.recipe import check_environment, parse_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"

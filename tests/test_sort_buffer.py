@@ -8,8 +8,9 @@ import pytest
 import torch
 from datasets import Dataset
 
+from trl_mintrl.cpu import cpu_training_fields
 from trl_mintrl.sort import RepairBuffer, SORTConfig, SORTTrainer, classify_groups
-from trl_mintrl.sort.repair import WithReferenceRepair, reward_func_names
+from trl_mintrl.sort.hosting import WithReferenceRepair, reward_func_names
 
 G = 2  # rollouts per prompt in these tests
 
@@ -53,11 +54,7 @@ def signed_accuracy(completions, case, **kwargs):
 
 def make_trainer(model_path, output_dir, reward_funcs, **overrides):
     args = SORTConfig(
-        output_dir=output_dir,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
+        **cpu_training_fields(output_dir=output_dir),
         per_device_train_batch_size=2 * G,
         num_generations=G,
         max_completion_length=4,

@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 
 from trl_mintrl.losses import sort_repair_terms
 from trl_mintrl.sort import FunctionPlanner, RepairItem, SORTConfig, SORTTrainer
-from trl_mintrl.sort.repair import _scheduler_detached
+from trl_mintrl.sort.repair_optimizer import scheduler_detached
 
 
 def zero_reward(completions, **kwargs):
@@ -111,8 +111,8 @@ def test_scoring_at_another_temperature_is_exact_at_temperature_one_without_full
     trainer = make_trainer(tiny_model_path, cpu_args, toy_dataset, temperature=0.7)
     model = trainer.model
     items = items_of(toy_dataset, (0, 3, 5))
-    references = [trainer.repair._prepare_reference(item.reference).ids for item in items]
-    prompts = trainer.repair._base_prompt_ids([item.prompt for item in items])
+    references = [trainer.repair.renderer.reference(item.reference).ids for item in items]
+    prompts = trainer.repair.renderer.base_prompt_ids([item.prompt for item in items])
     projections = []
     handle = model.get_output_embeddings().register_forward_hook(lambda m, i, out: projections.append(out.shape))
     with torch.no_grad():
@@ -148,9 +148,9 @@ def test_micro_batched_loss_and_gradient_equal_the_whole_repair(tiny_model_path,
     loss = trainer.repair._repair_loss(model, items)
     chunked = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    references = [trainer.repair._prepare_reference(item.reference).ids for item in items]
-    base_prompts = trainer.repair._base_prompt_ids([item.prompt for item in items])
-    teacher_prompts = trainer.repair._templated_prompt_ids(
+    references = [trainer.repair.renderer.reference(item.reference).ids for item in items]
+    base_prompts = trainer.repair.renderer.base_prompt_ids([item.prompt for item in items])
+    teacher_prompts = trainer.repair.renderer.templated_prompt_ids(
         [
             trainer.args.teacher_template.format(
                 question=i.prompt[-1]["content"], plan=f"start from {i.reference[:3]}"
@@ -240,7 +240,7 @@ def test_repair_optimizer_state_and_schedule(tiny_model_path, cpu_args, toy_data
     unchanged = [states_equal(a, b) for a, b in zip(spy.after_main, spy.at_step_end)]
     if repair_optimizer == "own":
         assert main_steps == {2.0}
-        assert {s["step"].item() for s in trainer.repair._own_state.state.values()} == {4.0}
+        assert {s["step"].item() for s in trainer.repair.optimizer.own_state.state.values()} == {4.0}
         assert unchanged == [True, True]
     else:
         assert main_steps == {6.0}
@@ -271,15 +271,15 @@ def test_own_repair_optimizer_state_is_checkpointed_and_restored(
     resumed.create_optimizer_and_scheduler(num_training_steps=2)
     resumed._load_optimizer_and_scheduler(checkpoint)
     params = dict(resumed.model.named_parameters())
-    own = {name: trainer.repair._own_state.state[p] for name, p in trainer.model.named_parameters()}
-    restored = {name: resumed.repair._own_state.state[params[name]] for name in own}
+    own = {name: trainer.repair.optimizer.own_state.state[p] for name, p in trainer.model.named_parameters()}
+    restored = {name: resumed.repair.optimizer.own_state.state[params[name]] for name in own}
     assert states_equal(list(own.values()), list(restored.values()))
     assert {s["step"].item() for s in restored.values()} == {4.0}
     os.remove(saved[1])
     with caplog.at_level(logging.WARNING):
         resumed._load_optimizer_and_scheduler(checkpoint)
     assert "repair_optimizer.pt is missing although 4 repairs ran" in caplog.text
-    assert not resumed.repair._own_state.state
+    assert not resumed.repair.optimizer.own_state.state
 
 
 def test_deepspeed_engine_scheduler_is_detached_for_the_repair_step():
@@ -289,10 +289,10 @@ def test_deepspeed_engine_scheduler_is_detached_for_the_repair_step():
         lr_scheduler = "schedule"
 
     engine = Engine()
-    with _scheduler_detached(engine):
+    with scheduler_detached(engine):
         assert engine.lr_scheduler is None
     assert engine.lr_scheduler == "schedule"
-    with pytest.raises(RuntimeError), _scheduler_detached(engine):
+    with pytest.raises(RuntimeError), scheduler_detached(engine):
         raise RuntimeError
     assert engine.lr_scheduler == "schedule"
 

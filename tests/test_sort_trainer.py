@@ -167,15 +167,15 @@ def test_scoring_passes_score_exactly_the_reference_tokens(scoring_trainers, toy
         RepairItem([{"role": "user", "content": "Compute 12+30, then check it ="}], "12+30=42"),
         RepairItem(toy_dataset[1]["prompt"], "1+3=4, and 4 is the answer. " * 8),  # over 32 tokens
     ]
-    references = [scoring_trainers[0].repair._prepare_reference(item.reference) for item in items]
+    references = [scoring_trainers[0].repair.renderer.reference(item.reference) for item in items]
     eos = tiny_tokenizer.eos_token_id
     for item, ref in zip(items[:2], references[:2]):  # tokenised once, no special tokens, EOS appended
         assert ref.ids == tiny_tokenizer(item.reference, add_special_tokens=False)["input_ids"] + [eos]
     assert len(references[2].ids) == 32 and references[2].truncated and references[2].ids[-1] != eos
 
     plan = "1. add the units"
-    base_prompts = scoring_trainers[0].repair._base_prompt_ids([item.prompt for item in items])
-    teacher_prompts = scoring_trainers[0].repair._templated_prompt_ids(
+    base_prompts = scoring_trainers[0].repair.renderer.base_prompt_ids([item.prompt for item in items])
+    teacher_prompts = scoring_trainers[0].repair.renderer.templated_prompt_ids(
         [scoring_trainers[0].args.teacher_template.format(question=i.prompt[-1]["content"], plan=plan) for i in items],
         [item.prompt for item in items],
     )
@@ -203,11 +203,11 @@ def test_repair_loss_matches_manual_computation_at_any_temperature(scoring_train
     losses = []
     for trainer in scoring_trainers:
         model = trainer.model
-        references = [trainer.repair._prepare_reference(item.reference) for item in items]
+        references = [trainer.repair.renderer.reference(item.reference) for item in items]
         plans, _ = trainer.repair._write_plans(items, references)  # greedy: the same plans at both temperatures
         assert all(len(trainer._tokenizer(p)["input_ids"]) <= trainer.args.max_plan_tokens for p in plans)
-        base_prompts = trainer.repair._base_prompt_ids([item.prompt for item in items])
-        teacher_prompts = trainer.repair._templated_prompt_ids(
+        base_prompts = trainer.repair.renderer.base_prompt_ids([item.prompt for item in items])
+        teacher_prompts = trainer.repair.renderer.templated_prompt_ids(
             [
                 trainer.args.teacher_template.format(question=i.prompt[-1]["content"], plan=p)
                 for i, p in zip(items, plans)
@@ -488,7 +488,7 @@ def test_failed_plans_are_counted_and_repaired_with_what_they_have(
 ):
     trainer = thinking_trainer(tiny_model_path, thinking_tokenizer, cpu_args, toy_dataset, **overrides)
     items = [RepairItem(toy_dataset[i]["prompt"], toy_dataset[i]["solution"]) for i in (0, 1)]
-    references = [trainer.repair._prepare_reference(item.reference) for item in items]
+    references = [trainer.repair.renderer.reference(item.reference) for item in items]
     plans, failed = trainer.repair._write_plans(items, references)
     assert failed == [True, True]
     if expected_plan is None:
@@ -516,7 +516,7 @@ def test_uniform_weighting_is_the_mean_nll_of_the_reference_tokens(tiny_model_pa
     tokens = []
     for item in items:
         prompt = prompt_token_ids(trainer._tokenizer, item.prompt)
-        tokens.append(manual_logps(trainer.model, prompt, trainer.repair._prepare_reference(item.reference).ids))
+        tokens.append(manual_logps(trainer.model, prompt, trainer.repair.renderer.reference(item.reference).ids))
     expected = -torch.cat(tokens).mean()  # every reference token weighs 1, over all items' tokens
 
     loss = trainer.repair._repair_loss(trainer.model, items)

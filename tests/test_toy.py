@@ -168,11 +168,11 @@ def test_warm_start_solves_easy_problems_more_often_than_hard_ones(warm_start):
 
 
 def test_step_count_diagnostics():
-    from benchmarks.toy.evaluate import _num_steps
+    from benchmarks.toy.evaluate import count_steps
 
-    assert _num_steps(EXAMPLE.solution) == EXAMPLE.num_ops
-    assert _num_steps("7-7=0\n\nAnswer: 0\n\n0+9=9") == 1  # steps after the answer do not count
-    assert _num_steps("7 - 7 = 0\n\n0+9=9\n\n9-8=1\n\n1+1=2") == 4
+    assert count_steps(EXAMPLE.solution) == EXAMPLE.num_ops
+    assert count_steps("7-7=0\n\nAnswer: 0\n\n0+9=9") == 1  # steps after the answer do not count
+    assert count_steps("7 - 7 = 0\n\n0+9=9\n\n9-8=1\n\n1+1=2") == 4
 
 
 def test_mintrl_step_on_toy_task_intervenes_with_rule_judge(warm_start, tmp_path):
@@ -394,7 +394,7 @@ def test_judge_calibration_measures_the_corrections_nll_and_the_reviews_coverage
     against a direct forward pass of one correction); coverage counts corrections inside the reviewed span."""
     import torch
 
-    from benchmarks.toy.calibration import _sequence_nll, judge_calibration
+    from benchmarks.toy.calibration import judge_calibration, sequence_nll
     from trl_mintrl.text import prompt_token_ids
 
     model, tokenizer = warm_start
@@ -411,7 +411,7 @@ def test_judge_calibration_measures_the_corrections_nll_and_the_reviews_coverage
     with torch.no_grad():
         logps = torch.log_softmax(model(torch.tensor([context + target])).logits[0].double(), -1)
     direct = -sum(logps[len(context) - 1 + i, t].item() for i, t in enumerate(target))
-    [batched] = _sequence_nll(model, [(context, target)])
+    [batched] = sequence_nll(model, [(context, target)])
     assert batched == pytest.approx(direct, rel=1e-4)
 
 

@@ -25,6 +25,7 @@ _LAZY = {
     "SORTConfig": "trl_mintrl.sort",
     "SORTTrainer": "trl_mintrl.sort",
     "build_tiny_model": "trl_mintrl.tiny",
+    "cpu_training_fields": "trl_mintrl.cpu",
 }
 
 __all__ = [
@@ -38,10 +39,12 @@ __all__ = [
     "SORTTrainer",
     "__version__",
     "build_tiny_model",
+    "cpu_training_fields",
 ]
 
 if TYPE_CHECKING:
     from .combined import MInTRLSORTConfig, MInTRLSORTTrainer
+    from .cpu import cpu_training_fields
     from .mintrl import MInTRLConfig, MInTRLTrainer
     from .mintrl.async_ import AsyncMInTRLConfig, AsyncMInTRLTrainer
     from .sort import SORTConfig, SORTTrainer

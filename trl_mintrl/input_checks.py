@@ -4,6 +4,8 @@ One place for what both trainers and `trl-mintrl train` check in the user's data
 - `check_train_dataset`: prompts that are empty or too long for the model, reference solutions that are not strings
   or all empty. The CLI calls it before the model loads, `GRPOTrainerBase.__init__` (via `check_trainer_inputs`)
   before training starts.
+- `check_reference_column`: the reference column a method reads is there, before the model loads (the trainers that
+  read references call it first; `check_train_dataset` with `reference_required`).
 - `RewardFunctionGuard`: a reward function that raises on some completions costs those completions their reward
   (None, as TRL's own "cannot score this one"), counted in `rewards/<name>/failures`; one that never scores anything,
   or returns the wrong number or kind of values, stops the run at its first batch with a message naming it.
@@ -14,13 +16,11 @@ One place for what both trainers and `trl-mintrl train` check in the user's data
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import os
 from collections.abc import Callable, Sequence
 
 import torch
-from transformers import TrainerCallback
 from trl.trainer.utils import is_async_callable
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,8 @@ class RewardFunctionError(RuntimeError):
     """A reward function that breaks its contract (one float or None per completion) or never works."""
 
 
-def _rows(indices: list[int]) -> str:
+def named_rows(indices: list[int]) -> str:
+    """The rows an error message names: "row 3", or "rows 0, 1, 2, 3, 4, ..." (at most five shown)."""
     shown = ", ".join(map(str, indices[:_SHOWN]))
     return f"row{'s' if len(indices) > 1 else ''} {shown}{', ...' if len(indices) > _SHOWN else ''}"
 
@@ -88,16 +89,13 @@ def check_train_dataset(
     empty = [i for i, prompt in enumerate(prompts) if _prompt_is_empty(prompt)]
     if empty:
         raise InputError(
-            f"The train dataset has {len(empty)} empty prompt(s) ({_rows(empty)}): the model would be asked nothing. "
-            "Remove them, e.g. dataset.filter(lambda row: <the prompt has text>)."
+            f"The train dataset has {len(empty)} empty prompt(s) ({named_rows(empty)}): the model would be asked "
+            "nothing. Remove them, e.g. dataset.filter(lambda row: <the prompt has text>)."
         )
+    if reference_required:
+        check_reference_column(dataset, reference_column, "this run")
     if reference_column is not None and reference_column in columns:
         _check_references(list(dataset[reference_column]), reference_column)
-    elif reference_required:
-        raise InputError(
-            f"The train dataset has no column {reference_column!r} (reference_column) for the reference solutions "
-            f"(columns: {columns}). Add it, or set reference_column to the column that holds them."
-        )
     if tokenize is not None and max_prompt_tokens is not None:
         too_long = []
         for start in range(0, len(prompts), 256):
@@ -106,11 +104,27 @@ def check_train_dataset(
         if too_long:
             longest = max(n for _, n in too_long)
             raise InputError(
-                f"{len(too_long)} prompt(s) ({_rows([i for i, _ in too_long])}) are longer than the "
+                f"{len(too_long)} prompt(s) ({named_rows([i for i, _ in too_long])}) are longer than the "
                 f"{max_prompt_tokens} tokens that fit ({context}); the longest has {longest}. TRL does not truncate "
                 "prompts: filter them out, e.g. dataset.filter(lambda row: len(tokenizer.apply_chat_template("
                 "row['prompt'])) <= N), or lower max_completion_length."
             )
+
+
+def check_reference_column(dataset, column: str, used_for: str) -> None:
+    """Raise `InputError` when the train dataset lacks the reference column that `used_for` (named in the message)
+    reads, before the model loads. Datasets without column names (iterable ones) are checked row by row by the
+    caller."""
+    columns = getattr(dataset, "column_names", None)
+    if dataset is None or columns is None:
+        return
+    if isinstance(columns, dict):  # DatasetDict
+        columns = next(iter(columns.values()))
+    if column not in columns:
+        raise InputError(
+            f"The train dataset has no column {column!r} (columns: {columns}); {used_for} reads the reference "
+            "solutions from it. Add it, or set `reference_column` to the column that holds them."
+        )
 
 
 def _check_references(values: list, column: str) -> None:
@@ -118,9 +132,9 @@ def _check_references(values: list, column: str) -> None:
     if wrong_type:
         kind = type(values[wrong_type[0]]).__name__
         raise InputError(
-            f"Column {column!r} (reference_column) must hold strings, but {_rows(wrong_type)} hold {kind}. Convert it, "
-            f"e.g. dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}}), or set reference_column to the "
-            "column holding the reference solutions."
+            f"Column {column!r} (reference_column) must hold strings, but {named_rows(wrong_type)} hold {kind}. "
+            f"Convert it, e.g. dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}}), or set reference_column "
+            "to the column holding the reference solutions."
         )
     blank = [i for i, value in enumerate(values) if _is_blank(value)]
     if values and len(blank) == len(values):
@@ -136,7 +150,7 @@ def _check_references(values: list, column: str) -> None:
             column,
             len(blank),
             len(values),
-            _rows(blank),
+            named_rows(blank),
         )
 
 
@@ -257,144 +271,6 @@ def max_prompt_tokens(model_config, args) -> tuple[int | None, str]:
     )
 
 
-# SORT's repair passes: what each holds, and the settings that shorten it
-_REPAIR_PASSES = {
-    "plan": (
-        "the plan prompt (plan_template with the question and the reference, cut to max_reference_tokens={r}) "
-        "plus max_plan_tokens={p} generated",
-        "lower max_reference_tokens or max_plan_tokens",
-    ),
-    "teacher": (
-        "the teacher pass (teacher_template with the question and a plan of up to max_plan_tokens={p}, then the "
-        "reference of up to max_reference_tokens={r})",
-        "lower max_reference_tokens or max_plan_tokens",
-    ),
-    "base": (
-        "the base pass (the prompt, or base_template, then the reference of up to max_reference_tokens={r})",
-        "lower max_reference_tokens",
-    ),
-}
-ITERABLE_ROWS_CHECKED = 256  # rows of an iterable dataset the repair's length check reads before training
-
-
-def repair_passes_over_context(needed: dict[str, int], model_config, args) -> list[str]:
-    """For each of SORT's repair passes that needs more tokens (`needed`, by pass) than it can take, a sentence naming
-    it, its length, the limit and the fix. The plan is generated by the policy's engine (`context_length`); the base
-    and teacher passes are forward passes of the training model, bounded by its positions only."""
-    positions = getattr(model_config, "max_position_embeddings", None)
-    engine = context_length(model_config, args)
-    limits = {"plan": engine, "teacher": positions, "base": positions}
-    sentences = []
-    for name in _REPAIR_PASSES:
-        tokens, limit = needed.get(name, 0), limits[name]
-        if limit is None or tokens <= limit:
-            continue
-        what, fix = _REPAIR_PASSES[name]
-        where = f"the model's {limit} positions (max_position_embeddings)"
-        if name == "plan" and limit != positions:
-            where = f"the {limit} tokens of the policy's vLLM engine (vllm_max_model_length)"
-            fix = f"raise vllm_max_model_length, {fix}"
-        what = what.format(r=args.max_reference_tokens, p=args.max_plan_tokens)
-        sentences.append(f"{what} needs up to {tokens} tokens, more than {where}: {fix}.")
-    return sentences
-
-
-def check_repair_lengths(repair, dataset, model_config) -> None:
-    """Raise `InputError` when SORT's repair (`repair`, a `ReferenceRepair`) cannot fit a row of `dataset` in the
-    context, before the run spends anything on it; warn, naming max_reference_tokens, about references it would cut.
-
-    Lengths come from the repair's own rendering (`ReferenceRepair._repair_lengths`). A `Dataset` is scanned whole
-    (three chat-template renderings and one tokenisation per row), an iterable one in its first
-    `ITERABLE_ROWS_CHECKED` rows; a row found too long during training is skipped and counted instead."""
-    column = repair.args.reference_column
-    columns = getattr(dataset, "column_names", None)
-    if dataset is None or isinstance(columns, dict) or (columns is not None and column not in columns):
-        return  # no train split, or no reference column: refused by the reference checks
-    if not hasattr(dataset, "__len__"):  # iterable (its column names may be known or not)
-        rows = list(itertools.islice(iter(dataset), ITERABLE_ROWS_CHECKED))
-        batches = ((start, rows[start : start + 64]) for start in range(0, len(rows), 64))
-    else:
-        batches = ((start, dataset[start : start + 64]) for start in range(0, len(dataset), 64))
-    over: dict[str, list[int]] = {}  # pass -> rows that do not fit
-    most: dict[str, int] = {}  # pass -> the most tokens a row needs
-    cut, scanned = [], 0
-    for start, batch in batches:
-        if isinstance(batch, dict):  # a Dataset slice: columns of values
-            batch = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-        scanned += len(batch)
-        kept = [(start + i, row["prompt"], repair._prepare_reference(row.get(column))) for i, row in enumerate(batch)
-                if isinstance(row.get(column), str)]  # fmt: skip
-        kept = [(index, prompt, reference) for index, prompt, reference in kept if reference is not None]
-        if not kept:
-            continue
-        cut += [index for index, _, reference in kept if reference.truncated]
-        lengths = repair._repair_lengths([prompt for _, prompt, _ in kept], [reference for _, _, reference in kept])
-        for (index, _, _), needed in zip(kept, lengths, strict=True):
-            for name, tokens in needed.items():
-                most[name] = max(most.get(name, 0), tokens)
-                if repair_passes_over_context({name: tokens}, model_config, repair.args):
-                    over.setdefault(name, []).append(index)
-    if over:
-        rows = sorted({index for indices in over.values() for index in indices})
-        longest = repair_passes_over_context({name: most[name] for name in over}, model_config, repair.args)
-        raise InputError(
-            f"SORT's repair cannot fit {len(rows)} row(s) of the train dataset ({_rows(rows)}) in the context: at "
-            f"the longest, {' Also, '.join(longest)} Or filter out the rows that do not fit."
-        )
-    if cut:
-        logger.warning(
-            "%d of %d references are longer than max_reference_tokens=%d (%s): the repair learns only their first "
-            "%d tokens (counted in sort/truncated_references). Raise max_reference_tokens if the context allows, or "
-            "filter them out.",
-            len(cut),
-            scanned,
-            repair.args.max_reference_tokens,
-            _rows(cut),
-            repair.args.max_reference_tokens,
-        )
-
-
-class _TokenizerHost:
-    """What `ReferenceRepair` renders its prompts with, taken from the tokenizer and config alone, so that the CLI
-    runs the repair's length check before the model loads. Prompts go through TRL's own `_tokenize_prompts`, with
-    the attributes a trainer without tools or images has."""
-
-    _is_vlm = False
-    environment_factories = None
-    tools = None
-    chat_template = None  # TRL replaces the template only for tool calling
-
-    def __init__(self, tokenizer, args):
-        self.processing_class = self._tokenizer = tokenizer
-        self.args = args
-        self.chat_template_kwargs = args.chat_template_kwargs or {}
-
-    def _tokenize_prompts(self, prompts: list):
-        from trl import GRPOTrainer
-
-        return GRPOTrainer._tokenize_prompts(self, prompts)
-
-
-def check_repair_lengths_before_loading(tokenizer, model_config, args, dataset) -> None:
-    """`check_repair_lengths` with only the tokenizer and the model's config loaded (the CLI, no planner)."""
-    from .sort.repair import ReferenceRepair
-
-    renderer = ReferenceRepair.__new__(ReferenceRepair)  # its rendering only: no buffer, no model to prepare
-    renderer.host, renderer.args, renderer.planner = _TokenizerHost(tokenizer, args), args, None
-    check_repair_lengths(renderer, dataset, model_config)
-
-
-class _RepairLengthCheck(TrainerCallback):
-    """Runs `check_repair_lengths` at the start of training: the trainer's repair (and its planner) exists only once
-    its `__init__` is done, and no rollout has been generated yet."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        check_repair_lengths(self.trainer.repair, self.trainer.train_dataset, self.trainer.model.config)
-
-
 def check_trainer_inputs(trainer) -> None:
     """What `GRPOTrainerBase.__init__` checks once TRL has loaded the model and tokenizer: the train dataset (as
     `check_train_dataset`, tokenised by the trainer itself), the code sandbox, and a guard on every plain reward
@@ -405,9 +281,7 @@ def check_trainer_inputs(trainer) -> None:
         trainer.train_dataset,
         reference_column=getattr(args, "reference_column", None),
         # per-environment tool schemas render prompts differently: TRL tokenises them one by one, in a step
-        tokenize=None
-        if getattr(trainer, "environment_factories", None)
-        else lambda p: trainer._tokenize_prompts(p)[0],
+        tokenize=None if getattr(trainer, "environment_factories", None) else trainer.tokenize_prompts,
         max_prompt_tokens=limit,
         context=context,
     )
@@ -416,7 +290,3 @@ def check_trainer_inputs(trainer) -> None:
         if isinstance(func, torch.nn.Module | RewardFunctionGuard) or is_async_callable(func):
             continue  # reward models and async functions: TRL's own handling
         trainer.reward_funcs[i] = RewardFunctionGuard(func, trainer.reward_func_names[i], trainer)
-    from .sort.repair import WithReferenceRepair
-
-    if isinstance(trainer, WithReferenceRepair):
-        trainer.add_callback(_RepairLengthCheck(trainer))

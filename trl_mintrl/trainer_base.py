@@ -131,7 +131,12 @@ class ExtraStateMixin:
 class GRPOTrainerBase(ExtraStateMixin, GRPOTrainer):
     """Base of `MInTRLTrainer` and `SORTTrainer`. A subclass sets `extra_state_file` and implements
     `_extra_state()` / `_load_extra_state(state)`; `ExtraStateMixin` writes that state into every checkpoint folder
-    and restores it on resume."""
+    and restores it on resume.
+
+    A component the trainer hosts (SORT's `ReferenceRepair`) reaches the trainer's internals through the public
+    methods below (`group_size`, `process_slice`, `tokenizer`, `tokenize_prompts`, `log_train_metric`,
+    `is_first_micro_batch`): the TRL private members behind them (pinned by tests/test_trl_guard.py) are read here
+    only."""
 
     _batch: GenerationBatch | None = None  # the generation batch being generated and scored, None between batches
     _policy_engine: GenerationEngine | None = None
@@ -159,18 +164,36 @@ class GRPOTrainerBase(ExtraStateMixin, GRPOTrainer):
         """Adjust TRL's `output` for this batch (e.g. the advantages) and take the decisions it feeds, with the
         complete record in hand. The base adds nothing to TRL's GRPO."""
 
-    def _process_slice(self, local_rows: int) -> slice:
-        """This process's rows within the gathered batch (TRL's own convention)."""
-        start = self.accelerator.process_index * local_rows
-        return slice(start, start + local_rows)
-
     def _mode(self) -> str:
         """The key of `self._metrics` the current batch logs to: "train" or "eval"."""
         return "train" if self.model.training else "eval"
 
-    def _group_size(self) -> int:
+    # ----- what the subclasses and a hosted component read and write -----
+    def process_slice(self, local_rows: int) -> slice:
+        """This process's rows within the gathered batch (TRL's own convention)."""
+        start = self.accelerator.process_index * local_rows
+        return slice(start, start + local_rows)
+
+    def group_size(self) -> int:
         """Rollouts per prompt in the current batch (TRL samples a different number in evaluation)."""
         return self.num_generations if self.model.training else self.num_generations_eval
+
+    @property
+    def tokenizer(self):
+        """The text tokenizer: `processing_class`, or the tokenizer of a processor (TRL's `_tokenizer`)."""
+        return self._tokenizer
+
+    def tokenize_prompts(self, prompts: list) -> list[list[int]]:
+        """Token ids of dataset-style prompts exactly as TRL templates the rollouts' (its `_tokenize_prompts`)."""
+        return list(self._tokenize_prompts(prompts)[0])
+
+    def log_train_metric(self, name: str, value: float) -> None:
+        """Add `value` to the training metric `name`, which TRL averages into the next logged step (`_metrics`)."""
+        self._metrics["train"][name].append(value)
+
+    def is_first_micro_batch(self) -> bool:
+        """The micro-batch about to be computed is the first of its optimizer step (TRL counts them in `_step`)."""
+        return self._step % self.current_gradient_accumulation_steps == 0
 
     @property
     def policy_engine(self) -> GenerationEngine:
@@ -253,18 +276,3 @@ def default_output_dir(model, method: str) -> str:
     """`<model name>-<method>`: the output folder of a trainer built without `args`, named as TRL names GRPO's."""
     model_id = model if isinstance(model, str) else get_config_model_id(model.config)
     return f"{model_id.split('/')[-1]}-{method}"
-
-
-def check_reference_column(dataset, column: str, used_for: str) -> None:
-    """Fail before the model loads when the train dataset lacks the reference column (datasets without column
-    names, e.g. iterable ones, are checked row by row by the caller)."""
-    columns = getattr(dataset, "column_names", None)
-    if dataset is None or columns is None:
-        return
-    if isinstance(columns, dict):  # DatasetDict
-        columns = next(iter(columns.values()))
-    if column not in columns:
-        raise ValueError(
-            f"The train dataset has no column {column!r} (columns: {columns}); {used_for} reads the reference "
-            "solutions from it. Add it, or set `reference_column` to the column that holds them."
-        )

@@ -89,7 +89,7 @@ def judge_calibration(
             corrected.add(i)
             if len(_ids(tokenizer, accepted[i])) < max_new_tokens:
                 still.append(i)
-        nats += _sequence_nll(model, scored)
+        nats += sequence_nll(model, scored)
         active = still
         if not active:
             break
@@ -106,7 +106,7 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
-def _sequence_nll(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 64) -> list[float]:
+def sequence_nll(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 64) -> list[float]:
     """-sum log p(target | context) per (context ids, target ids) pair, right-padded batches, no gradient."""
     import torch
 

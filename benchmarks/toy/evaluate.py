@@ -96,13 +96,13 @@ def scores_of(problems: Sequence[Problem], completions: list[list[str]], ks: Seq
         for k in ks
         if k <= n_samples
     }
-    steps = [(_num_steps(t), p.num_ops) for p, texts in zip(problems, completions, strict=True) for t in texts]
+    steps = [(count_steps(t), p.num_ops) for p, texts in zip(problems, completions, strict=True) for t in texts]
     scores["too_few_steps"] = sum(n < ops for n, ops in steps) / len(steps)
     scores["too_many_steps"] = sum(n > ops for n, ops in steps) / len(steps)
     return scores
 
 
-def _num_steps(text: str) -> int:
+def count_steps(text: str) -> int:
     """Computation steps (`a+b=c` lines) written before the answer."""
     return len(_STEP.findall(text.split("Answer:")[0]))
 

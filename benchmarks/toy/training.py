@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trl_mintrl.cpu import cpu_training_fields
+
 from .hint import HINT_TEACHER_TEMPLATE, WARM_START_HINT_DIR, rule_planner
 from .task import BAND_OPERATORS, STEP_SEPARATOR, make_problems, step_reward, toy_reward
 from .warm_start import WARM_START_DIR
@@ -22,21 +24,6 @@ METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort", "mintrl-sort")
 SORT_REPAIR = dict(reference_column="solution", repair_batch_size=8, max_plan_tokens=64)
 RL_MIN_OPS, RL_MAX_OPS = 8, 11
 WARMUP_STEPS = 3
-
-
-def _checkpointing_field() -> str:
-    """The config field that turns activation checkpointing off: transformers 5.24 renamed `gradient_checkpointing`
-    (a FutureWarning when only the old name is set; TRL defaults it to True, so it must be set)."""
-    from transformers import TrainingArguments
-
-    return (
-        "activation_checkpointing"
-        if hasattr(TrainingArguments, "activation_checkpointing")
-        else "gradient_checkpointing"
-    )
-
-
-_CHECKPOINTING = _checkpointing_field()
 
 
 @dataclass(frozen=True)
@@ -131,13 +118,9 @@ DISTANCE_REGIMES = ["in-band", *(f"distance{k:+d}" for symbol, k in BAND_OPERATO
 
 def run_fields(output_dir: str | Path, *, steps: int, seed: int) -> dict:
     """The bookkeeping fields of every trainer the toy and the benchmarks build: CPU, fp32, no activation
-    checkpointing, no checkpoints or reports, a log line per optimizer step."""
-    return dict(
+    checkpointing, no reports (`cpu_training_fields`), no checkpoints, a log line per optimizer step."""
+    return cpu_training_fields(
         output_dir=str(output_dir),
-        use_cpu=True,
-        bf16=False,
-        **{_CHECKPOINTING: False},
-        report_to=[],
         disable_tqdm=True,
         save_strategy="no",
         logging_steps=1,

@@ -10,7 +10,7 @@ from datasets import Dataset
 from mintrl_helpers import CORRECTION, RecordingTrainer, mintrl_args, revise_first_step_judge, role_reward
 from transformers import AutoTokenizer
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer, SORTConfig, SORTTrainer
+from trl_mintrl import MInTRLConfig, MInTRLTrainer, SORTConfig, SORTTrainer, cpu_training_fields
 from trl_mintrl.engines import TransformersEngine
 from trl_mintrl.engines.vllm import VLLMEngine
 from trl_mintrl.judges import FunctionJudge, GeneratingJudge
@@ -71,10 +71,7 @@ def vllm_mintrl(tiny_model_path, tmp_path_factory):
     )
     args = MInTRLConfig(
         output_dir=str(tmp_path_factory.mktemp("mintrl_vllm")),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
+        **cpu_training_fields(),
         per_device_train_batch_size=4,
         num_control_generations=2,
         num_intervened_generations=2,

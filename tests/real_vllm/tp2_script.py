@@ -22,7 +22,7 @@ import vllm  # noqa: E402
 import vllm.model_executor.layers.utils as vllm_layer_utils  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
-from trl_mintrl import MInTRLConfig, MInTRLTrainer  # noqa: E402
+from trl_mintrl import MInTRLConfig, MInTRLTrainer, cpu_training_fields  # noqa: E402
 from trl_mintrl.engines.vllm import VLLMEngine  # noqa: E402
 from trl_mintrl.judges import GeneratingJudge  # noqa: E402
 from trl_mintrl.judges.base import Correction, Verdict  # noqa: E402
@@ -53,10 +53,7 @@ def main(model_path: str, out_dir: str):
     rows = [{"prompt": [{"role": "user", "content": f"Compute {a}+1 ="}], "solution": f"{a + 1}"} for a in range(8)]
     args = MInTRLConfig(
         output_dir=out_dir,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
+        **cpu_training_fields(),
         num_control_generations=2,
         num_intervened_generations=2,
         per_device_train_batch_size=2,

@@ -98,6 +98,12 @@ def accelerate_launch_args(launch: list[str]) -> list[str]:
     return args
 
 
+def launched_with() -> list[str]:
+    """`--accelerate_config NAME --num_processes N ...` when `trl-mintrl train` relaunched itself through accelerate
+    (`launch_training`), so that the card's command is the one the user typed."""
+    return shlex.split(os.environ.get(LAUNCH_FLAGS_ENV, ""))
+
+
 def launch_training(launch: list[str], train_argv: list[str]) -> None:
     """Run `accelerate launch [--config_file F] [flags] -m trl_mintrl.cli train TRAIN_ARGV` in this process. When
     the training fails in a launched process, that process has printed its error already: exit with its exit code,

@@ -14,7 +14,7 @@ is `r - V(x) = 0`); SORT's repair trains on its reference instead. The trainer i
 from __future__ import annotations
 
 from ..mintrl.trainer import MInTRLTrainer
-from ..sort.repair import WithReferenceRepair
+from ..sort.hosting import WithReferenceRepair
 from ..sort.trainer import SORTTrainer
 from ..trainer_base import default_output_dir
 from .config import MInTRLSORTConfig

@@ -97,8 +97,9 @@ def _trainer_sampling_defaults(vg) -> dict[str, Any]:
     }
 
 
-def _with_temperature(defaults: dict[str, Any], temperature: float | None) -> dict[str, Any]:
-    """`defaults` with a per-call temperature; 0 decodes greedily (no top-p/top-k/min-p truncation)."""
+def with_temperature(defaults: dict[str, Any], temperature: float | None) -> dict[str, Any]:
+    """`defaults` with a per-call temperature; 0 decodes greedily (no top-p/top-k/min-p truncation). The sampling
+    settings of every vLLM engine, `VLLMHTTPEngine` (vllm_http.py) included."""
     kwargs = dict(defaults)
     if temperature is not None:
         kwargs["temperature"] = temperature
@@ -278,7 +279,7 @@ class VLLMEngine(GenerationEngine):
         """The `SamplingParams` of one request: defaults, `temperature` override (0 = greedy), this request's cap."""
         from vllm import SamplingParams
 
-        kwargs = _with_temperature(self.sampling_defaults, temperature)
+        kwargs = with_temperature(self.sampling_defaults, temperature)
         kwargs.update(
             n=1,
             max_tokens=max_tokens,
@@ -466,7 +467,7 @@ class VLLMServerEngine(GenerationEngine):
     def _request(self, prompt_ids: list[list[int]], caps: list[int], temperature: float | None) -> list[Generation]:
         """The whole batch, one request per distinct cap (the completions API takes one `max_tokens`), in flight
         together; a prompt with no budget left gets an empty completion without a request."""
-        kwargs = _with_temperature(self.sampling_defaults, temperature)
+        kwargs = with_temperature(self.sampling_defaults, temperature)
         client_args = {k: kwargs.pop(k) for k in self._CLIENT_ARGS if k in kwargs}
         extra = {**kwargs, "stop_token_ids": self.eos_token_ids}
         by_cap: dict[int, list[int]] = {}

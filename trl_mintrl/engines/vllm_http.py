@@ -28,7 +28,7 @@ from typing import Any
 import httpx2
 
 from .base import Generation, GenerationEngine, GenerationStream
-from .vllm import _with_temperature, hit_rate_between, server_prefix_cache_counters
+from .vllm import hit_rate_between, server_prefix_cache_counters, with_temperature
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class VLLMHTTPEngine(GenerationEngine):
     def payload_fields(self, temperature: float | None) -> dict[str, Any]:
         """The request body but for the prompt and its cap: TRL's async worker's fields (`_generate_one_turn`) plus
         the stop ids and any extra sampling defaults."""
-        fields = _with_temperature(self.sampling_defaults, temperature)
+        fields = with_temperature(self.sampling_defaults, temperature)
         fields.update(n=1, return_token_ids=True, stop_token_ids=self.eos_token_ids)
         if self.return_logprobs:
             fields["logprobs"] = 0  # the sampled token's log-prob only

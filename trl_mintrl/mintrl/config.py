@@ -18,7 +18,9 @@ JUDGE_OUTAGE_POLICIES = ("stop", "continue")
 ROLLOUT_SCHEDULES = ("auto", "continuous", "barrier")
 
 
-def _refused(names: str, why: str, instead: str) -> dict[str, tuple[str, str]]:
+def refusal_entries(names: str, why: str, instead: str) -> dict[str, tuple[str, str]]:
+    """Entries of a refused-fields table (`refused_fields`): each of the space-separated `names` -> (why, what to do
+    instead), one reason shared by fields refused together."""
     return dict.fromkeys(names.split(), (why, instead))
 
 
@@ -26,56 +28,56 @@ def _refused(names: str, why: str, instead: str) -> dict[str, tuple[str, str]]:
 # default is refused in `__post_init__` (before any model loads) instead of being silently ignored: field -> (why,
 # what to do instead). docs/grpo-fields.md is the table for users; tests/test_grpo_fields.py checks it against this.
 REFUSED_GRPO_FIELDS: dict[str, tuple[str, str]] = {
-    **_refused(
+    **refusal_entries(
         "beta sync_ref_model ref_model_mixup_alpha ref_model_sync_steps use_bias_correction_kl",
         "MInTRL's advantage regression has no KL term to a reference model, so no reference model is built",
         "the regression is already KL-regularised through `regression_beta` (the paper's beta2): tune that",
     ),
-    **_refused(
+    **refusal_entries(
         "loss_type epsilon epsilon_high delta sapo_temperature_neg sapo_temperature_pos vespo_k_pos "
         "vespo_lambda_pos vespo_k_neg vespo_lambda_neg importance_sampling_level off_policy_mask_threshold",
         "MInTRL replaces GRPO's clipped policy-gradient loss by a sequence-level advantage regression, with no "
         "probability ratio, no clipping and no loss-type variants",
         "shape the update with `regression_beta`, `anchor` and `kappa`",
     ),
-    **_refused(
+    **refusal_entries(
         "scale_rewards multi_objective_aggregation",
         "MInTRL's advantage is the reward minus the mean reward of the prompt's control rollouts, with no division "
         "by a standard deviation (the paper's baseline)",
         "weigh or rescale rewards with `reward_weights` or in the reward functions",
     ),
-    **_refused(
+    **refusal_entries(
         "top_entropy_quantile entropy_coef use_adaptive_entropy entropy_coef_min entropy_coef_max "
         "entropy_coef_delta entropy_target",
         "the regression sums over every completion token (judge tokens included), with no entropy mask and no "
         "entropy bonus",
         "the `entropy` metric is still logged; MInTRL has no entropy term to tune",
     ),
-    **_refused(
+    **refusal_entries(
         "vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max "
         "vllm_importance_sampling_clip_min vllm_importance_sampling_cap",
         "MInTRL uses no importance sampling: the regression target holds for any trajectory the behaviour policy "
         "produces, vLLM-sampled ones included",
         "nothing to set; vLLM rollouts are regressed as sampled",
     ),
-    **_refused(
+    **refusal_entries(
         "router_aux_loss_coef",
         "MInTRL's loss does not add a Mixture-of-Experts router load-balancing loss",
         "leave it None (no auxiliary loss is added)",
     ),
-    **_refused(
+    **refusal_entries(
         "use_transformers_continuous_batching transformers_continuous_batching_config use_transformers_paged "
         "vllm_structured_outputs_regex",
         "MInTRL generates through its own chunked intervention loop (batched `model.generate`, or vLLM with "
         "`use_vllm`), not through TRL's generation path",
         "use `use_vllm=True` for a faster engine",
     ),
-    **_refused(
+    **refusal_entries(
         "max_tool_calling_iterations",
         "MInTRL's rollout has no tool-calling loop (its only outside tokens are the judge's corrections)",
         "train tool use with `GRPOTrainer`",
     ),
-    **_refused(
+    **refusal_entries(
         "ds3_gather_for_generation",
         "ranks run different numbers of rollout rounds under ZeRO-3, which needs the gathered weights",
         "the weights are gathered for generation only, not for training",
@@ -316,20 +318,37 @@ class MInTRLFields:
     def __post_init__(self):
         self._split_group()
         self._refuse_unused_fields()
-        if self.anchor not in ANCHORS:
-            raise ValueError(f"anchor={self.anchor!r} is not one of {ANCHORS}.")
-        if self.judge not in JUDGE_BACKENDS:
-            raise ValueError(f"judge={self.judge!r} is not one of {JUDGE_BACKENDS}.")
+        self._check_choices()
+        self._check_loss()
+        self._check_judge()
+        self._check_counts()
+        self._check_schedule()
+        self._check_absorption()
+        super().__post_init__()
+
+    def _check_choices(self) -> None:
+        """Fields that name one of a fixed set of variants."""
+        for name, choices in (
+            ("anchor", ANCHORS),
+            ("judge", JUDGE_BACKENDS),
+            ("judge_outage_policy", JUDGE_OUTAGE_POLICIES),
+            ("rollout_schedule", ROLLOUT_SCHEDULES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {choices}.")
+
+    def _check_loss(self) -> None:
         if self.kappa > 0:
             raise ValueError(
                 f"kappa={self.kappa}: kappa is the log-probability the judge tokens are anchored at "
                 "(anchor='const'), and a log-probability cannot be above 0. Use a value <= 0 (paper: -0.2 math, "
                 "-0.1 code)."
             )
-        if self.judge_outage_policy not in JUDGE_OUTAGE_POLICIES:
-            raise ValueError(
-                f"judge_outage_policy={self.judge_outage_policy!r} is not one of {JUDGE_OUTAGE_POLICIES}."
-            )
+        if self.regression_beta <= 0:
+            raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
+
+    def _check_judge(self) -> None:
+        """The judge backend's settings, its prompts and its votes; normalises `judge_chat_template_kwargs`."""
         self.judge_chat_template_kwargs = chat_template_kwargs_field(
             "judge_chat_template_kwargs", self.judge_chat_template_kwargs
         )
@@ -337,6 +356,21 @@ class MInTRLFields:
             raise ValueError("judge='model' needs judge_model_name_or_path (a local path or Hub id of the judge).")
         if self.judge == "endpoint" and not (self.judge_base_url and self.judge_model):
             raise ValueError("judge='endpoint' needs judge_base_url (e.g. http://127.0.0.1:8000/v1) and judge_model.")
+        resolve_template(self.judge_review_template, "review")  # errors name the field
+        resolve_template(self.judge_correction_template, "correction")
+        if self.judge_votes < 1:
+            raise ValueError(f"judge_votes must be >= 1 (reviews per chunk), got {self.judge_votes}.")
+        if not 1 <= self.judge_min_agree <= self.judge_votes:
+            raise ValueError(
+                f"judge_min_agree={self.judge_min_agree} must be between 1 and judge_votes={self.judge_votes}: a "
+                "revision needs that many of the chunk's reviews to agree."
+            )
+        share = self.judge_vllm_gpu_memory_utilization
+        if share is not None and not 0.0 < share < 1.0:
+            raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")
+
+    def _check_counts(self) -> None:
+        """Token budgets, step counts and request counts."""
         for name in (
             "chunk_size",
             "max_correction_tokens",
@@ -349,8 +383,9 @@ class MInTRLFields:
         for name in ("max_reviews", "intervention_steps", "judge_max_retries"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
-        resolve_template(self.judge_review_template, "review")  # errors name the field
-        resolve_template(self.judge_correction_template, "correction")
+
+    def _check_schedule(self) -> None:
+        """The adaptive switch-off and the intervention budget controller."""
         if not 0.0 <= self.intervention_gap_ema < 1.0:
             raise ValueError(f"intervention_gap_ema must be in [0, 1), got {self.intervention_gap_ema}.")
         target = self.judge_token_target
@@ -358,20 +393,8 @@ class MInTRLFields:
             raise ValueError(
                 f"judge_token_target must be in (0, 1) (a share of completion tokens, e.g. 0.03) or None, got {target}."
             )
-        if self.judge_votes < 1:
-            raise ValueError(f"judge_votes must be >= 1 (reviews per chunk), got {self.judge_votes}.")
-        if not 1 <= self.judge_min_agree <= self.judge_votes:
-            raise ValueError(
-                f"judge_min_agree={self.judge_min_agree} must be between 1 and judge_votes={self.judge_votes}: a "
-                "revision needs that many of the chunk's reviews to agree."
-            )
-        share = self.judge_vllm_gpu_memory_utilization
-        if share is not None and not 0.0 < share < 1.0:
-            raise ValueError(f"judge_vllm_gpu_memory_utilization must be in (0, 1), got {share}.")
-        if self.rollout_schedule not in ROLLOUT_SCHEDULES:
-            raise ValueError(f"rollout_schedule={self.rollout_schedule!r} is not one of {ROLLOUT_SCHEDULES}.")
-        if self.regression_beta <= 0:
-            raise ValueError(f"regression_beta must be > 0, got {self.regression_beta}.")
+
+    def _check_absorption(self) -> None:
         if self.absorption_window < 2:
             raise ValueError(
                 f"absorption_window must be >= 2 (a trend needs two steps), got {self.absorption_window}."
@@ -382,7 +405,6 @@ class MInTRLFields:
             raise ValueError(
                 f"absorption_min_fall must be in (0, 1) (a relative fall, 0.5: halved), got {self.absorption_min_fall}."
             )
-        super().__post_init__()
 
     def _split_group(self) -> None:
         """Resolve `num_generations` and its split into controls and intervened rollouts (see the docstring)."""

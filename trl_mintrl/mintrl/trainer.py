@@ -8,252 +8,35 @@ The trainer only wires TRL's seams:
   `r - mean(control rewards)`;
 - `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included;
   rows that `mask_truncated_completions` masks leave it, normalised over the generation batch as TRL's own loss is.
-`rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch`, in the batch's
-`GenerationBatch` record (`trainer_base.py`); `_score_batch` steps the schedule's controllers from it, then logs.
+`rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch` (rollout_batch.py),
+in the batch's `GenerationBatch` record (`trainer_base.py`); `_score_batch` steps the schedule's controllers
+(`InterventionSchedule`, schedule.py) from it, then logs.
 """
 
 from __future__ import annotations
 
-import math
-import textwrap
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 from trl import GRPOTrainer
 
+from ..input_checks import check_reference_column
 from ..judges import Judge, TransportStatus
 from ..losses import advantage_regression_loss, control_baseline_advantages, mintrl_anchors
 from ..model_card import ModelCardMixin
 from ..text import question_text
-from ..trainer_base import GRPOTrainerBase, check_reference_column, default_output_dir
+from ..trainer_base import GRPOTrainerBase, default_output_dir
 from .absorption import AbsorptionTracker
-from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .config import MInTRLConfig
-from .judge_factory import (
-    JudgeFailureWarning,
-    JudgeOutage,
-    RaisesOnJudgeOutage,
-    build_judge,
-    check_judge_backend,
-    check_judge_votes,
-)
+from .judge_factory import RaisesOnJudgeOutage, build_judge, check_judge_backend, check_judge_votes
 from .loss_metrics import log_loss_totals
+from .paper import PAPER
 from .rollout import RolloutSettings, Trajectory
+from .rollout_batch import RolloutBatch, RolloutMeasures, rollout_metrics
+from .schedule import InterventionSchedule, reviewed_rows
 from .scheduler import check_rollout_schedule, rollout_for
 
 STATE_FILE = "mintrl_state.json"
-
-
-@dataclass
-class RolloutBatch:
-    """What one `rollout_func` call hands to the advantage and metrics code, for this process's rows."""
-
-    STAT_COLUMNS = (
-        "intervened",
-        "revised",
-        "reviews",
-        "judge_tokens",
-        "completion_tokens",
-        "judge_failures",
-        "votes_usable",
-        "votes_agreeing",
-        "vetoed",
-        "speculative_chunks",
-        "speculative_kept",
-    )
-
-    intervening: bool  # interventions were on for this batch
-    is_control: torch.Tensor  # (rows,) bool: purely on-policy rollouts, whose mean reward is the baseline
-    stats: torch.Tensor  # (rows, len(STAT_COLUMNS)) float per-rollout statistics
-    prefix_cache_hit_rate: float | None  # engines with a prefix cache (vLLM); None otherwise
-    judge_requests: float = 0.0  # requests sent to the judge's server (0 for in-process judges)
-    judge_unanswered: float = 0.0  # ... of which got no answer (connection refused, timeout, HTTP error)
-    judge_last_error: str | None = None  # why this process's latest unanswered request got none (not gathered)
-
-    @classmethod
-    def from_trajectories(
-        cls,
-        trajectories: list[Trajectory],
-        intervening: bool,
-        is_control: torch.Tensor,
-        prefix_cache_hit_rate: float | None,
-        transport_before: TransportStatus,
-        transport_after: TransportStatus,
-    ) -> RolloutBatch:
-        """The batch of a finished rollout; the judge's transport counts are the difference of its statuses read
-        before and after the rollout."""
-        stats = [
-            [
-                t.review_budget > 0,
-                t.revisions > 0,
-                t.reviews,
-                t.judge_tokens,
-                len(t.completion_ids),
-                t.judge_failures,
-                t.votes_usable,
-                t.votes_agreeing,
-                t.vetoed,
-                t.speculative_chunks,
-                t.speculative_kept,
-            ]
-            for t in trajectories
-        ]
-        more_unanswered = transport_after.unanswered > transport_before.unanswered
-        return cls(
-            intervening=intervening,
-            is_control=is_control,
-            stats=torch.tensor(stats, dtype=torch.float32, device=is_control.device),
-            prefix_cache_hit_rate=prefix_cache_hit_rate,
-            judge_requests=float(transport_after.sent - transport_before.sent),
-            judge_unanswered=float(transport_after.unanswered - transport_before.unanswered),
-            judge_last_error=transport_after.last_error if more_unanswered else None,
-        )
-
-    def stat(self, name: str) -> torch.Tensor:
-        """(rows,) one column of `stats`."""
-        return self.stats[:, self.STAT_COLUMNS.index(name)]
-
-    def gathered(self, accelerator) -> RolloutBatch:
-        """The batch over the global rows, in TRL's row order (a collective: every process calls it)."""
-        rows = accelerator.gather(torch.cat([self.is_control.unsqueeze(1).to(self.stats.dtype), self.stats], dim=1))
-        rate = self.prefix_cache_hit_rate
-        if rate is not None:
-            rate = accelerator.gather(torch.tensor([rate], device=self.stats.device)).mean().item()
-        requests = torch.tensor([self.judge_requests, self.judge_unanswered], device=self.stats.device)
-        sent, unanswered = accelerator.reduce(requests, reduction="sum").tolist()
-        return RolloutBatch(
-            self.intervening, rows[:, 0].bool(), rows[:, 1:], rate, sent, unanswered, self.judge_last_error
-        )
-
-
-@dataclass(frozen=True)
-class RolloutMeasures:
-    """The numbers of one gathered batch that both the metrics and the schedule's controllers read."""
-
-    judge_token_share: float  # judge tokens / completion tokens
-    judge_failures: float  # failed judge requests: judge_transport_failures + judge_parse_failures
-    judge_transport_failures: float  # requests that got no answer (connection refused, timeout, HTTP error)
-    reviews: float  # reviews made (each is `judge_votes` judge calls)
-    reward_control: float  # mean reward of the controls
-    reward_intervened: float | None  # mean reward of the intervened rollouts; None when there are none
-
-    @classmethod
-    def of(cls, rewards: torch.Tensor, rollout: RolloutBatch) -> RolloutMeasures:
-        intervened = rollout.stat("intervened").bool()
-        total_tokens = max(rollout.stat("completion_tokens").sum().item(), 1.0)
-        return cls(
-            judge_token_share=rollout.stat("judge_tokens").sum().item() / total_tokens,
-            judge_failures=rollout.stat("judge_failures").sum().item(),
-            judge_transport_failures=rollout.judge_unanswered,
-            reviews=rollout.stat("reviews").sum().item(),
-            reward_control=torch.nanmean(rewards[rollout.is_control]).item(),
-            reward_intervened=torch.nanmean(rewards[intervened]).item() if intervened.any() else None,
-        )
-
-    @property
-    def judge_parse_failures(self) -> float:
-        """Judge answers that came back unusable (unparseable, out of range, cut by their token budget)."""
-        return self.judge_failures - self.judge_transport_failures
-
-
-class InterventionSchedule:
-    """The intervention schedule and the judge's watch, stepped once per training batch with the batch's measures
-    over all processes: the budget controller, the judge-failure count, warning and outage watch, and the adaptive
-    switch-off. Shared by `MInTRLTrainer` and the asynchronous rollout worker (`async_/worker.py`), whose batches
-    are scored steps before they train. The host has `args` and `judge`, calls `_init_schedule`, and says which
-    optimizer step the batch being scored trains at (`_schedule_step`)."""
-
-    def _init_schedule(self, args, main_process: bool = True) -> None:
-        self.judge_failure_warning = JudgeFailureWarning(args, enabled=main_process)
-        self.judge_outage = JudgeOutage(args, main_process=main_process)
-        self.judge_failures_total = 0
-        self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
-        self.interventions_stopped_at: int | None = None
-        # judge_token_target's controller state (saved with checkpoints); None when the controller is off
-        self.intervention_budget = BudgetState() if args.judge_token_target is not None else None
-
-    def _schedule_step(self) -> int:
-        """The optimizer step the batch being scored trains at."""
-        raise NotImplementedError
-
-    def _interventions_scheduled(self, step: int) -> bool:
-        """Whether the batch of optimizer step `step` intervenes: in the first `intervention_steps` steps and, with
-        `intervention_stop_gap`, only until corrections stop paying off."""
-        return self.judge is not None and step < self.args.intervention_steps and self.interventions_stopped_at is None
-
-    def _step_schedule(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
-        """After a training batch: the judge-failure count and warning, the outage watch, one budget-controller step
-        and the adaptive switch-off. `rollout` and `measured` are over the global rows (the judge's last error aside,
-        which only words the log lines): every process takes the same decision."""
-        if self.intervention_budget is not None and rollout.intervening:
-            self._update_intervention_budget(measured.judge_token_share)
-        self.judge_failures_total += int(measured.judge_failures)
-        self.judge_failure_warning.update(
-            measured.reviews * self.args.judge_votes,
-            measured.judge_parse_failures,
-            measured.judge_transport_failures,
-            rollout.judge_last_error,
-        )
-        self.judge_outage.update(rollout.judge_requests, rollout.judge_unanswered, rollout.judge_last_error)
-        if measured.reward_intervened is not None:
-            self._update_adaptive_schedule(measured.reward_intervened - measured.reward_control)
-
-    def _update_adaptive_schedule(self, reward_gap: float) -> None:
-        """Moving average of the intervened-vs-control reward gap; below `intervention_stop_gap`, stop for good.
-        The gap comes from gathered rewards, so every process takes the same decision."""
-        if self.args.intervention_stop_gap is None or math.isnan(reward_gap):
-            return
-        decay = self.args.intervention_gap_ema
-        ema = reward_gap if self.reward_gap_ema is None else decay * self.reward_gap_ema + (1 - decay) * reward_gap
-        self.reward_gap_ema = ema
-        if ema < self.args.intervention_stop_gap:
-            self.interventions_stopped_at = self._schedule_step()
-
-    def _update_intervention_budget(self, judge_token_share: float) -> None:
-        """One controller step from the share measured over the gathered batch (the same on every process)."""
-        budget = self.intervention_budget
-        budget.share = next_intervention_share(budget.share, judge_token_share, self.args.judge_token_target)
-
-    def _schedule_state(self) -> dict:
-        """The schedule's part of a checkpoint."""
-        state = {
-            "judge_failures_total": self.judge_failures_total,
-            "reward_gap_ema": self.reward_gap_ema,
-            "interventions_stopped_at": self.interventions_stopped_at,
-            "judge_outage_steps": self.judge_outage.failed_steps,
-        }
-        if self.intervention_budget is not None:
-            state["intervention_budget"] = self.intervention_budget.to_dict()
-        return state
-
-    def _load_schedule_state(self, state: dict) -> None:
-        self.judge_failures_total = int(state["judge_failures_total"])
-        self.reward_gap_ema = None if state["reward_gap_ema"] is None else float(state["reward_gap_ema"])
-        stopped = state["interventions_stopped_at"]
-        self.interventions_stopped_at = None if stopped is None else int(stopped)
-        if self.intervention_budget is not None:
-            self.intervention_budget = BudgetState.from_dict(state["intervention_budget"])
-        self.judge_outage.failed_steps = int(state.get("judge_outage_steps", 0))  # added later: older checkpoints
-
-
-def reviewed_rows(
-    rows: slice, batch_rows: int, group_size: int, num_controls: int, budget: BudgetState | None, device=None
-) -> torch.Tensor:
-    """(rows,) bool: which `rows` of a batch of `batch_rows` rollouts (groups of `group_size`, the first
-    `num_controls` of each group controls) are reviewed. Every intervened column without the budget controller; with
-    it, `reviewed_slot_count` of the batch's intervened slots, spread evenly over the groups (`budget.carry` moves
-    on: call it once per batch)."""
-    index = torch.arange(rows.start, rows.stop, device=device)
-    column = index % group_size
-    intervened = column >= num_controls
-    if budget is None:
-        return intervened
-    per_group = group_size - num_controls
-    slots = batch_rows // group_size * per_group
-    count, budget.carry = reviewed_slot_count(budget.share, slots, budget.carry)
-    reviewed = torch.tensor(reviewed_slots(count, slots), device=device)
-    slot = (index // group_size * per_group + column - num_controls).clamp(min=0)
-    return intervened & reviewed[slot]
 
 
 class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, GRPOTrainerBase):
@@ -265,16 +48,7 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
     optional_extra_state_keys = frozenset({"judge_absorption", "judge_outage_steps"})
     _tag_names = ["trl", "mintrl"]
     _name = "MInTRL"
-    _paper = {
-        "title": "MInTRL: Off-policy Intervention can boost On-policy RL",
-        "id": None,
-        "citation": textwrap.dedent("""\
-            @article{chen2026mintrl,
-                title        = {{MInTRL: Off-policy Intervention can boost On-policy RL}},
-                author       = {Mingyu Chen and Yefan Tao and Gerald Friedland and Xuezhou Zhang and Chris Kong},
-                year         = 2026,
-            }"""),
-    }
+    _paper = PAPER
 
     def __init__(
         self,
@@ -333,15 +107,15 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
         batch_rows = (rows.stop - rows.start) * self.accelerator.num_processes
         args = self.args
         return reviewed_rows(
-            rows, batch_rows, self._group_size(), args.num_control_generations, self.intervention_budget, column.device
+            rows, batch_rows, self.group_size(), args.num_control_generations, self.intervention_budget, column.device
         )
 
     # ----- rollout (TRL's rollout_func seam) -----
     def _intervention_rollout(self, prompts: list, trainer: GRPOTrainer) -> dict:
         args = self.args
         intervening = self.interventions_active()
-        rows = self._process_slice(len(prompts))  # this process's global rows: a row's role is its group column
-        column = torch.arange(rows.start, rows.stop, device=self.accelerator.device) % self._group_size()
+        rows = self.process_slice(len(prompts))  # this process's global rows: a row's role is its group column
+        column = torch.arange(rows.start, rows.stop, device=self.accelerator.device) % self.group_size()
         is_control = ~self._reviewed_columns(rows, column) if intervening else torch.ones_like(column, dtype=bool)
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
         trajectories = [
@@ -389,8 +163,8 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
     def _score_batch(self, output: dict, batch) -> None:
         rollout = batch.rollout.gathered(self.accelerator)
         rewards = batch.rewards(self.reward_weights)
-        advantages = control_baseline_advantages(rewards, rollout.is_control, self._group_size())
-        output["advantages"] = advantages[self._process_slice(len(batch.inputs))]
+        advantages = control_baseline_advantages(rewards, rollout.is_control, self.group_size())
+        output["advantages"] = advantages[self.process_slice(len(batch.inputs))]
         # rows in the regression over the whole generation batch and every process, as TRL's `num_items_in_batch`
         # counts tokens: a row masked by `mask_truncated_completions` has no completion token left
         output["num_regression_rows"] = self.accelerator.gather(output["completion_mask"].any(dim=1).sum()).sum()
@@ -490,46 +264,6 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
         self._load_schedule_state(state)
         if "judge_absorption" in state:
             self.absorption.load_state_dict(state["judge_absorption"])
-
-
-def rollout_metrics(
-    rollout: RolloutBatch, measured: RolloutMeasures, args, intervention_share: float | None = None
-) -> dict[str, float | tuple[float, float]]:
-    """A batch's `mintrl/*` rollout metrics: a float for a gauge, `(numerator, denominator)` for a rate (a logger
-    that keeps them as pairs reduces a window as sum over sum; one value is `numerator / max(denominator, 1)`).
-    `args` gives `judge_votes` and `judge_token_target`; `intervention_share`: the budget controller's setting of
-    this batch, None when it is not logged."""
-    stats = {name: rollout.stat(name) for name in rollout.STAT_COLUMNS}
-    intervened = stats["intervened"].bool()
-    n_intervened = intervened.sum().item()
-    metrics: dict[str, float | tuple[float, float]] = {
-        "mintrl/interventions_active": float(rollout.intervening),
-        "mintrl/intervention_rate": (stats["revised"][intervened].sum().item(), n_intervened),
-        "mintrl/reviews_per_rollout": (stats["reviews"][intervened].sum().item(), n_intervened),
-        "mintrl/judge_token_frac": (stats["judge_tokens"].sum().item(), stats["completion_tokens"].sum().item()),
-        "mintrl/judge_failures": measured.judge_failures,
-        "mintrl/judge_transport_failures": measured.judge_transport_failures,
-        "mintrl/judge_parse_failures": measured.judge_parse_failures,
-    }
-    if args.judge_votes > 1 and rollout.intervening:
-        usable = stats["votes_usable"].sum().item()
-        if usable > 0:  # share of the usable review votes that back the decision taken on their chunk
-            metrics["mintrl/vote_agreement"] = (stats["votes_agreeing"].sum().item(), usable)
-        metrics["mintrl/vetoed_revisions"] = stats["vetoed"].sum().item()
-    if intervention_share is not None:
-        metrics["mintrl/judge_token_target"] = args.judge_token_target
-        metrics["mintrl/intervention_share"] = intervention_share
-    asked = stats["speculative_chunks"].sum().item()
-    if asked > 0:  # the continuous schedule's speculative next chunks (`speculative_chunks`): how many paid off
-        metrics["mintrl/speculative_chunks"] = (asked, n_intervened)
-        metrics["mintrl/speculative_kept_frac"] = (stats["speculative_kept"].sum().item(), asked)
-    if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
-        metrics["mintrl/prefix_cache_hit_rate"] = rollout.prefix_cache_hit_rate
-    metrics["mintrl/reward_control"] = measured.reward_control
-    if measured.reward_intervened is not None:
-        metrics["mintrl/reward_intervened"] = measured.reward_intervened
-        metrics["mintrl/reward_gap"] = measured.reward_intervened - measured.reward_control
-    return metrics
 
 
 def check_mintrl_inputs(args: MInTRLConfig, model, train_dataset, peft_config, judge, trainer_kwargs: dict) -> None:

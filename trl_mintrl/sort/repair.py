@@ -1,11 +1,15 @@
 """SORT's repair of all-wrong prompts (SPEC section 3) as a component, `ReferenceRepair`, that any trainer built on
 `GRPOTrainerBase` can host: `SORTTrainer` (GRPO's update) and `MInTRLSORTTrainer` (MInTRL's regression) both do,
-through `WithReferenceRepair`, so the main update stays the trainer's own and the repair is the same code.
+through `WithReferenceRepair` (`sort/hosting.py`), so the main update stays the trainer's own and the repair is the
+same code.
 
 The host interface is small: `check_repair_inputs` before the model loads, then the component is built after
 `super().__init__()`; the host passes each scored generation batch to `defer_all_wrong_groups`, calls `joint_repair`
-before each micro-batch's own loss, and saves `state_dict()` with its checkpoints. The component reads the host's
-tokenizer, generation engine, scoring forward pass and metrics, and owns its buffer, counters and warnings.
+before each micro-batch's own loss, and saves `state_dict()` with its checkpoints. The component reaches the host
+through `GRPOTrainerBase`'s public interface (its tokenizer and prompt templating, group size, process slice, metrics,
+generation engine and scoring forward pass), and owns its buffer, counters and warnings. How the references and the
+passes' prompts are rendered, and the length checks on them, are `sort/references.py`; the separate repair step's
+optimizer state is `sort/repair_optimizer.py`.
 
 - deferring: after TRL has scored the batch, prompts none of whose rollouts is correct (by
   `correctness_reward_funcs` and `correct_threshold`) go to the buffer with their reference. Rewards are already
@@ -27,90 +31,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 import types
-from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, gather_object, is_peft_model
-from torch import nn
+from accelerate.utils import DistributedType, gather_object
 from transformers import TrainerCallback
-from trl.data_utils import is_conversational
-from trl.trainer.utils import add_fused_lm_head, get_callable_name, get_config_model_id
+from trl.trainer.utils import add_fused_lm_head
 
-from ..input_checks import repair_passes_over_context
 from ..losses import REPAIR_WEIGHTINGS, RepairTerms
-from ..text import fill_template, opens_thinking, outside_thinking, question_text
-from ..trainer_base import check_reference_column
-from .buffer import (
-    RepairBuffer,
-    RepairItem,
-    classify_groups,
-    correctness_scores,
-    resolve_reward_funcs,
-    solved_groups,
-)
+from ..text import opens_thinking, outside_thinking, question_text
+from .buffer import RepairBuffer, RepairItem, classify_groups, correctness_scores, solved_groups
 from .config import repair_buffer_bounds
-from .planner import Planner, PlanRequest, check_planner
+from .planner import Planner, PlanRequest
+from .references import Reference, ReferenceRenderer, repair_passes_over_context
+from .repair_optimizer import RepairOptimizer
 
 logger = get_logger(__name__)
-
-# the own repair optimizer state in a checkpoint (`repair_optimizer="own"`), beside TRL's optimizer.pt
-REPAIR_OPTIMIZER_FILE = "repair_optimizer"
-
-
-def check_repair_inputs(args, reward_funcs, train_dataset) -> list[int]:
-    """Checks that need no model, run before the host's `super().__init__()`: the reference column and the
-    correctness functions' names. Returns the indices of the correctness functions."""
-    check_reference_column(train_dataset, args.reference_column, "SORT's repair")  # iterable: checked per row
-    return resolve_reward_funcs(args.correctness_reward_funcs, reward_func_names(reward_funcs))
-
-
-class WithReferenceRepair:
-    """Mixin, first in a `GRPOTrainerBase` subclass's bases, that hosts a `ReferenceRepair` as `self.repair`: inputs
-    checked before the model loads, each scored batch deferred after the trainer's own `_score_batch`, the repair
-    added to the trainer's own `_compute_loss` (`repair_update="joint"`)."""
-
-    repair: ReferenceRepair
-
-    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, *rest, planner=None, **kwargs):
-        correctness_funcs = check_repair_inputs(args, reward_funcs, train_dataset)
-        planner = check_planner(planner)
-        super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
-        policy = self.model.get_base_model() if is_peft_model(self.model) else self.model  # where TRL adds its head
-        add_unit_temperature_head(policy, self.args.cast_lm_head_to_fp32)
-        self.repair = ReferenceRepair(self, correctness_funcs, planner)
-
-    def _score_batch(self, output: dict, batch) -> None:
-        super()._score_batch(output, batch)
-        self.repair.defer_all_wrong_groups(batch)
-
-    def _compute_loss(self, model, inputs):
-        """The trainer's own loss; with `repair_update="joint"`, the repair's gradients are accumulated first and its
-        loss (detached) is added to the value (`ReferenceRepair.joint_repair`)."""
-        repair = self.repair.joint_repair(model)
-        return super()._compute_loss(model, inputs) + repair
-
-    def _save_checkpoint(self, model, trial):
-        # before the host's files, so a checkpoint with TRL's trainer_state.json (written last) holds it complete
-        self.repair.save_optimizer_state(self._checkpoint_folder(trial))
-        super()._save_checkpoint(model, trial)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
-            self.repair.load_optimizer_state(checkpoint)
-
-
-@dataclass
-class _Reference:
-    """A reference as it is scored: its token ids (EOS appended unless truncated) and the text the planner reads."""
-
-    ids: list[int]
-    text: str
-    truncated: bool
 
 
 @dataclass
@@ -143,7 +81,7 @@ class ReferenceRepair:
 
     # Generation batches in a row after which `_warn_if_failures_slip_through` warns.
     failures_slip_through_batches = 10
-    # Warned once per run, by `_prepare_reference`.
+    # Warned once per run, by `_deferrable_reference`.
     _warned_cut_reference = False
     _warned_too_long = False
 
@@ -156,13 +94,13 @@ class ReferenceRepair:
         self.args = host.args
         self.correctness_funcs = correctness_funcs
         self.planner = planner
+        self.renderer = ReferenceRenderer.of_trainer(host, policy_writes_plans=planner is None)
         capacity, self.max_repairs_per_step = repair_buffer_bounds(self.args)
         self.buffer = RepairBuffer(capacity)
-        self._prepared: dict[str, _Reference] = {}  # buffered references, tokenised once when deferred
+        self._prepared: dict[str, Reference] = {}  # buffered references, tokenised once when deferred
         self._batches_failing_unseen = 0  # see `_warn_if_failures_slip_through`
         self._warned_failures_slip_through = False
-        # the separate repair step's optimizer state with `repair_optimizer="own"` (None: the main optimizer's)
-        self._own_state = _OwnOptimizerState() if self.args.repair_optimizer == "own" else None
+        self.optimizer = RepairOptimizer(host)  # how the separate repair steps step, and their own optimizer state
         if self.args.repair_update == "separate":
             host.add_callback(_SeparateRepairStep(self))
 
@@ -173,51 +111,6 @@ class ReferenceRepair:
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state)
 
-    def _optimizer_state_file(self, checkpoint: str) -> str:
-        """Where this process keeps the own repair optimizer state in `checkpoint`: one file per process when there
-        are several (DeepSpeed's ZeRO and FSDP shard the optimizer state), as DeepSpeed keeps its own."""
-        accelerator = self.host.accelerator
-        rank = f"-rank{accelerator.process_index}" if accelerator.num_processes > 1 else ""
-        return os.path.join(checkpoint, f"{REPAIR_OPTIMIZER_FILE}{rank}.pt")
-
-    def save_optimizer_state(self, checkpoint: str) -> None:
-        """Write the own repair optimizer state (`repair_optimizer="own"`) into `checkpoint`, atomically; nothing
-        before the first repair step (the state is still empty) or with the shared one (TRL saves it)."""
-        if self._own_state is None or not self._own_state.state:
-            return
-        path = self._optimizer_state_file(checkpoint)
-        os.makedirs(checkpoint, exist_ok=True)
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            torch.save(self._own_state.state_dict(self.host.optimizer), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-
-    def load_optimizer_state(self, checkpoint: str) -> None:
-        """Restore the own repair optimizer state from `checkpoint`; without its file the state starts empty (no
-        repair step was taken before that checkpoint), with a warning if the buffer's counters say otherwise."""
-        if self._own_state is None:
-            return
-        path = self._optimizer_state_file(checkpoint)
-        if not os.path.exists(path):
-            self._own_state = _OwnOptimizerState()
-            if self.args.repair_update == "separate" and self.buffer.counters["repairs"]:
-                logger.warning(
-                    f"{path} is missing although {self.buffer.counters['repairs']} repairs ran before this checkpoint "
-                    'was written: the repair steps restart with an empty optimizer state (repair_optimizer="own").',
-                    main_process_only=False,
-                )
-            return
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        try:
-            self._own_state.load_state_dict(self.host.optimizer, saved)
-        except (KeyError, IndexError) as err:
-            raise ValueError(
-                f"Cannot resume from {checkpoint}: {path} does not match this run's optimizer ({err}); resume with "
-                "the same model, PEFT and DeepSpeed settings and number of processes it was written with."
-            ) from err
-
     # ---- deferring all-wrong prompts -------------------------------------------------------------------------------
 
     def defer_all_wrong_groups(self, batch) -> None:
@@ -227,10 +120,10 @@ class ReferenceRepair:
             return
         inputs = batch.inputs
         scores = correctness_scores(batch.rewards_per_func, self.host.reward_weights, self.correctness_funcs)
-        group_size, threshold = self.host._group_size(), self.args.correct_threshold
+        group_size, threshold = self.host.group_size(), self.args.correct_threshold
         all_wrong, all_right = classify_groups(scores, group_size, threshold)
         solved = solved_groups(scores, group_size, threshold)
-        rows = self.host._process_slice(len(inputs))
+        rows = self.host.process_slice(len(inputs))
         mine = []  # (row, solved, prompt, reference) of this process's groups that change the buffer
         for group in (all_wrong | solved).nonzero().flatten().tolist():
             row = group * group_size
@@ -246,13 +139,13 @@ class ReferenceRepair:
             if solved_now:
                 self.buffer.remove_solved(prompt)
                 continue
-            prepared = self._prepare_reference(reference, prompt)  # None: empty or too long, counted there
+            prepared = self._deferrable_reference(reference, prompt)  # None: empty or too long, counted there
             if prepared is not None and self.buffer.add(prompt, reference, deferred_at=step):
                 self._prepared[reference] = prepared
         held = {item.reference for item in self.buffer.items}  # evicted and solved items' references are not
         self._prepared = {text: ref for text, ref in self._prepared.items() if text in held}
-        self.host._metrics["train"]["sort/all_wrong_frac"].append(all_wrong.float().mean().item())
-        self.host._metrics["train"]["sort/all_right_frac"].append(all_right.float().mean().item())
+        self.host.log_train_metric("sort/all_wrong_frac", all_wrong.float().mean().item())
+        self.host.log_train_metric("sort/all_right_frac", all_right.float().mean().item())
         self._warn_if_failures_slip_through(all_wrong, batch.rewards_per_func)
 
     def _warn_if_failures_slip_through(self, all_wrong: torch.Tensor, rewards_per_func: torch.Tensor) -> None:
@@ -262,7 +155,7 @@ class ReferenceRepair:
         if self._warned_failures_slip_through:
             return
         rewards = rewards_per_func[:, self.correctness_funcs]
-        earned_nothing = (rewards.view(-1, self.host._group_size(), rewards.shape[1]) <= 0).all(dim=1).any(dim=0)
+        earned_nothing = (rewards.view(-1, self.host.group_size(), rewards.shape[1]) <= 0).all(dim=1).any(dim=0)
         if all_wrong.any() or not earned_nothing.any():
             self._batches_failing_unseen = 0
             return
@@ -291,6 +184,36 @@ class ReferenceRepair:
             raise ValueError(f"`{column}` (the `reference_column`) must hold strings, got {type(reference).__name__}.")
         return reference
 
+    def _deferrable_reference(self, reference: str | None, prompt) -> Reference | None:
+        """The reference of the all-wrong `prompt` as it is scored, or None when the pair may not be deferred, which
+        is counted: an empty reference (`empty_references`), a pair that a repair pass cannot fit in the context
+        (`skipped_too_long`: a row the check before training did not scan, e.g. of an iterable dataset). The first
+        cut reference and the first skip of a run each warn once, naming the setting."""
+        prepared = self.renderer.reference(reference)
+        counters = self.buffer.counters
+        if prepared is None:
+            counters["empty_references"] += 1
+            return None
+        needed = self.renderer.repair_lengths([prompt], [prepared])[0]
+        over = repair_passes_over_context(needed, self.host.model.config, self.args)
+        if over:
+            counters["skipped_too_long"] = counters.get("skipped_too_long", 0) + 1
+            if not self._warned_too_long:
+                self._warned_too_long = True
+                logger.warning(f"SORT skips an all-wrong prompt it cannot repair: {over[0]} Skips are counted in "
+                               "sort/skipped_too_long.")  # fmt: skip
+            return None
+        limit = self.args.max_reference_tokens
+        if prepared.truncated and not self._warned_cut_reference:
+            self._warned_cut_reference = True
+            logger.warning(
+                f"A deferred reference has {prepared.tokens} tokens, more than max_reference_tokens={limit}: the "
+                f"repair learns only its first {limit} tokens (and no EOS). {counters['truncated_references']} cut "
+                "references repaired so far; all are counted in sort/truncated_references. Raise "
+                "max_reference_tokens (within the context) to learn whole references."
+            )
+        return prepared
+
     # ---- the repair ------------------------------------------------------------------------------------------------
 
     def joint_repair(self, model) -> torch.Tensor | float:
@@ -305,7 +228,7 @@ class ReferenceRepair:
         by the accumulation steps: its weight relative to the (already GA-scaled) main loss does not depend on how the
         step's batch is split into micro-batches.
         """
-        first_micro_batch = self.host._step % self.host.current_gradient_accumulation_steps == 0
+        first_micro_batch = self.host.is_first_micro_batch()
         if self.args.repair_update != "joint" or not self.host.model.training or not first_micro_batch:
             return 0.0
         repair = sum(self._repair_loss(model, items) for items in self._due_repairs())
@@ -320,10 +243,9 @@ class ReferenceRepair:
 
     def _log_buffer(self) -> None:
         """The buffer's size and running counters, once per optimizer step, after its repairs."""
-        metrics = self.host._metrics["train"]
-        metrics["sort/buffer_size"].append(len(self.buffer))
+        self.host.log_train_metric("sort/buffer_size", len(self.buffer))
         for name, value in self.buffer.counters.items():
-            metrics[f"sort/{name}"].append(value)
+            self.host.log_train_metric(f"sort/{name}", value)
 
     def separate_repair_step(self) -> None:
         """The due repairs as optimizer steps of their own, right after the main (GRPO or MInTRL) step
@@ -332,9 +254,10 @@ class ReferenceRepair:
         Runs at `on_optimizer_step`: after `optimizer.step()`, before the scheduler step and `global_step += 1`. The
         main step's gradients are released first, before any plan is written or forward run. Each repair step uses
         the main schedule's current learning rate and is not a step of the schedule; with `repair_optimizer="own"`
-        it steps with an optimizer state of its own (`_OwnOptimizerState`). Gradients are clipped on their own to
-        `max_grad_norm`. Under DeepSpeed the engine steps and clips (its `gradient_clipping`) inside the last
-        micro-batch's `accelerator.backward`, and `optimizer.step()` is a no-op, exactly as in the trainer's own step.
+        it steps with an optimizer state of its own (`repair_optimizer.OwnOptimizerState`). Gradients are clipped on
+        their own to `max_grad_norm`. Under DeepSpeed the engine steps and clips (its `gradient_clipping`) inside the
+        last micro-batch's `accelerator.backward`, and `optimizer.step()` is a no-op, exactly as in the trainer's own
+        step.
         """
         repairs = self._due_repairs()
         if not repairs:
@@ -343,7 +266,7 @@ class ReferenceRepair:
         model = self.host.model_wrapped
         model.zero_grad()  # the main step's gradients, already used by the step just taken
         max_norm = self.args.max_grad_norm if self.args.max_grad_norm > 0 else math.inf
-        with self._repair_optimizer():
+        with self.optimizer.stepping():
             for items in repairs:
                 with self.host.compute_loss_context_manager():
                     self._repair_loss(model, items, steps_engine=True)
@@ -351,20 +274,8 @@ class ReferenceRepair:
                 self.host.optimizer.step()
                 model.zero_grad()
                 if grad_norm is not None:
-                    self.host._metrics["train"]["sort/repair_grad_norm"].append(float(grad_norm))
+                    self.host.log_train_metric("sort/repair_grad_norm", float(grad_norm))
         self._log_buffer()
-
-    @contextlib.contextmanager
-    def _repair_optimizer(self):
-        """The trainer's optimizer as the separate repair steps it: with the repair's own state under
-        `repair_optimizer="own"`, and under DeepSpeed with the engine's learning-rate scheduler detached (the engine
-        steps it in every engine step), so that the schedule advances with the main steps only."""
-        with contextlib.ExitStack() as stack:
-            if self._own_state is not None:
-                stack.enter_context(self._own_state.swapped_into(self.host.optimizer))
-            if self.host.accelerator.distributed_type == DistributedType.DEEPSPEED:
-                stack.enter_context(_scheduler_detached(self.host.accelerator.deepspeed_engine_wrapped.engine))
-            yield
 
     def _repair_loss(self, model, items: list[RepairItem], steps_engine: bool = False) -> torch.Tensor:
         """Backpropagates `repair_loss_weight` times this process's part of the SORT loss on `items`, micro-batch by
@@ -379,7 +290,7 @@ class ReferenceRepair:
         """
         world = self.host.accelerator.num_processes
         references = [
-            self._prepared.pop(item.reference, None) or self._prepare_reference(item.reference) for item in items
+            self._prepared.pop(item.reference, None) or self.renderer.reference(item.reference) for item in items
         ]
         self.buffer.counters["repairs"] += 1
         self.buffer.counters["truncated_references"] += sum(r.truncated for r in references)
@@ -392,7 +303,7 @@ class ReferenceRepair:
         plan_logps, failed_plans = [None] * len(chunks), 0.0
         if weighting.uses_plan:  # "uniform" is plain SFT on the references: no plan, no teacher pass
             plan_logps, failed_plans = self._plan_logps(model, items, references, real, chunks)
-        base_prompts = self._base_prompt_ids([item.prompt for item in items])
+        base_prompts = self.renderer.base_prompt_ids([item.prompt for item in items])
         sums = _RepairSums()
         for index, (rows, plan) in enumerate(zip(chunks, plan_logps, strict=True)):
             base, mask = self._reference_logps(
@@ -427,7 +338,7 @@ class ReferenceRepair:
         size = self.args.per_device_train_batch_size
         return [range(start, min(start + size, rows)) for start in range(0, rows, size)]
 
-    def _process_share(self, items: list[RepairItem], references: list[_Reference]):
+    def _process_share(self, items: list[RepairItem], references: list[Reference]):
         """This process's round-robin share of the items and references, and 1.0 / 0.0 per row: real or a pad.
 
         A process with one item fewer scores a copy of item 0 at zero weight, so that every process runs the same
@@ -439,19 +350,13 @@ class ReferenceRepair:
         return [items[i] for i in share], [references[i] for i in share], real
 
     def _plan_logps(
-        self, model, items: list[RepairItem], references: list[_Reference], real: list[float], chunks: list[range]
+        self, model, items: list[RepairItem], references: list[Reference], real: list[float], chunks: list[range]
     ) -> tuple[list[torch.Tensor], float]:
         """Per micro-batch of `chunks`, the (rows, R) log-probs of the references under the teacher prompt with the
         policy's plans (no gradient), and the number of failed plans among the real rows (summed over processes by
         the caller)."""
         plans, failed = self._write_plans(items, references)
-        teacher_prompts = self._templated_prompt_ids(
-            [
-                fill_template(self.args.teacher_template, {"question": question_text(item.prompt), "plan": plan})
-                for item, plan in zip(items, plans, strict=True)
-            ],
-            [item.prompt for item in items],
-        )
+        teacher_prompts = self.renderer.teacher_prompt_ids([item.prompt for item in items], plans)
         with torch.no_grad():
             plan_logps = [
                 self._reference_logps(model, [teacher_prompts[i] for i in rows], [references[i].ids for i in rows])[0]
@@ -468,99 +373,18 @@ class ReferenceRepair:
         local = torch.tensor([sums.loss, sums.weight, failed_plans, sums.salience], device=device)
         loss_sum, weight_sum, failed_total, salience_sum = self.host.accelerator.reduce(local, "sum").tolist()
         self.buffer.counters["failed_plans"] += int(failed_total)
-        metrics = self.host._metrics["train"]
-        metrics["sort/repair_loss"].append(loss_sum / tokens)
-        metrics["sort/mean_weight"].append(weight_sum / tokens)
-        metrics["sort/repair_age_mean"].append(sum(ages) / len(ages))
-        metrics["sort/repair_age_max"].append(max(ages))
+        log = self.host.log_train_metric
+        log("sort/repair_loss", loss_sum / tokens)
+        log("sort/mean_weight", weight_sum / tokens)
+        log("sort/repair_age_mean", sum(ages) / len(ages))
+        log("sort/repair_age_max", max(ages))
         if with_salience:
             salience_max = self.host.accelerator.gather(torch.tensor([sums.salience_max], device=device)).max()
-            metrics["sort/salience_mean"].append(salience_sum / tokens)
-            metrics["sort/salience_max"].append(salience_max.item())
+            log("sort/salience_mean", salience_sum / tokens)
+            log("sort/salience_max", salience_max.item())
         return torch.tensor(loss_sum / tokens, device=device)
 
-    def _prepare_reference(self, reference: str | None, prompt=None) -> _Reference | None:
-        """The reference as it is scored, cut to `max_reference_tokens`; None when it is missing or has no tokens.
-        A function of the text, so it may be cached.
-
-        Given the `prompt` it is deferred with, it also decides whether the pair may be deferred, and counts what it
-        refuses: None for an empty reference (`empty_references`) and for a pair that a repair pass cannot fit in the
-        context (`skipped_too_long`: a row the check before training did not scan, e.g. of an iterable dataset).
-        The first cut reference and the first skip of a run each warn once, naming the setting."""
-        ids = [] if reference is None else self.host._tokenizer(reference, add_special_tokens=False)["input_ids"]
-        if not ids:
-            if prompt is not None:
-                self.buffer.counters["empty_references"] += 1
-            return None
-        limit = self.args.max_reference_tokens
-        if len(ids) > limit:
-            prepared = _Reference(ids[:limit], self.host._tokenizer.decode(ids[:limit]), truncated=True)
-        else:
-            prepared = _Reference([*ids, self.host._tokenizer.eos_token_id], reference, truncated=False)
-        if prompt is None:
-            return prepared
-        counters = self.buffer.counters
-        needed = self._repair_lengths([prompt], [prepared])[0]
-        over = repair_passes_over_context(needed, self.host.model.config, self.args)
-        if over:
-            counters["skipped_too_long"] = counters.get("skipped_too_long", 0) + 1
-            if not self._warned_too_long:
-                self._warned_too_long = True
-                logger.warning(f"SORT skips an all-wrong prompt it cannot repair: {over[0]} Skips are counted in "
-                               "sort/skipped_too_long.")  # fmt: skip
-            return None
-        if prepared.truncated and not self._warned_cut_reference:
-            self._warned_cut_reference = True
-            logger.warning(
-                f"A deferred reference has {len(ids)} tokens, more than max_reference_tokens={limit}: the repair "
-                f"learns only its first {limit} tokens (and no EOS). {counters['truncated_references']} cut references "
-                "repaired so far; all are counted in sort/truncated_references. Raise max_reference_tokens (within "
-                "the context) to learn whole references."
-            )
-        return prepared
-
-    def _repair_lengths(self, prompts: list, references: list[_Reference]) -> list[dict[str, int]]:
-        """Per item, the most tokens each repair pass takes, rendered by the repair's own code: `"plan"` (the plan
-        prompt and `max_plan_tokens` generated; only when the policy writes the plans), `"teacher"` (the teacher
-        prompt with a plan of `max_plan_tokens`, then the reference) and `"base"` (the base prompt, then the
-        reference). A `repair_weighting` without plans has the base pass only."""
-        base = self._base_prompt_ids(prompts)
-        lengths = [{"base": len(ids) + len(r.ids)} for ids, r in zip(base, references, strict=True)]
-        if not REPAIR_WEIGHTINGS[self.args.repair_weighting].uses_plan:
-            return lengths
-        plan_tokens = self.args.max_plan_tokens
-        teacher = self._templated_prompt_ids(
-            [fill_template(self.args.teacher_template, {"question": question_text(p), "plan": ""}) for p in prompts],
-            prompts,
-        )
-        for length, ids, reference in zip(lengths, teacher, references, strict=True):
-            length["teacher"] = len(ids) + plan_tokens + len(reference.ids)
-        if self.planner is None:
-            items = [RepairItem(p, r.text) for p, r in zip(prompts, references, strict=True)]
-            for length, ids in zip(lengths, self._plan_prompt_ids(items, references), strict=True):
-                length["plan"] = len(ids) + plan_tokens
-        return lengths
-
-    def _plan_prompt_ids(self, items: list[RepairItem], references: list[_Reference]) -> list[list[int]]:
-        """The plan-extraction prompts the policy generates from: `plan_template` with the question and the
-        (possibly cut) reference, rendered with `plan_chat_template_kwargs` for conversational data."""
-        texts = [
-            fill_template(self.args.plan_template, {"question": question_text(item.prompt), "reference": ref.text})
-            for item, ref in zip(items, references, strict=True)
-        ]
-        if not is_conversational({"prompt": items[0].prompt}):
-            return self._templated_prompt_ids(texts, [item.prompt for item in items])
-        rendered = self.host.processing_class.apply_chat_template(
-            conversation=[[{"role": "user", "content": text}] for text in texts],
-            chat_template=self.host.chat_template,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            **{**self.host.chat_template_kwargs, **self.args.plan_chat_template_kwargs},
-        )
-        return [list(ids) for ids in rendered["input_ids"]]
-
-    def _write_plans(self, items: list[RepairItem], references: list[_Reference]) -> tuple[list[str], list[bool]]:
+    def _write_plans(self, items: list[RepairItem], references: list[Reference]) -> tuple[list[str], list[bool]]:
         """The plan per item and whether each failed: from the `planner` when there is one (a failed plan is
         empty), else the policy's, from one batched call of the trainer's generation engine (transformers or vLLM).
 
@@ -575,7 +399,7 @@ class ReferenceRepair:
             if len(written) != len(requests):
                 raise ValueError(f"{self.planner!r} returned {len(written)} plans for {len(requests)} requests")
             return [p.text.strip() for p in written], [p.failed for p in written]
-        prompts = self._plan_prompt_ids(items, references)
+        prompts = self.renderer.plan_prompt_ids([item.prompt for item in items], references)
         engine, generations = self.host.policy_engine, []
         with engine.session():  # one preparation (ZeRO-3 gather, vLLM wake) for all micro-batches
             for rows in self._micro_batches(len(prompts)):
@@ -586,25 +410,12 @@ class ReferenceRepair:
         for prompt, generation in zip(prompts, generations, strict=True):
             ended = bool(generation.token_ids) and generation.token_ids[-1] in self.host.eos_token_ids
             plan, thinking_open = outside_thinking(
-                self.host._tokenizer.decode(generation.token_ids, skip_special_tokens=True),
-                opened=opens_thinking(self.host._tokenizer.decode(prompt)),
+                self.host.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
+                opened=opens_thinking(self.host.tokenizer.decode(prompt)),
             )
             plans.append(plan.strip())
             failed.append(thinking_open or not ended)
         return plans, failed
-
-    def _base_prompt_ids(self, prompts: list) -> list[list[int]]:
-        if self.args.base_template is None:
-            return list(self.host._tokenize_prompts(prompts)[0])
-        texts = [fill_template(self.args.base_template, {"question": question_text(p)}) for p in prompts]
-        return self._templated_prompt_ids(texts, prompts)
-
-    def _templated_prompt_ids(self, texts: list[str], like: list) -> list[list[int]]:
-        """Token ids of rendered templates, tokenised like the dataset prompts: one user message through the chat
-        template (with the trainer's chat template settings) for conversational data, plain text otherwise."""
-        if is_conversational({"prompt": like[0]}):
-            texts = [[{"role": "user", "content": text}] for text in texts]
-        return list(self.host._tokenize_prompts(texts)[0])
 
     def _reference_logps(
         self, model, prompt_ids: list[list[int]], reference_ids: list[list[int]]
@@ -617,7 +428,7 @@ class ReferenceRepair:
         head projects the reference positions in tiles, so no (rows, R, vocabulary) logits are ever built.
         """
         width, length = max(map(len, prompt_ids)), max(map(len, reference_ids))
-        input_ids = torch.full((len(prompt_ids), width + length), self.host._tokenizer.pad_token_id, dtype=torch.long)
+        input_ids = torch.full((len(prompt_ids), width + length), self.host.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for row, (prompt, reference) in enumerate(zip(prompt_ids, reference_ids, strict=True)):
             input_ids[row, width - len(prompt) : width + len(reference)] = torch.tensor([*prompt, *reference])
@@ -661,87 +472,6 @@ def add_unit_temperature_head(model, cast_lm_head_to_fp32: bool) -> None:
     model.forward = types.MethodType(forward, model)
 
 
-class _OwnOptimizerState:
-    """The separate repair step's optimizer state under `repair_optimizer="own"`: swapped into the trainer's optimizer
-    for the repair steps and out again, so the repair steps the same optimizer (class, hyperparameters, parameter
-    groups, current learning rate; under DeepSpeed the engine's, with its master weights and partitioning) with
-    moments and step counter of its own, and the main state only ever sees main steps. Created empty: the optimizer
-    initialises it on the first repair step, as it did its own on the first main step."""
-
-    def __init__(self):
-        self.state: defaultdict = defaultdict(dict)  # per parameter, as `torch.optim.Optimizer.state`
-        self.group_steps: dict[int, object] = {}  # step counters kept per parameter group (DeepSpeed's FusedAdam)
-
-    def state_dict(self, optimizer) -> dict:
-        """The state with each parameter named by its position in `optimizer`'s parameter groups, as
-        `torch.optim.Optimizer.state_dict` names them, so that a resumed run's own parameters can take it."""
-        params = _optimizer_params(optimizer)
-        state = {index: self.state[p] for index, p in enumerate(params) if p in self.state}
-        if len(state) != len(self.state):
-            raise ValueError("the repair optimizer state holds parameters that are not in the trainer's optimizer")
-        return {"state": state, "group_steps": dict(self.group_steps)}
-
-    def load_state_dict(self, optimizer, saved: dict) -> None:
-        """The inverse of `state_dict`: moment tensors move to their parameter's device; step counters stay as
-        saved (torch keeps Adam's on the CPU unless it is capturable)."""
-        params = _optimizer_params(optimizer)
-        self.state = defaultdict(dict)
-        for index, entry in saved["state"].items():
-            param = params[index]
-            self.state[param] = {
-                key: value.to(param.device) if torch.is_tensor(value) and key != "step" else value
-                for key, value in entry.items()
-            }
-        self.group_steps = dict(saved["group_steps"])
-
-    @contextlib.contextmanager
-    def swapped_into(self, optimizer):
-        inner = _state_holder(optimizer)
-        main_state, inner.state = inner.state, self.state
-        main_steps = _exchange_group_steps(inner.param_groups, self.group_steps)
-        try:
-            yield
-        finally:
-            self.state, inner.state = inner.state, main_state
-            self.group_steps = _exchange_group_steps(inner.param_groups, main_steps)
-
-
-def _state_holder(optimizer):
-    """The optimizer that holds the per-parameter state: accelerate's wrapper, and DeepSpeed's ZeRO optimizer inside
-    it, each keep the optimizer they wrap as `.optimizer`."""
-    while hasattr(optimizer, "optimizer"):
-        if getattr(optimizer, "optimizer_swapper", None) is not None:
-            raise ValueError(
-                'repair_optimizer="own" cannot keep a second optimizer state while DeepSpeed swaps the optimizer '
-                'state to NVMe (offload_optimizer.device: nvme); set `repair_optimizer="shared"` or offload to cpu.'
-            )
-        optimizer = optimizer.optimizer
-    return optimizer
-
-
-def _optimizer_params(optimizer) -> list:
-    """The parameters the optimizer steps, in the order of its parameter groups."""
-    return [param for group in _state_holder(optimizer).param_groups for param in group["params"]]
-
-
-def _exchange_group_steps(groups: list[dict], steps: dict[int, object]) -> dict[int, object]:
-    """Put `steps` (parameter group index -> its "step" entry) into `groups`; returns the entries they held."""
-    held = {index: group.pop("step") for index, group in enumerate(groups) if "step" in group}
-    for index, step in steps.items():
-        groups[index]["step"] = step
-    return held
-
-
-@contextlib.contextmanager
-def _scheduler_detached(engine):
-    """A DeepSpeed engine that does not step its learning-rate scheduler in `engine.step()` (it skips a None one)."""
-    scheduler, engine.lr_scheduler = engine.lr_scheduler, None
-    try:
-        yield
-    finally:
-        engine.lr_scheduler = scheduler
-
-
 class _SeparateRepairStep(TrainerCallback):
     """Runs the repair step right after each main optimizer step (`repair_update="separate"`)."""
 
@@ -750,18 +480,3 @@ class _SeparateRepairStep(TrainerCallback):
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.repair.separate_repair_step()
-
-
-def reward_func_names(reward_funcs) -> list[str]:
-    """The names TRL gives the reward functions (and logs them under), known before the trainer is built."""
-    if reward_funcs is None:
-        return []
-    names = []
-    for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
-        if isinstance(func, str):
-            names.append(func.rstrip("/").split("/")[-1])
-        elif isinstance(func, nn.Module):
-            names.append(get_config_model_id(func.config).split("/")[-1])
-        else:
-            names.append(get_callable_name(func))
-    return names

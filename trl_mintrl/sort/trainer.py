@@ -1,9 +1,9 @@
 """`SORTTrainer`: GRPO plus the plan-salience-weighted repair of all-wrong prompts (SPEC section 3).
 
-The repair is the `ReferenceRepair` component (`sort/repair.py`), hosted through `WithReferenceRepair` exactly as
-`MInTRLSORTTrainer` (`trl_mintrl.combined`) hosts it; the main update is TRL's GRPO unchanged. The component's
-state (the buffer and its counters) is the extra state `GRPOTrainerBase` writes atomically to `sort_buffer.json` in
-every checkpoint and requires on resume.
+The repair is the `ReferenceRepair` component (`sort/repair.py`), hosted through `WithReferenceRepair`
+(`sort/hosting.py`) exactly as `MInTRLSORTTrainer` (`trl_mintrl.combined`) hosts it; the main update is TRL's GRPO
+unchanged. The component's state (the buffer and its counters) is the extra state `GRPOTrainerBase` writes
+atomically to `sort_buffer.json` in every checkpoint and requires on resume.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..model_card import ModelCardMixin
 from ..trainer_base import GRPOTrainerBase, default_output_dir
 from .buffer import BUFFER_FILE
 from .config import SORTConfig
-from .repair import WithReferenceRepair
+from .hosting import WithReferenceRepair
 
 
 class SORTTrainer(WithReferenceRepair, ModelCardMixin, GRPOTrainerBase):

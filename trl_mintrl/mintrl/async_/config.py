@@ -7,20 +7,20 @@ from dataclasses import dataclass, field
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from ..config import MInTRLFields, _refused
+from ..config import MInTRLFields, refusal_entries
 
 WEIGHT_SYNCS = ("disk", "nccl")
 
 # AsyncGRPOConfig (and MInTRL) fields the asynchronous trainer cannot honour: a value other than this config's default
 # is refused when the config is built. field -> (why, what to do instead)
 REFUSED_ASYNC_FIELDS: dict[str, tuple[str, str]] = {
-    **_refused(
+    **refusal_entries(
         "epsilon epsilon_high",
         "MInTRL replaces GRPO's clipped policy-gradient loss by a sequence-level advantage regression, with no "
         "probability ratio and no clipping: a rollout written by older weights is regressed as it is",
         "shape the update with `regression_beta` and `kappa`, and bound how old a rollout may be with `max_staleness`",
     ),
-    **_refused(
+    **refusal_entries(
         "token_budget",
         "an optimizer step trains exactly per_device_train_batch_size x gradient_accumulation_steps x num_processes "
         "rollouts, whole groups, like MInTRLTrainer's batch: the rollout worker admits rollouts and schedules "
@@ -28,35 +28,35 @@ REFUSED_ASYNC_FIELDS: dict[str, tuple[str, str]] = {
         "budget makes the number of rollouts per micro-batch vary",
         "leave it at 0 (a fixed number of rollouts per micro-batch) and bound memory with per_device_train_batch_size",
     ),
-    **_refused(
+    **refusal_entries(
         "router_aux_loss_coef",
         "MInTRL's loss does not add a Mixture-of-Experts router load-balancing loss",
         "leave it at 0.0 (no auxiliary loss is added)",
     ),
-    **_refused(
+    **refusal_entries(
         "max_tool_calling_iterations",
         "MInTRL's rollout has no tool-calling loop (its only outside tokens are the judge's corrections)",
         "train tool use with AsyncGRPOTrainer",
     ),
-    **_refused(
+    **refusal_entries(
         "fork_threshold_tokens",
         "it tunes how TRL's rollout worker splits re-tokenized multi-turn conversations into training rows; a MInTRL "
         "rollout is one token sequence (policy and judge tokens) that is never re-tokenized",
         "nothing to set",
     ),
-    **_refused(
+    **refusal_entries(
         "queue_maxsize",
         "it sizes TRL's own rollout worker's queue; MInTRL's worker writes one optimizer step's rollouts at a time, "
         "only as far ahead as max_staleness allows, which bounds the rollouts queued",
         "bound how far generation runs ahead with max_staleness",
     ),
-    **_refused(
+    **refusal_entries(
         "log_completions num_completions_to_print",
         "TRL's rollout worker prints sample completions; MInTRL's worker logs its rollouts' rewards and lengths "
         "(reward, rewards/<function>, completions/*) but no texts",
         "read the rewards and lengths in the logs",
     ),
-    **_refused(
+    **refusal_entries(
         "top_p top_k min_p repetition_penalty",
         "the regression anchors each policy token at the log-prob the vLLM server sampled it with, and the trainer "
         "scores the same token under the full softmax at `temperature`; a truncated (top_p, top_k, min_p) or "
@@ -66,7 +66,7 @@ REFUSED_ASYNC_FIELDS: dict[str, tuple[str, str]] = {
         "sample from the full distribution and shape it with `temperature` only (MInTRLTrainer, which scores its "
         "own samples, takes these fields)",
     ),
-    **_refused(
+    **refusal_entries(
         "judge_vllm_gpu_memory_utilization",
         "the asynchronous trainer has no colocated vLLM engine to share GPU memory with: the policy generates on a "
         "vLLM server, and a judge='model' or 'base' judge generates with transformers in the trainer's process",

@@ -24,14 +24,15 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, TrainerCal
 from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer
 from trl.import_utils import is_requests_available
 
+from ...input_checks import check_reference_column
 from ...judges import Judge
 from ...losses import mintrl_anchors, packed_advantage_regression_loss
 from ...model_card import ModelCardMixin
-from ...trainer_base import ExtraStateMixin, check_reference_column, default_output_dir
+from ...trainer_base import ExtraStateMixin, default_output_dir
 from ..absorption import AbsorptionTracker
 from ..judge_factory import RaisesOnJudgeOutage, build_judge, check_judge_backend, check_judge_votes
 from ..loss_metrics import log_loss_totals
-from ..trainer import MInTRLTrainer
+from ..paper import PAPER
 from .collator import MInTRLRolloutCollator
 from .config import AsyncMInTRLConfig
 from .cpu_shims import install_cpu_shims, peak_flops_unknown_off_cuda
@@ -78,7 +79,7 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
     extra_state_file = STATE_FILE
     _tag_names = ["trl", "mintrl", "async"]
     _name = "AsyncMInTRL"
-    _paper = MInTRLTrainer._paper
+    _paper = PAPER
 
     def __init__(
         self,
@@ -220,19 +221,7 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
         loss, residuals = packed_advantage_regression_loss(
             log_probs, anchors, segment_id, advantages, self.args.regression_beta, step_rows
         )
-
-        with torch.no_grad():
-            local = torch.stack(
-                [
-                    -(log_probs * judge_tokens).sum(),
-                    judge_tokens.sum().float(),
-                    entropy.sum(),
-                    torch.tensor(float(log_probs.numel()), device=log_probs.device),
-                    residuals.pow(2).sum(),
-                    torch.tensor(float(residuals.numel()), device=log_probs.device),
-                ]
-            )
-            log_loss_totals(self, "train", self.accelerator.reduce(local, reduction="sum"))
+        self._log_packed_loss_totals(log_probs, entropy, judge_tokens, residuals)
 
         # TRL's per-step accounting (flushed by `_log_step_metrics`)
         n_forward_tokens = float(inputs["global_n_forward_tokens"][0])
@@ -243,6 +232,22 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
         self._step_samples += n_forward_tokens / mean_seq_len
         self._step_forward_s += self._last_forward_time_s
         return loss
+
+    @torch.no_grad()
+    def _log_packed_loss_totals(self, log_probs, entropy, judge_tokens, residuals) -> None:
+        """Log the sums `log_loss_totals` takes, over this micro-batch's packed loss terms (padding left out) and
+        every rank: the same metrics as `MInTRLTrainer`'s padded rows give."""
+        local = torch.stack(
+            [
+                -(log_probs * judge_tokens).sum(),
+                judge_tokens.sum().float(),
+                entropy.sum(),
+                torch.tensor(float(log_probs.numel()), device=log_probs.device),
+                residuals.pow(2).sum(),
+                torch.tensor(float(residuals.numel()), device=log_probs.device),
+            ]
+        )
+        log_loss_totals(self, "train", self.accelerator.reduce(local, reduction="sum"))
 
     # ----- checkpoint state (written to and read from STATE_FILE by ExtraStateMixin) -----
     def _extra_state(self) -> dict:

@@ -42,8 +42,9 @@ from ...losses import control_baseline_advantages
 from ...text import prompt_token_ids, question_text
 from ...trainer_base import GenerationBatch
 from ..rollout import RolloutSettings, Trajectory
+from ..rollout_batch import RolloutBatch, RolloutMeasures, rollout_metrics
+from ..schedule import InterventionSchedule, reviewed_rows
 from ..scheduler import rollout_for
-from ..trainer import InterventionSchedule, RolloutBatch, RolloutMeasures, reviewed_rows, rollout_metrics
 from .collator import SampleMetrics
 
 logger = logging.getLogger(__name__)
@@ -297,21 +298,7 @@ class MInTRLRolloutWorker(InterventionSchedule):
         rows = [self.dataset[(first_prompt + g) % len(self.dataset)] for g in range(self.groups_per_step)]
         group_rows = [row for row in rows for _ in range(self.group_size)]
         trajectories = self._trajectories(group_rows, is_control.tolist())
-
-        self.engine.reset_cache_stats()
-        transport_before = self._judge_transport()
-        schedule = getattr(self.args, "rollout_schedule", "auto")
-        speculate = getattr(self.args, "speculative_chunks", True)
-        rollout_for(self.engine, self.judge, self.tokenizer, self.settings, schedule, speculate).run(trajectories)
-        self._heartbeat = time.monotonic()
-        rollout = RolloutBatch.from_trajectories(
-            trajectories,
-            intervening,
-            is_control,
-            self.engine.prefix_cache_hit_rate(),
-            transport_before,
-            self._judge_transport(),
-        )
+        rollout = self._run_rollout(trajectories, intervening, is_control)
         rewards_per_func = self._rewards(group_rows, trajectories)
         rewards = GenerationBatch(group_rows, rewards_per_func=rewards_per_func).rewards(self.reward_weights)
         advantages = control_baseline_advantages(rewards, is_control, self.group_size)
@@ -367,6 +354,26 @@ class MInTRLRolloutWorker(InterventionSchedule):
             else:
                 is_control = torch.ones(n_rows, dtype=torch.bool)
             return intervening, is_control, self.prompt_index
+
+    def _run_rollout(
+        self, trajectories: list[Trajectory], intervening: bool, is_control: torch.Tensor
+    ) -> RolloutBatch:
+        """Run the batch's rollouts in place (the config's rollout schedule on the worker's engine) and record them,
+        with the engine's prefix-cache hits and the judge's requests made meanwhile."""
+        self.engine.reset_cache_stats()
+        transport_before = self._judge_transport()
+        schedule = getattr(self.args, "rollout_schedule", "auto")
+        speculate = getattr(self.args, "speculative_chunks", True)
+        rollout_for(self.engine, self.judge, self.tokenizer, self.settings, schedule, speculate).run(trajectories)
+        self._heartbeat = time.monotonic()
+        return RolloutBatch.from_trajectories(
+            trajectories,
+            intervening,
+            is_control,
+            self.engine.prefix_cache_hit_rate(),
+            transport_before,
+            self._judge_transport(),
+        )
 
     def _trajectories(self, rows: list[dict], is_control: list[bool]) -> list[Trajectory]:
         """As `MInTRLTrainer._intervention_rollout` builds them: controls have no review budget."""

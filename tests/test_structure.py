@@ -1,0 +1,228 @@
+"""The package's structure, drawn from its code's imports (in the spirit of tests/test_trl_guard.py): dependencies
+between trl_mintrl's modules run one way (no circle, lazy imports included), nothing private crosses a module
+border (an imported name, or another module's private attribute reached on an object), no function is over 60
+lines, and a module over 500 lines is one concern, named in LONG_MODULES."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "trl_mintrl"
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 500
+# module -> the one concern that makes it long
+LONG_MODULES = {
+    "trl_mintrl.engines.vllm": "TRL's two vLLM modes behind the engine interface: the colocated engine and the server "
+    "client, which share the collectives, the weight-sync context and the sampling settings",
+    "trl_mintrl.mintrl.config": "MInTRL's configuration: its fields with their help texts, the docstring users read "
+    "(every field documented: tests/test_docs.py), and each field's checks",
+}
+# private module names another module may import from: a leaf holding only `__version__`, the conventional name
+PRIVATE_MODULES_ALLOWED = {"trl_mintrl._version"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+class Package:
+    """Modules by dotted name: their parsed source and whether each is a package's `__init__`."""
+
+    def __init__(self, sources: dict[str, tuple[str, bool]]):
+        self.trees = {name: ast.parse(source) for name, (source, _) in sources.items()}
+        self.is_init = {name: is_init for name, (_, is_init) in sources.items()}
+
+    @classmethod
+    def of(cls, root: Path) -> Package:
+        return cls({module_name(p): (p.read_text(), p.name == "__init__.py") for p in sorted(root.rglob("*.py"))})
+
+    def imports(self, module: str) -> list[tuple[str, str | None, int]]:
+        """(imported module, imported name or None, line) of every import of a trl_mintrl module in `module`, lazy
+        ones (inside functions) included; `from package import submodule` names the submodule."""
+        package = module if self.is_init[module] else module.rpartition(".")[0]
+        found = []
+        for node in ast.walk(self.trees[module]):
+            if isinstance(node, ast.Import):
+                found += [(a.name, None, node.lineno) for a in node.names if a.name.startswith("trl_mintrl")]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if not target.startswith("trl_mintrl"):
+                    continue
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    found.append((sub, None, node.lineno) if sub in self.trees else (target, alias.name, node.lineno))
+        return found
+
+    def import_graph(self) -> dict[str, set[str]]:
+        return {m: {target for target, _, _ in self.imports(m) if target in self.trees} for m in self.trees}
+
+    def private_imports(self) -> list[str]:
+        problems = []
+        for module in self.trees:
+            for target, name, line in self.imports(module):
+                if target == module:
+                    continue
+                if any(is_private(part) for part in target.split(".")) and target not in PRIVATE_MODULES_ALLOWED:
+                    problems.append(f"{module}:{line} imports the private module {target}")
+                if name is not None and is_private(name):
+                    problems.append(f"{module}:{line} imports the private name {name} from {target}")
+        return problems
+
+    def private_members_defined(self) -> dict[str, set[str]]:
+        """private method or attribute name -> the modules that define it (a `def _x` in a class, or an assignment
+        to `self._x`)."""
+        defined: dict[str, set[str]] = {}
+        for module, module_tree in self.trees.items():
+            for node in ast.walk(module_tree):
+                names = []
+                if isinstance(node, ast.ClassDef):
+                    names = [i.name for i in node.body if isinstance(i, ast.FunctionDef | ast.AsyncFunctionDef)]
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _on_self(node):
+                    names = [node.attr]
+                for name in filter(is_private, names):
+                    defined.setdefault(name, set()).add(module)
+        return defined
+
+    def private_members_reached(self, seams: frozenset[str] = frozenset()) -> list[str]:
+        """`obj._x` where `obj` is not `self`, `cls` or `super()` and `_x` is a private member that only other
+        modules of the package define: one module reaching into another's internals. `seams`: private members of
+        TRL's trainers that the package wraps on purpose (pinned in tests/test_trl_guard.py), not its own."""
+        defined, problems = self.private_members_defined(), []
+        for module, module_tree in self.trees.items():
+            for node in ast.walk(module_tree):
+                if not isinstance(node, ast.Attribute) or not is_private(node.attr):
+                    continue
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                    continue
+                if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                    continue
+                definers = defined.get(node.attr, set())
+                if definers and module not in definers and node.attr not in seams:
+                    problems.append(f"{module}:{node.lineno} reaches {node.attr} of {', '.join(sorted(definers))}")
+        return problems
+
+    def long_functions(self) -> list[str]:
+        found = []
+        for module, module_tree in self.trees.items():
+            for node in ast.walk(module_tree):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        found.append(f"{module}:{node.lineno} {node.name} has {lines} lines")
+        return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), and modules that import themselves."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _on_self(node: ast.Attribute) -> bool:
+    return isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+@cache
+def trl_seams() -> frozenset[str]:
+    """The private methods and attributes of TRL's `GRPOTrainer` and its bases (transformers' `Trainer`): what
+    the trainers wrap on purpose, pinned in tests/test_trl_guard.py."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    names = {name for name in dir(GRPOTrainer) if is_private(name)}
+    for klass in GRPOTrainer.__mro__[:-1]:
+        source_tree = ast.parse(inspect.getsource(inspect.getmodule(klass)))
+        names |= {n.attr for n in ast.walk(source_tree) if isinstance(n, ast.Attribute) and _on_self(n)}
+    return frozenset(filter(is_private, names))
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+@cache
+def package() -> Package:
+    return Package.of(PACKAGE)
+
+
+def test_module_dependencies_run_one_way():
+    found = circles(package().import_graph())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_nothing_private_crosses_a_module_border():
+    problems = package().private_imports() + package().private_members_reached(trl_seams())
+    assert not problems, "\n".join(problems)
+
+
+def test_no_function_is_over_60_lines():
+    found = package().long_functions()
+    assert not found, "\n".join(found)
+
+
+def test_a_module_over_500_lines_is_one_named_concern():
+    lines = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    long = {m: n for m, n in lines.items() if n > MAX_MODULE_LINES}
+    unnamed = sorted(set(long) - set(LONG_MODULES))
+    assert not unnamed, (
+        f"modules over {MAX_MODULE_LINES} lines without a named concern: {[(m, long[m]) for m in unnamed]}"
+    )
+    stale = sorted(set(LONG_MODULES) - set(long))
+    assert not stale, f"LONG_MODULES names modules no longer over {MAX_MODULE_LINES} lines: {stale}"
+
+
+def test_the_checks_see_a_circle_a_private_import_a_private_reach_and_a_long_function():
+    """Broken on purpose, on a made-up package: each check reports what it is for, and only that."""
+    body = "    x = 1\n" * MAX_FUNCTION_LINES
+    made_up = Package(
+        {
+            "trl_mintrl": ("", True),
+            "trl_mintrl.a": ("from .b import _helper, public\n", False),
+            "trl_mintrl.b": (
+                "from . import c\n_helper = 1\npublic = 2\nclass B:\n    def _internal(self):\n        pass\n",
+                False,
+            ),
+            "trl_mintrl.c": ("from .a import public\ndef reach(b):\n    return b._internal()\n", False),
+            "trl_mintrl.d": (f"def long():\n{body}def short():\n    return 1\n", False),
+        }
+    )
+    assert circles(made_up.import_graph()) == [["trl_mintrl.a", "trl_mintrl.b", "trl_mintrl.c"]]
+    assert made_up.private_imports() == ["trl_mintrl.a:1 imports the private name _helper from trl_mintrl.b"]
+    assert made_up.private_members_reached() == ["trl_mintrl.c:3 reaches _internal of trl_mintrl.b"]
+    assert made_up.long_functions() == [f"trl_mintrl.d:1 long has {MAX_FUNCTION_LINES + 1} lines"]

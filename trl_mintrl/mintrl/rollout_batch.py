@@ -1,0 +1,164 @@
+"""A MInTRL rollout batch's record (`RolloutBatch`), its measures (`RolloutMeasures`) and its `mintrl/*` metrics
+(`rollout_metrics`): shared by `MInTRLTrainer` and the asynchronous rollout worker (`async_/worker.py`), and kept out
+of the trainer's module so that the worker never imports the synchronous trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..judges import TransportStatus
+from .rollout import Trajectory
+
+
+@dataclass
+class RolloutBatch:
+    """What one `rollout_func` call hands to the advantage and metrics code, for this process's rows."""
+
+    STAT_COLUMNS = (
+        "intervened",
+        "revised",
+        "reviews",
+        "judge_tokens",
+        "completion_tokens",
+        "judge_failures",
+        "votes_usable",
+        "votes_agreeing",
+        "vetoed",
+        "speculative_chunks",
+        "speculative_kept",
+    )
+
+    intervening: bool  # interventions were on for this batch
+    is_control: torch.Tensor  # (rows,) bool: purely on-policy rollouts, whose mean reward is the baseline
+    stats: torch.Tensor  # (rows, len(STAT_COLUMNS)) float per-rollout statistics
+    prefix_cache_hit_rate: float | None  # engines with a prefix cache (vLLM); None otherwise
+    judge_requests: float = 0.0  # requests sent to the judge's server (0 for in-process judges)
+    judge_unanswered: float = 0.0  # ... of which got no answer (connection refused, timeout, HTTP error)
+    judge_last_error: str | None = None  # why this process's latest unanswered request got none (not gathered)
+
+    @classmethod
+    def from_trajectories(
+        cls,
+        trajectories: list[Trajectory],
+        intervening: bool,
+        is_control: torch.Tensor,
+        prefix_cache_hit_rate: float | None,
+        transport_before: TransportStatus,
+        transport_after: TransportStatus,
+    ) -> RolloutBatch:
+        """The batch of a finished rollout; the judge's transport counts are the difference of its statuses read
+        before and after the rollout."""
+        stats = [
+            [
+                t.review_budget > 0,
+                t.revisions > 0,
+                t.reviews,
+                t.judge_tokens,
+                len(t.completion_ids),
+                t.judge_failures,
+                t.votes_usable,
+                t.votes_agreeing,
+                t.vetoed,
+                t.speculative_chunks,
+                t.speculative_kept,
+            ]
+            for t in trajectories
+        ]
+        more_unanswered = transport_after.unanswered > transport_before.unanswered
+        return cls(
+            intervening=intervening,
+            is_control=is_control,
+            stats=torch.tensor(stats, dtype=torch.float32, device=is_control.device),
+            prefix_cache_hit_rate=prefix_cache_hit_rate,
+            judge_requests=float(transport_after.sent - transport_before.sent),
+            judge_unanswered=float(transport_after.unanswered - transport_before.unanswered),
+            judge_last_error=transport_after.last_error if more_unanswered else None,
+        )
+
+    def stat(self, name: str) -> torch.Tensor:
+        """(rows,) one column of `stats`."""
+        return self.stats[:, self.STAT_COLUMNS.index(name)]
+
+    def gathered(self, accelerator) -> RolloutBatch:
+        """The batch over the global rows, in TRL's row order (a collective: every process calls it)."""
+        rows = accelerator.gather(torch.cat([self.is_control.unsqueeze(1).to(self.stats.dtype), self.stats], dim=1))
+        rate = self.prefix_cache_hit_rate
+        if rate is not None:
+            rate = accelerator.gather(torch.tensor([rate], device=self.stats.device)).mean().item()
+        requests = torch.tensor([self.judge_requests, self.judge_unanswered], device=self.stats.device)
+        sent, unanswered = accelerator.reduce(requests, reduction="sum").tolist()
+        return RolloutBatch(
+            self.intervening, rows[:, 0].bool(), rows[:, 1:], rate, sent, unanswered, self.judge_last_error
+        )
+
+
+@dataclass(frozen=True)
+class RolloutMeasures:
+    """The numbers of one gathered batch that both the metrics and the schedule's controllers read."""
+
+    judge_token_share: float  # judge tokens / completion tokens
+    judge_failures: float  # failed judge requests: judge_transport_failures + judge_parse_failures
+    judge_transport_failures: float  # requests that got no answer (connection refused, timeout, HTTP error)
+    reviews: float  # reviews made (each is `judge_votes` judge calls)
+    reward_control: float  # mean reward of the controls
+    reward_intervened: float | None  # mean reward of the intervened rollouts; None when there are none
+
+    @classmethod
+    def of(cls, rewards: torch.Tensor, rollout: RolloutBatch) -> RolloutMeasures:
+        intervened = rollout.stat("intervened").bool()
+        total_tokens = max(rollout.stat("completion_tokens").sum().item(), 1.0)
+        return cls(
+            judge_token_share=rollout.stat("judge_tokens").sum().item() / total_tokens,
+            judge_failures=rollout.stat("judge_failures").sum().item(),
+            judge_transport_failures=rollout.judge_unanswered,
+            reviews=rollout.stat("reviews").sum().item(),
+            reward_control=torch.nanmean(rewards[rollout.is_control]).item(),
+            reward_intervened=torch.nanmean(rewards[intervened]).item() if intervened.any() else None,
+        )
+
+    @property
+    def judge_parse_failures(self) -> float:
+        """Judge answers that came back unusable (unparseable, out of range, cut by their token budget)."""
+        return self.judge_failures - self.judge_transport_failures
+
+
+def rollout_metrics(
+    rollout: RolloutBatch, measured: RolloutMeasures, args, intervention_share: float | None = None
+) -> dict[str, float | tuple[float, float]]:
+    """A batch's `mintrl/*` rollout metrics: a float for a gauge, `(numerator, denominator)` for a rate (a logger
+    that keeps them as pairs reduces a window as sum over sum; one value is `numerator / max(denominator, 1)`).
+    `args` gives `judge_votes` and `judge_token_target`; `intervention_share`: the budget controller's setting of
+    this batch, None when it is not logged."""
+    stats = {name: rollout.stat(name) for name in rollout.STAT_COLUMNS}
+    intervened = stats["intervened"].bool()
+    n_intervened = intervened.sum().item()
+    metrics: dict[str, float | tuple[float, float]] = {
+        "mintrl/interventions_active": float(rollout.intervening),
+        "mintrl/intervention_rate": (stats["revised"][intervened].sum().item(), n_intervened),
+        "mintrl/reviews_per_rollout": (stats["reviews"][intervened].sum().item(), n_intervened),
+        "mintrl/judge_token_frac": (stats["judge_tokens"].sum().item(), stats["completion_tokens"].sum().item()),
+        "mintrl/judge_failures": measured.judge_failures,
+        "mintrl/judge_transport_failures": measured.judge_transport_failures,
+        "mintrl/judge_parse_failures": measured.judge_parse_failures,
+    }
+    if args.judge_votes > 1 and rollout.intervening:
+        usable = stats["votes_usable"].sum().item()
+        if usable > 0:  # share of the usable review votes that back the decision taken on their chunk
+            metrics["mintrl/vote_agreement"] = (stats["votes_agreeing"].sum().item(), usable)
+        metrics["mintrl/vetoed_revisions"] = stats["vetoed"].sum().item()
+    if intervention_share is not None:
+        metrics["mintrl/judge_token_target"] = args.judge_token_target
+        metrics["mintrl/intervention_share"] = intervention_share
+    asked = stats["speculative_chunks"].sum().item()
+    if asked > 0:  # the continuous schedule's speculative next chunks (`speculative_chunks`): how many paid off
+        metrics["mintrl/speculative_chunks"] = (asked, n_intervened)
+        metrics["mintrl/speculative_kept_frac"] = (stats["speculative_kept"].sum().item(), asked)
+    if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
+        metrics["mintrl/prefix_cache_hit_rate"] = rollout.prefix_cache_hit_rate
+    metrics["mintrl/reward_control"] = measured.reward_control
+    if measured.reward_intervened is not None:
+        metrics["mintrl/reward_intervened"] = measured.reward_intervened
+        metrics["mintrl/reward_gap"] = measured.reward_intervened - measured.reward_control
+    return metrics
