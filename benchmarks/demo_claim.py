@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.learning import RESULTS, arm_provenance, final_by_seed, runs_of
+from benchmarks.learning import RESULTS, final_by_seed, run_provenance, runs_of
 from benchmarks.stats import format_interval, paired_difference
 
 LEARNING_JSON = RESULTS / "learning.json"
@@ -42,9 +42,10 @@ def arm_differences(runs: list[dict], results: dict, demo: dict) -> list[str]:
 
 
 def arms_commit(results: dict, regime: str, labels: tuple[str, ...]) -> str:
-    """The commit(s) that wrote these arms' runs on `regime` (learning.json runs in parts: `arm_provenance`), 12
-    digits each."""
-    return ", ".join(sorted({arm_provenance(results, regime, label)["commit"][:12] for label in labels}))
+    """The commit(s) that wrote these arms' runs on `regime` (learning.json runs in parts, and fresh seeds merged
+    from reproduce.py: `run_provenance`), 12 digits each."""
+    runs = [run for label in labels for run in runs_of(results, regime, label)]
+    return ", ".join(sorted({run_provenance(results, run)["commit"][:12] for run in runs}))
 
 
 def committed_comparison(

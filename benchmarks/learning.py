@@ -466,10 +466,13 @@ def merge_previous(results: dict, previous: dict, parts: list[str]) -> dict:
     label) that of the run that wrote its runs (`arm_provenance`; a file without them: its top-level provenance)."""
     scope, sweep = _part_scope(results["settings"], parts)
 
+    seeds = set(results["settings"]["seeds"])
+
     def kept(run: dict) -> bool:
         if run.get("group") == "sweep":  # a sweep of another regime is the previous design's: in git history
             return not sweep and run["regime"] == SWEEP_REGIME
-        return run["label"] not in scope.get(run["regime"], [])
+        # a part reruns its arms at the design seeds; runs merged from reproduce.py at other seeds stay
+        return run["label"] not in scope.get(run["regime"], []) or run["seed"] not in seeds
 
     old_provenance = previous.get("regime_provenance") or {
         b["regime"]: previous["provenance"] for b in previous["baselines"]
@@ -588,17 +591,26 @@ def _provenance_text(prov: dict) -> str:
     return f"`{prov['command']}` at commit `{prov['commit'][:12]}`{differed}"
 
 
+def run_provenance(results: dict, run: dict) -> dict:
+    """The command and commit that wrote `run`: its own (a run merged from `benchmarks/reproduce.py` at a fresh
+    seed), else its arm's."""
+    return run.get("provenance") or arm_provenance(results, run["regime"], run["label"])
+
+
 def provenance_lines(results: dict) -> list[str]:
     """Which command and commit wrote each regime's runs (one line per distinct run; a regime whose arms were
-    written by several runs names its arms)."""
+    written by several runs names its arms, and the seeds where an arm's runs came from several)."""
     groups: dict[str, list[str]] = {}
     for regime in results["settings"]["plan"]:
-        labels = list(dict.fromkeys(r["label"] for r in results["runs"] if r["regime"] == regime))
-        by_text: dict[str, list[str]] = {}
-        for label in labels:
-            by_text.setdefault(_provenance_text(arm_provenance(results, regime, label)), []).append(label)
+        by_text: dict[str, dict[str, list[int]]] = {}
+        for run in sorted((r for r in results["runs"] if r["regime"] == regime), key=lambda r: r["seed"]):
+            text = _provenance_text(run_provenance(results, run))
+            by_text.setdefault(text, {}).setdefault(run["label"], []).append(run["seed"])
+        all_seeds = {r["seed"] for r in results["runs"] if r["regime"] == regime}
         for text, arms in by_text.items():
-            groups.setdefault(text, []).append(regime if len(by_text) == 1 else f"{regime} ({', '.join(arms)})")
+            seeds = sorted({seed for arm_seeds in arms.values() for seed in arm_seeds})
+            which = "" if set(seeds) == all_seeds else f", seeds {', '.join(map(str, seeds))}"
+            groups.setdefault(text, []).append(regime if len(by_text) == 1 else f"{regime} ({', '.join(arms)}{which})")
     return [f"- {'; '.join(regimes)}: {text}" for text, regimes in groups.items()]
 
 
@@ -704,7 +716,7 @@ def readme_block(results: dict) -> str:
     results = normalise(results)
     settings = results["settings"]
     regimes = [r for r in README_REGIMES if r in settings["plan"] and runs_of(results, r, "grpo")]
-    commits = sorted({arm_provenance(results, r["regime"], r["label"])["commit"][:12] for r in results["runs"]})
+    commits = sorted({run_provenance(results, r)["commit"][:12] for r in results["runs"]})
     lines = [
         f"{settings['steps']} optimizer steps; held-out pass@1 in %, difference to GRPO paired by seed with a 95% "
         f"t-interval (**bold**: resolved). From `benchmarks/results/learning.json` (commits {', '.join(commits)}); "
@@ -725,7 +737,8 @@ def readme_block(results: dict) -> str:
             else:
                 diff = paired_difference(final_by_seed(runs), final_by_seed(grpo))
                 text = format_interval(diff)
-                cells.append(f"**{text}**" if diff.resolved else text)
+                text = f"**{text}**" if diff.resolved else text
+                cells.append(text if diff.n == len(grpo) else f"{text} ({diff.n} seeds)")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     calibrations = []
     for regime in regimes:

@@ -49,7 +49,7 @@ def test_the_line_states_the_committed_paired_difference_and_its_verdict(committ
 
 def test_the_line_follows_an_edited_json(committed):
     better = committed_comparison(_set_mintrl(committed, "in-band", {"pass@1": 0.1, "pass@8": 0.1}), ARM)
-    assert "pass@1 +10.4 [+10.0, +10.8] (resolved)" in better  # 0.1 + 0.002 * seed, seeds 0-4
+    assert "pass@1 +10.9 [+10.5, +11.3] (resolved)" in better  # 0.1 + 0.002 * seed, seeds 0-9
     assert "mintrl-const beats grpo on this regime (pass@1, pass@8)" in better
     assert "not shown to beat" not in better
 
@@ -83,8 +83,8 @@ def test_the_line_names_how_the_benchmark_arm_differs_from_the_demo(committed):
     text = committed_comparison(longer, ARM)
     assert f"the closest committed benchmark arm, which differs: 96 optimizer steps, the demo {ARM['steps']}" in text
     assert "the same arm" not in text
-    other = committed_comparison(committed, dict(ARM, final_prompts=128, seed=7))
-    assert "96 held-out problems, the demo 128" in other and "do not include the demo's seed 7" in other
+    other = committed_comparison(committed, dict(ARM, final_prompts=128, seed=17))
+    assert "96 held-out problems, the demo 128" in other and "do not include the demo's seed 17" in other
 
 
 def _load_example(name: str):
