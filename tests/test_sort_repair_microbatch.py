@@ -297,6 +297,30 @@ def test_deepspeed_engine_scheduler_is_detached_for_the_repair_step():
     assert engine.lr_scheduler == "schedule"
 
 
+def test_deepspeed_repair_backward_gives_the_engine_its_boundary_through_accelerates_public_wrapper():
+    """Under DeepSpeed each repair micro-batch goes through accelerate's `DeepSpeedEngineWrapper.backward` (its
+    contract pinned in tests/test_trl_guard.py) with the boundary the repair decides, the loss undivided by the
+    accumulation steps, and no write to accelerate's private gradient state (this fake accelerator has none)."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from trl_mintrl.sort.repair import ReferenceRepair
+
+    calls = []
+    wrapper = SimpleNamespace(backward=lambda loss, **kwargs: calls.append((loss, kwargs)))
+    accelerator = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, deepspeed_engine_wrapped=wrapper)
+    repair = SimpleNamespace(host=SimpleNamespace(accelerator=accelerator))
+    for steps_engine in (False, True):
+        ReferenceRepair._backward(
+            repair, model=None, loss=f"loss {steps_engine}", last=True, steps_engine=steps_engine
+        )
+    assert calls == [
+        ("loss False", {"sync_gradients": False, "scale_wrt_gas": False}),
+        ("loss True", {"sync_gradients": True, "scale_wrt_gas": False}),
+    ]
+
+
 def test_repair_age_is_logged_in_optimizer_steps(tiny_model_path, cpu_args, toy_dataset):
     planner = FunctionPlanner(lambda question, reference: "")
     trainer = make_trainer(tiny_model_path, cpu_args, toy_dataset, planner=planner)
