@@ -94,6 +94,33 @@ def test_the_ratio_is_paired_within_each_round_and_the_report_is_computed_from_t
     ]
 
 
+def test_the_report_shows_the_servers_work_and_the_machine_it_ran_on():
+    """The server's counters and each server process's CPU per timed step (window differences of what the run
+    recorded at the window's ends), beside the completion tokens trained, and the machine's conditions."""
+    assert cost_async.window_delta({"a": 1.0}, {"a": 9.0, "b": 4.0}, per=2) == {"a": 4.0, "b": 2.0}
+    saved = saved_result({"mintrl_async_s2": [0.2, 0.3], "mintrl_sync": [0.1, 0.2]}, ["mintrl_s2"])
+    for run in saved["result"]["runs"]:
+        run["server_counters_per_step"] = {
+            "vllm:prompt_tokens_total": 400.0,
+            "vllm:prefix_cache_hits_total": 300.0,
+            "vllm:generation_tokens_total": 3500.0 if run["arm"] == "mintrl_async_s2" else 3000.0,
+            "vllm:request_success_total": 70.0,
+            "vllm:num_preemptions_total": 0.5,
+        }
+        run["server_cpu_by_process_per_step"] = {"VLLM::EngineCor": 6.0, "VLLM::Worker": 8.0, "python": 0.004}
+    saved["machine"] = {"cpu_model": "Test CPU", "logical_cpus": 2, "usable_cpus": 2, "load_before": 0.5,
+                        "load_during_mean": 2.0, "load_during_max": 3.0}  # fmt: skip
+    text = cost_async.render(saved)
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| mintrl_")}
+    # 90 tokens mean length x 32 rollouts trained; processes under 0.01 s are left out
+    assert (
+        "| 400 | 300 | 3500 | 2880 | 70 | 0.5 | VLLM::EngineCor 6.00, VLLM::Worker 8.00 |" in rows["| mintrl_async_s2"]
+    )
+    assert "| 3000 | 2880 |" in rows["| mintrl_sync"]
+    assert "Machine: Test CPU, 2 of 2 CPUs usable; 1-minute load 0.50 before, 2.00 mean / 3.00 max during" in text
+    assert "Test CPU" in cost_async.readme_block(saved)
+
+
 class FakeCollator:
     def torch_call(self, examples):
         return {"collated": len(examples[0])}
