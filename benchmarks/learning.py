@@ -212,6 +212,7 @@ def run_job(job: dict) -> dict:
     from benchmarks.toy import evaluate, sample_completions
     from benchmarks.toy.evaluate import scores_of
     from benchmarks.toy.training import REGIMES, build_trainer, rl_config
+    from benchmarks.toy.warm_start import sft_on_references
 
     torch.set_num_threads(1)
     regime = REGIMES[job["regime"]]
@@ -220,7 +221,11 @@ def run_job(job: dict) -> dict:
     final_problems = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
     curve_problems = final_problems[: job["curve_prompts"]]  # = regime.problems(curve_prompts): drawn in order
     validation_problems = regime.problems(job.get("validation_prompts", job["curve_prompts"]), seed=VALIDATION_SEED)
-    train = regime.dataset(job["steps"] * job["prompts_per_step"], seed=TRAIN_SEED + job["seed"])
+    train = regime.dataset(
+        job["steps"] * job["prompts_per_step"],
+        seed=TRAIN_SEED + job["seed"],
+        reference_style=job["overrides"].get("_reference_style"),
+    )
     phase_end = phase_end_step(job["steps"])
     curve, validation, snapshots, phase, eval_seconds = {}, {}, {}, {}, 0.0
 
@@ -245,6 +250,12 @@ def run_job(job: dict) -> dict:
                 snapshots[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             eval_seconds += time.perf_counter() - start
 
+    sft = job["overrides"].get("_sft_first")
+    if sft is not None:  # SFT on the references first (one epoch), then the method: its time counts as training
+        start = time.perf_counter()
+        sft_steps = sft_on_references(model, tokenizer, train, **sft)
+        sft_seconds = time.perf_counter() - start
+        sft_end = {**_curve_point(evaluate(model, tokenizer, final_problems, 8)), "steps": sft_steps}
     overrides = {k: v for k, v in job["overrides"].items() if not k.startswith("_")}
     rollouts = 8 * job["overrides"].get("_batch_factor", 1)
     overrides["per_device_train_batch_size"] = job["prompts_per_step"] * rollouts
@@ -275,7 +286,7 @@ def run_job(job: dict) -> dict:
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
-    train_seconds = time.perf_counter() - start - eval_seconds
+    train_seconds = time.perf_counter() - start - eval_seconds + (sft_seconds if sft is not None else 0.0)
     # the curve set is a prefix of the held-out set: its last point comes from the final samples
     completions = sample_completions(trainer.model, tokenizer, final_problems, 8)
     final = scores_of(final_problems, completions, ks=(1, 8))
@@ -302,6 +313,7 @@ def run_job(job: dict) -> dict:
         "selected": {**selected, "step": best},
         "logs": logs,
         "train_seconds": train_seconds,
+        **({"sft_end": sft_end} if sft is not None else {}),
     }
 
 
@@ -322,15 +334,15 @@ def decaying_judge_share(phase_end: int):
 
 
 def job_judge(job: dict):
-    """The rule judge of a job: its steps per correction, error rate, from-start and notation settings (the regime's
-    notation unless the label sets one)."""
+    """The rule judge of a job: its steps per correction, errors (`judge_errors`: rate per kind of
+    `benchmarks.toy.rule_judge`), from-start and notation settings (the regime's notation unless the label sets one)."""
     from benchmarks.toy.training import REGIMES
 
     regime = REGIMES[job["regime"]]
     return regime.judge(
         job["seed"],
         steps_per_correction=job["judge_steps"],
-        error_rate=job.get("judge_error_rate", 0.0),
+        **job.get("judge_errors", {}),
         from_start=job.get("judge_from_start", False),
         notation=job["overrides"].get("_judge_notation", regime.judge_notation),
     )
@@ -401,32 +413,40 @@ def _judge_notations(regime_name: str) -> list[str]:
     return list(dict.fromkeys([regime.judge_notation, "near", "far"]))
 
 
+def common_job_fields(settings: dict) -> dict:
+    """The fields every job of a mode shares: steps, evaluation sets, prompts per step, curve spacing."""
+    return {k: settings[k] for k in ("steps", "curve_prompts", "final_prompts", "prompts_per_step")} | {
+        "eval_every": max(1, settings["steps"] // settings["curve_points"])
+    }
+
+
+def main_job(settings: dict, regime: str, label: str, method: str, overrides: dict, seed: int) -> dict:
+    """One main-group job: `label` (trained by `method` with config `overrides`) on `regime` at `seed`, with the
+    mode's common fields; other benchmarks build their arms with it so that their runs are learning.py's."""
+    return dict(
+        common_job_fields(settings),
+        name=f"{regime}-{label}-s{seed}",
+        group="main",
+        regime=regime,
+        label=label,
+        method=method,
+        overrides=overrides,
+        judge_steps=1,
+        seed=seed,
+    )
+
+
 def plan_jobs(settings: dict, parts: list[str] | None = None) -> list[dict]:
     """One job per (regime, label, seed), then the sweep's extra points, in plan order; with `parts` (full mode), only
     the regimes (and the sweep) of those `PARTS`."""
-    common = {k: settings[k] for k in ("steps", "curve_prompts", "final_prompts", "prompts_per_step")} | {
-        "eval_every": max(1, settings["steps"] // settings["curve_points"])
-    }
+    common = common_job_fields(settings)
     scope, sweep = _part_scope(settings, parts)
     jobs = []
     for regime, labels in scope.items():
         seeds = settings["seeds"][: settings["seeds_per_regime"].get(regime, len(settings["seeds"]))]
         for seed in seeds:
             for label in labels:
-                method, overrides = LABELS[label]
-                jobs.append(
-                    dict(
-                        common,
-                        name=f"{regime}-{label}-s{seed}",
-                        group="main",
-                        regime=regime,
-                        label=label,
-                        method=method,
-                        overrides=overrides,
-                        judge_steps=1,
-                        seed=seed,
-                    )
-                )
+                jobs.append(main_job(settings, regime, label, *LABELS[label], seed))
     for seed in settings["seeds"][: settings["sweep_seeds"] if sweep else 0]:
         for point, spec in SWEEP.items():
             if spec is None:

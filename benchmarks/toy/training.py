@@ -16,6 +16,7 @@ from pathlib import Path
 from trl_mintrl.cpu import cpu_training_fields
 
 from .hint import HINT_TEACHER_TEMPLATE, WARM_START_HINT_DIR, rule_planner
+from .reference_styles import write_reference
 from .task import BAND_OPERATORS, STEP_SEPARATOR, make_problems, step_reward, toy_reward
 from .warm_start import WARM_START_DIR
 
@@ -48,14 +49,17 @@ class Regime:
             n, self.min_ops, self.max_ops, seed=seed, new_op=self.new_op, new_op_count=self.new_op_count
         )
 
-    def dataset(self, n: int, seed: int):
+    def dataset(self, n: int, seed: int, reference_style: str | None = None):
+        """`n` rows of `problems(n, seed)`, the `solution` column in the regime's notation or in `reference_style`
+        (`benchmarks.toy.reference_styles`)."""
         from datasets import Dataset
 
-        rows = [
-            {**p.row(), "solution": STEP_SEPARATOR.join(p.written_steps(self.notation))}
-            for p in self.problems(n, seed)
-        ]
-        return Dataset.from_list(rows)
+        def reference(problem) -> str:
+            if reference_style is None:
+                return STEP_SEPARATOR.join(problem.written_steps(self.notation))
+            return write_reference(problem, reference_style)
+
+        return Dataset.from_list([{**p.row(), "solution": reference(p)} for p in self.problems(n, seed)])
 
     def judge(self, seed: int = 0, **kwargs):
         """The regime's rule judge (`rule_judge` in the regime's judge notation; `kwargs` override)."""

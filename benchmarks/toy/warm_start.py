@@ -22,16 +22,17 @@ WARM_START_DIR = Path(__file__).parent / "warm_start"
 SFT_MIN_OPS, SFT_MAX_OPS, SFT_OPS_DECAY = 1, 10, 0.7
 
 
-def sft_batch(tokenizer, problems) -> dict:
-    """Right-padded input ids, attention mask and labels (completion tokens only) for a list of problems."""
+def sft_batch(tokenizer, examples) -> dict:
+    """Right-padded input ids, attention mask and labels (completion tokens only) for `(prompt messages, solution
+    text)` pairs."""
     import torch
 
     from trl_mintrl.text import prompt_token_ids
 
     rows = []
-    for p in problems:
-        prompt = prompt_token_ids(tokenizer, p.row()["prompt"])
-        completion = tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    for messages, solution in examples:
+        prompt = prompt_token_ids(tokenizer, messages)
+        completion = tokenizer(solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((prompt + completion, [-100] * len(prompt) + completion))
     width = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
@@ -79,7 +80,7 @@ def build_warm_start(
 
         model = AutoModelForCausalLM.from_pretrained(init_dir)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
+    optimizer = sft_optimizer(model, learning_rate)
 
     def lr_at(step: int) -> float:
         if step < warmup_steps:
@@ -95,14 +96,45 @@ def build_warm_start(
         n_hinted = round(hint_fraction * batch_size)
         problems = [make_problem(rng, rng.choices(ops, ops_weights)[0]) for _ in range(batch_size - n_hinted)]
         problems += [make_hinted_example(rng, rng.randint(HINT_MIN_OPS, HINT_MAX_OPS)) for _ in range(n_hinted)]
-        loss = model(**sft_batch(tokenizer, problems)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        loss = sft_step(model, optimizer, sft_batch(tokenizer, [(p.row()["prompt"], p.solution) for p in problems]))
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        running = loss if running is None else 0.98 * running + 0.02 * loss
         if log_every and (step + 1) % log_every == 0:
             print(f"step {step + 1}/{steps}  loss {running:.4f}  {time.time() - start:.0f}s", flush=True)
     model.eval()
     return save(model, tokenizer, out_dir)
+
+
+def sft_optimizer(model, learning_rate: float):
+    """The warm start's optimiser: AdamW, weight decay 0.01, betas (0.9, 0.98)."""
+    import torch
+
+    return torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
+
+
+def sft_step(model, optimizer, batch: dict) -> float:
+    """One optimizer step of next-token loss on `batch` (`sft_batch`), grad norm clipped at 1.0; returns the loss."""
+    import torch
+
+    loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def sft_on_references(model, tokenizer, dataset, *, batch_size: int, learning_rate: float) -> int:
+    """One epoch of supervised fine-tuning on `dataset`'s rows (`prompt` messages, `solution` text) in their order,
+    `batch_size` rows a step, with the warm start's optimiser at a constant `learning_rate`: what a user with
+    reference solutions does before RL (the paper's SFT+GRPO baseline). Trains `model` in place on one CPU thread
+    and leaves it in eval mode; returns the optimizer steps taken."""
+    model.train()
+    optimizer = sft_optimizer(model, learning_rate)
+    rows = list(zip(dataset["prompt"], dataset["solution"], strict=True))
+    steps = 0
+    for start in range(0, len(rows), batch_size):
+        sft_step(model, optimizer, sft_batch(tokenizer, rows[start : start + batch_size]))
+        steps += 1
+    model.eval()
+    return steps
