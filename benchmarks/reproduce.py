@@ -154,10 +154,26 @@ def per_round_ratios(runs: list[dict], pair: str) -> list[float]:
 PAIRS_OF_COST_ASYNC = {"mintrl_s2": ("mintrl_async_s2", "mintrl_sync"), "grpo": ("grpo_async", "grpo_sync")}
 
 
+# the settings a rerun must share with the recorded run to be compared with it (the shape of a step, the judge's
+# delay, the server's processes); the machine's conditions are recorded beside, not required
+ASYNC_SETTINGS_COMPARED = ("warmup", "steps", "shape", "delay_fraction", "server_processes")
+
+
+def comparable(rerun: dict, recorded: dict) -> bool:
+    """Whether `rerun` ran the recorded `cost_async.json`'s settings (`ASYNC_SETTINGS_COMPARED`; a file from before
+    `server_processes` was recorded ran the multi-process server)."""
+
+    def setting(settings: dict, key: str):
+        return settings.get(key, "multi") if key == "server_processes" else settings.get(key)
+
+    return all(setting(rerun["settings"], k) == setting(recorded["settings"], k) for k in ASYNC_SETTINGS_COMPARED)
+
+
 def async_comparisons(recorded: dict, reruns: list[dict]) -> list[dict]:
-    """Per pair: the recorded ratio interval, each rerun's, fresh (every rerun's rounds) - recorded (Welch), and
-    the pooled interval over every round run."""
+    """Per pair: the recorded ratio interval, the fresh one (every comparable rerun's rounds), fresh - recorded
+    (Welch), and the pooled interval over every round run with those settings."""
     rows = []
+    reruns = [rerun for rerun in reruns if comparable(rerun, recorded)]
     for pair in ASYNC_PAIRS:
         old = per_round_ratios(recorded["result"]["runs"], pair)
         fresh = [ratio for rerun in reruns for ratio in per_round_ratios(rerun["result"]["runs"], pair)]
@@ -189,8 +205,10 @@ def async_report(results: dict, out: Path) -> list[str]:
     ]
     for rerun in reruns:
         prov = rerun["provenance"]
+        other = "" if comparable(rerun, recorded) else " (other settings than the recorded run's: not compared)"
         lines.append(
-            f"- Rerun `{prov['command']}` at `{prov['commit'][:12]}`: {rerun['settings']['rounds']} rounds; "
+            f"- Rerun `{prov['command']}` at `{prov['commit'][:12]}`{other}: {rerun['settings']['rounds']} rounds, "
+            f"server {rerun['settings'].get('server_processes', 'multi')}-process; "
             f"{conditions_text(rerun['machine'])}; per-round ratios "
             + "; ".join(
                 f"{pair} " + ", ".join(f"{r:.2f}" for r in per_round_ratios(rerun["result"]["runs"], pair))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import learning, reproduce
-from benchmarks.stats import mean_interval
+from benchmarks.stats import format_ratio, mean_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -90,13 +90,24 @@ def test_the_async_report_pairs_rounds_and_records_the_machine(tmp_path):
     recorded = json.loads((tmp_path / "cost_async.json").read_text())
     machine = {"cpu_model": "test CPU", "logical_cpus": 2, "usable_cpus": 2, "load_before": 0.1,
                "load_during_mean": 1.9, "load_during_max": 2.3}  # fmt: skip
-    rerun = {"provenance": recorded["provenance"], "machine": machine, "settings": {"rounds": 6},
-             "result": recorded["result"]}  # fmt: skip
+    rounds = len(reproduce.per_round_ratios(recorded["result"]["runs"], "mintrl_s2"))
+    rerun = {"provenance": recorded["provenance"], "machine": machine,
+             "settings": {**recorded["settings"], "rounds": rounds}, "result": recorded["result"]}  # fmt: skip
     [mintrl, grpo] = reproduce.async_comparisons(recorded, [rerun])
-    assert mintrl["agree"] and grpo["agree"] and mintrl["pooled"].n == 12
+    assert mintrl["agree"] and grpo["agree"] and mintrl["pooled"].n == 2 * rounds
     text = "\n".join(reproduce.async_report({"runs": [], "async_reruns": [rerun]}, tmp_path))
     assert "test CPU, 2 of 2 CPUs usable; 1-minute load 0.10 before, 1.90 mean / 2.30 max during" in text
-    assert "| mintrl_s2 | 1.95 [1.80, 2.11] |" in text
+    assert f"| mintrl_s2 | {format_ratio(mintrl['recorded'])} |" in text and "not compared" not in text
+    # a rerun with the server's processes other than the recorded run's is listed, never pooled with it
+    other = json.loads(json.dumps(rerun))
+    other["settings"]["server_processes"] = {"single": "multi"}.get(
+        recorded["settings"].get("server_processes"), "single"
+    )
+    [mintrl_alone, _] = reproduce.async_comparisons(recorded, [rerun, other])
+    assert mintrl_alone["pooled"].n == 2 * rounds
+    assert reproduce.async_comparisons(recorded, [other]) == []
+    text = "\n".join(reproduce.async_report({"runs": [], "async_reruns": [rerun, other]}, tmp_path))
+    assert text.count("(other settings than the recorded run's: not compared)") == 1
     faster = json.loads(json.dumps(rerun))
     for run in faster["result"]["runs"]:
         if run["arm"] == "mintrl_async_s2":
