@@ -338,9 +338,14 @@ def correct_step(
     return (STEP_SEPARATOR if partial else "") + targets[0]
 
 
+JUDGE_ERRORS = ("false_revise", "missed_error", "wrong_correction")  # `rule_judge`'s kinds of error
+
+
 def rule_judge(
     steps_per_correction: int = 1,
-    error_rate: float = 0.0,
+    false_revise: float = 0.0,
+    missed_error: float = 0.0,
+    wrong_correction: float = 0.0,
     seed: int = 0,
     from_start: bool = False,
     notation: str = "far",
@@ -349,16 +354,20 @@ def rule_judge(
     `steps_per_correction` steps (a strong, cheap judge). `from_start` revises every rollout at its first step (with
     `steps_per_correction` >= the chain length the judge writes the whole solution: the sweep's off-policy extreme).
     `notation`: "far" writes and accepts only the reference's notation (`1#2=5`, a token the policy never produced);
-    "near" writes a new operator's step the way the policy does (`1+2=5`) and accepts either. With `error_rate` p > 0
-    it errs like a real judge: a chunk the rule finds right is flagged at a random step with probability p, and a
-    correction carries a wrong number with probability p (independent draws from `seed`, so `judge_votes` reviews of
-    one chunk can disagree)."""
+    "near" writes a new operator's step the way the policy does (`1+2=5`) and accepts either.
+
+    Fallible judges (`JUDGE_ERRORS`), each kind with its own probability in [0, 1]: `false_revise`, a chunk the rule
+    finds right is flagged at a random non-empty step (a false REVISE); `missed_error`, a chunk the rule finds wrong
+    is passed (KEEP); `wrong_correction`, a correction carries a wrong number (`corrupt_number`: its first result off
+    by 1 or 2). Independent draws from one `random.Random(seed)`, so the `judge_votes` reviews of one chunk can
+    disagree; a kind at 0 draws nothing and never fires, and with all three at 0 this is the exact judge."""
     from trl_mintrl.judges.function import FunctionJudge
 
     if steps_per_correction < 1:
         raise ValueError(f"steps_per_correction must be >= 1, got {steps_per_correction}")
-    if not 0.0 <= error_rate <= 1.0:
-        raise ValueError(f"error_rate must be in [0, 1], got {error_rate}")
+    for name, rate in zip(JUDGE_ERRORS, (false_revise, missed_error, wrong_correction), strict=True):
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
+            raise ValueError(f"{name} must be a probability in [0, 1], got {rate!r}")
     if notation not in NOTATIONS:
         raise ValueError(f"unknown notation {notation!r}; expected one of {NOTATIONS}")
     if notation == "far" and steps_per_correction == 1:
@@ -368,22 +377,27 @@ def rule_judge(
     review = review_from_start if from_start else review_steps
     if notation == "near":
         review = functools.partial(review, notation="near")
-    if error_rate == 0.0:
+    if not (false_revise or missed_error or wrong_correction):
         return FunctionJudge(review, correct)
     rng = random.Random(seed)
 
-    def noisy_review(question, prefix, steps, reference=None):
+    def fires(rate: float) -> bool:
+        return rate > 0.0 and rng.random() < rate
+
+    def fallible_review(question, prefix, steps, reference=None):
         index = review(question, prefix, steps, reference)
-        if index is None and rng.random() < error_rate:
-            candidates = [i for i, step in enumerate(steps) if step.strip()]
-            return rng.choice(candidates) if candidates else None
-        return index
+        if index is None:  # the rule finds the chunk right
+            if fires(false_revise):
+                candidates = [i for i, step in enumerate(steps) if step.strip()]
+                return rng.choice(candidates) if candidates else None
+            return None
+        return None if fires(missed_error) else index
 
-    def noisy_correct(question, prefix, reference=None):
+    def fallible_correct(question, prefix, reference=None):
         text = correct(question, prefix, reference)
-        return corrupt_number(text, rng) if rng.random() < error_rate else text
+        return corrupt_number(text, rng) if fires(wrong_correction) else text
 
-    return FunctionJudge(noisy_review, noisy_correct)
+    return FunctionJudge(fallible_review, fallible_correct)
 
 
 def corrupt_number(text: str, rng: random.Random) -> str:
