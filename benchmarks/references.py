@@ -225,7 +225,8 @@ def readme_block(results: dict) -> str:
     lines = [
         "References rewritten farther from the student (`benchmarks/references.py`, in-band, "
         f"{len(results['settings']['seeds'])} seeds, pass@1 points, paired 95% t-intervals; MInTRL-const's judge "
-        "writes in the student's notation at every distance). From `benchmarks/results/references.json` (commit "
+        "writes in the student's notation at every distance; spaced and worded use characters the warm start never "
+        "produced, and one SFT epoch on them breaks the toy model). From `benchmarks/results/references.json` (commit "
         f"`{results['provenance']['commit'][:12]}`).",
         "",
         "| references (NLL / token under the warm start) | arm | - GRPO | MInTRL-const - arm |",
