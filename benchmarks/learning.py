@@ -47,7 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from benchmarks.provenance import provenance  # noqa: E402
-from benchmarks.readme import markers, update_readme  # noqa: E402
+from benchmarks.readme import markers, replot  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference  # noqa: E402
 from benchmarks.toy.training import DISTANCE_REGIMES  # noqa: E402
 
@@ -1203,12 +1203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
     args = parser.parse_args(argv)
     if args.replot:
-        results = normalise(json.loads(args.replot.read_text()))
-        out = args.out or args.replot.parent
-        out.mkdir(parents=True, exist_ok=True)
-        print(render(results, out))
-        if args.readme:
-            update_readme(args.readme, README_START, README_END, readme_block(results))
+        load = lambda path: normalise(json.loads(path.read_text()))  # noqa: E731
+        replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block, load)
         return
     if args.recheck:
         sys.exit(0 if recheck(args.recheck, args.out or RESULTS, argv, args.workers) else 1)

@@ -21,3 +21,17 @@ def update_readme(path: Path, start: str, end: str, block: str) -> None:
     head, rest = text.split(start, 1)
     tail = rest.split(end, 1)[1]
     path.write_text(f"{head}{start}\n{block}\n{end}{tail}")
+
+
+def replot(path: Path, out: Path | None, render, readme: Path | None, start: str, end: str, block, load=None) -> None:
+    """A benchmark's `--replot`: re-render its tables and plots from the JSON at `path` into `out` (default: the
+    JSON's folder) and, with `readme`, rewrite that README's block between `start` and `end` with `block(results)`.
+    `load` reads the JSON (default: as it is)."""
+    import json
+
+    results = load(path) if load is not None else json.loads(path.read_text())
+    out = out or path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    print(render(results, out))
+    if readme:
+        update_readme(readme, start, end, block(results))

@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks import learning  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
-from benchmarks.readme import markers, update_readme  # noqa: E402
+from benchmarks.readme import markers, replot  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
 from benchmarks.toy.reference_styles import STYLES  # noqa: E402
 
@@ -305,12 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's block")
     args = parser.parse_args(argv)
     if args.replot:
-        results = json.loads(args.replot.read_text())
-        out = args.out or args.replot.parent
-        out.mkdir(parents=True, exist_ok=True)
-        print(render(results, out))
-        if args.readme:
-            update_readme(args.readme, README_START, README_END, readme_block(results))
+        replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)
         return
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
