@@ -250,7 +250,7 @@ def run_job(job: dict) -> dict:
                 snapshots[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             eval_seconds += time.perf_counter() - start
 
-    sft = job["overrides"].get("_sft_first")
+    sft, sft_seconds = job["overrides"].get("_sft_first"), 0.0
     if sft is not None:  # SFT on the references first (one epoch), then the method: its time counts as training
         start = time.perf_counter()
         sft_steps = sft_on_references(model, tokenizer, train, **sft)
@@ -286,7 +286,7 @@ def run_job(job: dict) -> dict:
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
-    train_seconds = time.perf_counter() - start - eval_seconds + (sft_seconds if sft is not None else 0.0)
+    train_seconds = time.perf_counter() - start - eval_seconds + sft_seconds
     # the curve set is a prefix of the held-out set: its last point comes from the final samples
     completions = sample_completions(trainer.model, tokenizer, final_problems, 8)
     final = scores_of(final_problems, completions, ks=(1, 8))

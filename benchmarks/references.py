@@ -1,6 +1,6 @@
 """When references are far from the student (issue 36, part 1): SFT on them against MInTRL's corrections.
 
-    python benchmarks/references.py --workers 2   # full: 50 runs of learning.py's in-band jobs (~45 min, 2 cores)
+    python benchmarks/references.py --workers 2   # full: 50 runs of learning.py's in-band jobs (~40 min, 2 free cores)
     python benchmarks/references.py --quick       # 1 seed, 6 steps (~3 min)
     python benchmarks/references.py --replot benchmarks/results/references.json
 
