@@ -14,6 +14,7 @@ from datasets import Dataset  # noqa: E402
 from mintrl_helpers import ONE_STEP_ROWS, multi_process_args  # noqa: E402
 
 from trl_mintrl import MInTRLTrainer  # noqa: E402
+from trl_mintrl.cpu import exit_launched_process  # noqa: E402
 from trl_mintrl.judges import FunctionJudge  # noqa: E402
 
 
@@ -58,6 +59,7 @@ def main(model_path: str, out_dir: str):
     rank = trainer.accelerator.process_index
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"world": trainer.accelerator.num_processes, "records": trainer.records}, f)
+    exit_launched_process(trainer)  # the script's last step: no gloo teardown (trl_mintrl.cpu)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from conftest import toy_rows  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from test_combined_trainer import RescueReward, StepSpy, combined_args, make_trainer, record_deferrals  # noqa: E402
 
+from trl_mintrl.cpu import exit_launched_process  # noqa: E402
+
 
 def main(model_path: str, out_dir: str):
     torch.manual_seed(0)
@@ -40,6 +42,7 @@ def main(model_path: str, out_dir: str):
             },
             f,
         )
+    exit_launched_process(trainer)  # the script's last step: no gloo teardown (trl_mintrl.cpu)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from datasets import Dataset  # noqa: E402
 from mintrl_helpers import ONE_STEP_ROWS, multi_process_args, role_reward  # noqa: E402
 
 from trl_mintrl import MInTRLTrainer  # noqa: E402
+from trl_mintrl.cpu import exit_launched_process  # noqa: E402
 from trl_mintrl.mintrl.judge_factory import JudgeOutageError  # noqa: E402
 
 
@@ -34,6 +35,7 @@ def main(model_path: str, out_dir: str, judge_url: str):
     rank = trainer.accelerator.process_index
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": trainer.state.global_step, "error": error, "judge_sent": trainer.judge.sent}, f)
+    exit_launched_process(trainer)  # the script's last step: no gloo teardown (trl_mintrl.cpu)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from datasets import Dataset  # noqa: E402
 from mintrl_helpers import ONE_STEP_ROWS, multi_process_args, role_reward  # noqa: E402
 
 from trl_mintrl import MInTRLTrainer  # noqa: E402
+from trl_mintrl.cpu import exit_launched_process  # noqa: E402
 from trl_mintrl.judges import FunctionJudge  # noqa: E402
 
 
@@ -48,6 +49,7 @@ def main(model_path: str, out_dir: str):
             },
             f,
         )
+    exit_launched_process(trainer)  # the script's last step: no gloo teardown (trl_mintrl.cpu)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from datasets import Dataset  # noqa: E402
 from mintrl_helpers import ONE_STEP_ROWS, multi_process_args  # noqa: E402
 
 from trl_mintrl import MInTRLTrainer  # noqa: E402
+from trl_mintrl.cpu import exit_launched_process  # noqa: E402
 from trl_mintrl.engines.vllm import VLLMEngine, VLLMServerEngine, _all_gather  # noqa: E402
 from trl_mintrl.judges import GeneratingJudge  # noqa: E402
 from trl_mintrl.judges.base import Correction, Verdict  # noqa: E402
@@ -144,6 +145,7 @@ def main(mode: str, model_path: str, out_dir: str):
             },
             f,
         )
+    exit_launched_process(trainer)  # the script's last step: no gloo teardown (trl_mintrl.cpu)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ _LAZY = {
     "SORTTrainer": "trl_mintrl.sort",
     "build_tiny_model": "trl_mintrl.tiny",
     "cpu_training_fields": "trl_mintrl.cpu",
+    "exit_launched_process": "trl_mintrl.cpu",
 }
 
 __all__ = [
@@ -40,11 +41,12 @@ __all__ = [
     "__version__",
     "build_tiny_model",
     "cpu_training_fields",
+    "exit_launched_process",
 ]
 
 if TYPE_CHECKING:
     from .combined import MInTRLSORTConfig, MInTRLSORTTrainer
-    from .cpu import cpu_training_fields
+    from .cpu import cpu_training_fields, exit_launched_process
     from .mintrl import MInTRLConfig, MInTRLTrainer
     from .mintrl.async_ import AsyncMInTRLConfig, AsyncMInTRLTrainer
     from .sort import SORTConfig, SORTTrainer

@@ -1,6 +1,10 @@
-"""The config fields that make a TRL `GRPOConfig`-based config train on a CPU."""
+"""Training on CPUs: the config fields a TRL `GRPOConfig`-based config needs, and the clean end of a multi-process
+(gloo) launch."""
 
 from __future__ import annotations
+
+import os
+import sys
 
 from transformers import TrainingArguments
 
@@ -25,3 +29,29 @@ def cpu_training_fields(**overrides) -> dict:
         MInTRLConfig(**cpu_training_fields(output_dir="out", max_steps=2))
     """
     return {"use_cpu": True, "bf16": False, _CHECKPOINTING: False, "report_to": []} | overrides
+
+
+def exit_launched_process(*keep_alive: object) -> None:
+    """End a process of a multi-process launch (`torchrun`, `accelerate launch`) without the interpreter's native
+    teardown; call it as a script's last step, passing the trainer.
+
+    Gloo's worker threads outlive `destroy_process_group` (the process group stays referenced), and tearing them
+    down intermittently hangs a rank for good or aborts it ("terminate called without an active exception",
+    SIGABRT, after the model was saved): during interpreter finalization, or as soon as the trained model is freed
+    (its DDP reducer holds the group: a rank was seen blocked in `~ProcessGroupGloo` when its trainer was dropped).
+    So the objects in `keep_alive` stay referenced until the end, the Python-level exit work runs here (other
+    threads are joined, atexit handlers run, output is flushed), and the process ends with `os._exit(0)`. Outside a
+    multi-process launch (`WORLD_SIZE` unset or 1) it returns and the interpreter exits as usual.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # `keep_alive`, referenced by this frame, is never freed

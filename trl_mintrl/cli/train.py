@@ -13,6 +13,7 @@ import os
 import sys
 import warnings
 
+from ..cpu import exit_launched_process
 from ..input_checks import InputError, RewardFunctionError
 from ..resume import finished_run
 from .recipe import (
@@ -178,28 +179,6 @@ def run(recipe: Recipe):
     return trainer
 
 
-def _exit_launched_process(trainer) -> None:
-    """End a process of a multi-process launch without the interpreter's native teardown.
-
-    Gloo's worker threads outlive `destroy_process_group` (the process group stays referenced), and tearing them
-    down intermittently hangs a rank for good or aborts it ("terminate called without an active exception",
-    SIGABRT, after the model was saved): during interpreter finalization, or as soon as the trained model is freed
-    (its DDP reducer holds the group: a rank was seen blocked in `~ProcessGroupGloo` when `run` returned and its
-    trainer was dropped). So `trainer` is held here until the end, the Python-level exit work runs here (other
-    threads are joined, atexit handlers run, output is flushed), and the process ends with `os._exit(0)`.
-    """
-    import atexit
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # `trainer`, still referenced here and by the caller, is never freed
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -225,5 +204,4 @@ def main(argv: list[str] | None = None) -> None:
         trainer = run(recipe)
     except (RecipeError, InputError, RewardFunctionError, JudgeOutageError) as err:
         sys.exit(f"trl-mintrl train: error: {err}")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _exit_launched_process(trainer)
+    exit_launched_process(trainer)  # a multi-process (gloo) launch ends without the native teardown
