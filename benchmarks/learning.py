@@ -57,7 +57,9 @@ TRAIN_SEED, HELDOUT_SEED, VALIDATION_SEED = 1000, 999, 998
 # label -> (method of benchmarks.toy.training, config overrides); keys starting with "_" are job settings, not config
 # fields: `_batch_factor` (grpo-2x: twice the rollouts for the same prompts), `_judge_notation` (the rule judge's
 # notation; the regime's unless set), `_on_policy_lr_factor` (the learning rate times this after the intervention
-# phase), `_judge_share_decay` (the judge-token target falls to 0 over the phase: `decaying_judge_share`)
+# phase), `_judge_share_decay` (the judge-token target falls to 0 over the phase: `decaying_judge_share`),
+# `_learned_judge` (MInTRL's judge is the learned toy judge, `benchmarks.toy.learned_judge`, which the trainer builds
+# from its config: `judge="model"`)
 LABELS = {
     "grpo": ("grpo", {}),
     "grpo-2x": ("grpo", {"num_generations": 16, "_batch_factor": 2}),
@@ -114,6 +116,8 @@ LOGGED = (
     "mintrl/judge_token_nll",
     "mintrl/regression_residual",
     "mintrl/corrections_not_absorbed",
+    "mintrl/judge_failures",
+    "mintrl/judge_parse_failures",
     "sort/all_wrong_frac",
     "sort/repair_loss",
     "sort/mean_weight",
@@ -257,6 +261,10 @@ def run_job(job: dict) -> dict:
         sft_seconds = time.perf_counter() - start
         sft_end = {**_curve_point(evaluate(model, tokenizer, final_problems, 8)), "steps": sft_steps}
     overrides = {k: v for k, v in job["overrides"].items() if not k.startswith("_")}
+    if job["overrides"].get("_learned_judge"):
+        from benchmarks.toy.learned_judge import judge_config_fields
+
+        overrides |= judge_config_fields()
     rollouts = 8 * job["overrides"].get("_batch_factor", 1)
     overrides["per_device_train_batch_size"] = job["prompts_per_step"] * rollouts
     args = rl_config(
@@ -335,9 +343,12 @@ def decaying_judge_share(phase_end: int):
 
 def job_judge(job: dict):
     """The rule judge of a job: its steps per correction, errors (`judge_errors`: rate per kind of
-    `benchmarks.toy.rule_judge`), from-start and notation settings (the regime's notation unless the label sets one)."""
+    `benchmarks.toy.rule_judge`), from-start and notation settings (the regime's notation unless the label sets one);
+    None for the learned judge, which the trainer builds from its config."""
     from benchmarks.toy.training import REGIMES
 
+    if job["overrides"].get("_learned_judge"):
+        return None
     regime = REGIMES[job["regime"]]
     return regime.judge(
         job["seed"],
@@ -511,6 +522,26 @@ def merge_previous(results: dict, previous: dict, parts: list[str]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------- report
+
+
+def split_recorded(jobs: list[dict], learning_results: dict | None) -> tuple[list[dict], list[dict], dict]:
+    """(jobs to run, `learning_results`' runs of the other jobs, their arms' provenance): a recorded run is used when
+    every field of the job another benchmark would build is the run's (the same job: runs are deterministic)."""
+    if learning_results is None:
+        return jobs, [], {}
+    to_run, recorded, prov = [], [], {}
+    for job in jobs:
+        match = [
+            r
+            for r in runs_of(learning_results, job["regime"], job["label"])
+            if all(r.get(k) == v for k, v in job.items())
+        ]
+        if match:
+            recorded.append(match[0])
+            prov[arm_key(match[0])] = arm_provenance(learning_results, job["regime"], job["label"])
+        else:
+            to_run.append(job)
+    return to_run, recorded, prov
 
 
 def final_by_seed(runs: list[dict], key: str = "pass@1") -> dict[int, float]:

@@ -80,26 +80,6 @@ def planned_jobs(settings: dict) -> list[dict]:
     return jobs
 
 
-def split_recorded(jobs: list[dict], learning_results: dict | None) -> tuple[list[dict], list[dict], dict]:
-    """(jobs to run, learning.json's runs of the other jobs, their arms' provenance): a recorded in-band run is used
-    when every field of the job this script would build is the run's (the same job: runs are deterministic)."""
-    if learning_results is None:
-        return jobs, [], {}
-    to_run, recorded, prov = [], [], {}
-    for job in jobs:
-        match = [
-            r
-            for r in learning.runs_of(learning_results, REGIME, job["label"])
-            if all(r.get(k) == v for k, v in job.items())
-        ]
-        if match:
-            recorded.append(match[0])
-            prov[learning.arm_key(match[0])] = learning.arm_provenance(learning_results, REGIME, job["label"])
-        else:
-            to_run.append(job)
-    return to_run, recorded, prov
-
-
 def reference_distance(job: dict) -> dict:
     """Per style: the mean NLL per token (and its std over references) of the held-out problems' references written
     in it, under the warm start, answer line and end token included: how far each is from what the student writes."""
@@ -312,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     settings = {"mode": mode, **MODES[mode]}
     recorded_file = json.loads(args.learning.read_text()) if args.learning.exists() else None
-    jobs, recorded, recorded_prov = split_recorded(planned_jobs(settings), recorded_file)
+    jobs, recorded, recorded_prov = learning.split_recorded(planned_jobs(settings), recorded_file)
     results = {
         "provenance": provenance("benchmarks/references.py", argv),
         "settings": settings,

@@ -84,7 +84,7 @@ def test_a_recorded_run_is_reused_only_for_the_very_job():
     recorded = {"settings": {}, "provenance": {"commit": "c" * 40}, "runs": [dict(grpo, final={"pass@1": 0.1})]}
     other = copy.deepcopy(grpo) | {"steps": 47}
     recorded["runs"].append(dict(other, seed=1, name="in-band-grpo-s1", final={"pass@1": 0.2}))
-    to_run, reused, prov = references.split_recorded(jobs, recorded)
+    to_run, reused, prov = learning.split_recorded(jobs, recorded)
     assert reused == [recorded["runs"][0]] and prov == {"in-band:grpo": recorded["provenance"]}
     assert len(to_run) == len(jobs) - 1  # seed 1's recorded GRPO ran other steps: run again
 
