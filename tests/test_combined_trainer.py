@@ -284,6 +284,33 @@ def imported_packages(package: str) -> set[str]:
     return found
 
 
+@pytest.mark.parametrize("name", ["tools", "environment_factory"])
+def test_tools_are_refused_before_the_model_loads(model_without_weights, cpu_args, toy_dataset, name):
+    """Not tested together yet: refused with both trainers that take them named (the model never loads)."""
+
+    def get(name: str) -> str:
+        """Read a register.
+
+        Args:
+            name: The register's name.
+        """
+        return name
+
+    class Env:
+        def get(self, name: str) -> str:
+            """Read a register.
+
+            Args:
+                name: The register's name.
+            """
+            return name
+
+    value = [get] if name == "tools" else Env
+    with pytest.raises(ValueError, match=rf"does not take {name}=.*MInTRLTrainer.*SORTTrainer"):
+        MInTRLSORTTrainer(model_without_weights, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          args=combined_args(cpu_args), train_dataset=toy_dataset, **{name: value})  # fmt: skip
+
+
 def test_mintrl_and_sort_packages_do_not_import_each_other():
     assert "sort" not in imported_packages("mintrl") and "combined" not in imported_packages("mintrl")
     assert "mintrl" not in imported_packages("sort") and "combined" not in imported_packages("sort")

@@ -133,7 +133,6 @@ NON_DEFAULT = {
     "transformers_continuous_batching_config": {"block_size": 64},
     "use_transformers_paged": True,
     "vllm_structured_outputs_regex": r"\d+",
-    "max_tool_calling_iterations": 2,
     "ds3_gather_for_generation": False,
 }
 
@@ -155,13 +154,13 @@ def test_refused_fields_name_the_field_why_and_instead(cpu_args, config, name):
 
 
 @pytest.mark.parametrize("name", ["tools", "environment_factory"])
-def test_tools_are_refused_before_the_model_loads(cpu_args, toy_dataset, name):
-    """TRL's tool loop would rewrite the completions and the judge-token mask after MInTRL's rollout."""
-    with pytest.raises(ValueError, match=rf"does not take {name}=.*GRPOTrainer"):
+def test_tools_with_vllm_are_refused_before_the_model_loads(cpu_args, toy_dataset, name):
+    """MInTRL's tool-calling rollout runs on the transformers engine only (tests/test_mintrl_tools.py)."""
+    with pytest.raises(ValueError, match=r"^use_vllm=True with tools= or environment_factory=.*GRPOTrainer"):
         MInTRLTrainer(
             model="no/such-model",  # loading it would fail: the refusal comes first
             reward_funcs=role_reward,
-            args=mintrl_config(cpu_args),
+            args=mintrl_config(cpu_args, use_vllm=True),
             train_dataset=toy_dataset,
             judge=revise_first_step_judge(),
             **{name: [len] if name == "tools" else object},

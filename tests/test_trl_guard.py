@@ -42,6 +42,11 @@ EXPECTED_SIGNATURES = {
     "training_step": (["model", "inputs", "num_items_in_batch"], "SORT joint repair: first micro-batch via _step"),
     "compute_loss_context_manager": ([], "SORT's separate repair step (autocast around the repair forward)"),
     "create_model_card": (["model_name", "dataset_name", "tags"], "model_card.ModelCardMixin.create_model_card"),
+    "_tool_call_loop": (
+        ["prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields"],
+        "MInTRLTrainer._tool_call_loop: hands back what the intervention rollout's tools did",
+    ),
+    "_get_tool_suffix_ids": (["tool_messages"], "mintrl/tools.py TRLToolEnvironment.result_ids"),
 }  # fmt: skip
 
 
@@ -139,6 +144,79 @@ def test_rollout_func_contract_in_source():
     assert "rollout_func" in inspect.signature(GRPOTrainer.__init__).parameters
 
 
+def test_tool_loop_seams_in_source():
+    """MInTRL runs the tools inside its rollout (mintrl/tools.py) and answers TRL's `_tool_call_loop` with what they
+    did: `_generate` must still call it after the rollout_func when tools are set, take env_mask only without tools,
+    and unpack its 7 results in this order; `run_tool_calls` copies its rules for calls and failures; the per-row
+    tool dicts and environments are built before `_generate`."""
+    generate = _code(GRPOTrainer._generate)
+    assert (
+        "if self.tools: ( tool_mask, completions, completion_ids, logprobs, tool_call_count, tool_failure_count, "
+        "tool_images, ) = self._tool_call_loop( prompts, prompt_ids, completion_ids, completions, logprobs, images, "
+        "multimodal_fields )" in generate
+    )
+    assert generate.index("self._tool_call_loop(") < generate.index('tool_mask = extra_fields.pop("env_mask", None)')
+    loop = _code(GRPOTrainer._tool_call_loop)
+    for statement in [
+        "sync_tool_dict = self._sync_tool_dicts[idx_with_tool]",
+        "async_tool_dict = self._async_tool_dicts[idx_with_tool]",
+        'if tool_call["type"] == "function":',
+        'tool_call_results.append((name, sync_tool_dict[name](**function["arguments"])))',
+        'raise ValueError(f"Tool {name} not found.")',
+        'result = {"error": str(e)}',
+        'tool_call_results.append((name, {"error": f"Unsupported tool call type: {tool_call[\'type\']}"}))',
+        "asyncio.run_coroutine_threadsafe( _run_async_tools(async_coros), self.async_loop ).result()",
+        "content = result if isinstance(result, list) else str(result)",
+        'tool_message = {"role": "tool", "name": name, "content": content}',
+        "suffix_ids = self._get_tool_suffix_ids(tool_messages)",
+        "len(pct) - len(prompt_ids[i]) > self.max_completion_length or len(pct) >= max_model_len",
+        "max_model_len = config.max_position_embeddings",
+        "while idxs_with_tool and iteration_num < self.max_tool_calling_iterations:",
+        "parse_response( self._tokenizer, ids, prefix=prompt_completion_tool_ids[idx], tools=per_prompt_tools[idx] )",
+        "return tool_mask, completions, completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images",
+    ]:
+        assert statement in loop, f"GRPOTrainer._tool_call_loop changed: {statement!r} is gone"
+    score = _code(GRPOTrainer._generate_and_score_completions)
+    for statement in [
+        "self._batch_environments = [",
+        "self._sync_tool_dicts = []",
+        "observation = environment.reset(**reset_kwargs)",
+    ]:
+        assert score.index(statement) < score.index("= self._generate(prompts)"), statement
+    assert "per_prompt_tools = [self._env_tools[self._batch_environments[i]] for i in idxs_with_tool]" in loop
+    assert list(inspect.signature(trl.chat_template_utils.parse_response).parameters) == [
+        "tokenizer", "ids", "prefix", "tools"
+    ]  # fmt: skip
+    init = _code(GRPOTrainer.__init__)
+    for attr in ["self.tools = tools", "self.environment_factories = {None: environment_factory}",
+                 "self._env_tools[name] = tools + methods", "self.async_loop_thread, self.async_loop,"]:  # fmt: skip
+        assert attr in init, f"GRPOTrainer no longer sets {attr}"
+
+
+def test_sort_repair_renders_with_trls_templating_on_a_stand_in():
+    """SORT's repair renders buffered prompts and reference conversations with TRL's own `_tokenize_prompts` and
+    `_get_tool_suffix_ids`, called on a stand-in holding the trainer's templating and the row's tools
+    (`trl_mintrl.sort.references.TrlTemplating`): every attribute they read must be on it, but for the
+    per-environment branch, which the stand-in skips (`environment_factories=None`); and TRL must still merge an
+    environment's first observation into the prompts before `_generate`, whose prompts the repair records."""
+    from types import SimpleNamespace
+
+    from trl_mintrl.sort.references import TrlTemplating
+
+    stand_in = TrlTemplating(None, None, None, {})._trainer_view([])
+    assert isinstance(stand_in, SimpleNamespace)
+    offered = set(vars(stand_in))
+    branch_only = {"_batch_environments", "_env_tools"}  # read under `if self.environment_factories is not None`
+    for method in (GRPOTrainer._tokenize_prompts, GRPOTrainer._get_tool_suffix_ids):
+        read = set(re.findall(r"self\.(\w+)", inspect.getsource(method)))
+        assert read - branch_only <= offered, f"GRPOTrainer.{method.__name__} now reads {read - branch_only - offered}"
+    assert "if self.environment_factories is not None:" in _code(GRPOTrainer._tokenize_prompts)
+    score = _code(GRPOTrainer._generate_and_score_completions)
+    assert score.index("observation = environment.reset(**reset_kwargs)") < score.index("= self._generate(prompts)")
+    init = _code(GRPOTrainer.__init__)
+    assert "self._multi_environment = isinstance(environment_factory, dict)" in init
+
+
 def test_attributes_and_config_fields_we_read():
     fields = GRPOConfig.__dataclass_fields__
     for field in [
@@ -171,6 +249,7 @@ def test_attributes_and_config_fields_we_read():
         "self.num_generations",
         "self.num_generations_eval",
         "self.reward_func_names",
+        "self._is_vlm",
     ]:
         assert attr in init_source, f"GRPOTrainer no longer sets {attr}"
 

@@ -6,6 +6,8 @@ One place for what both trainers and `trl-mintrl train` check in the user's data
   before training starts.
 - `check_reference_column`: the reference column a method reads is there, before the model loads (the trainers that
   read references call it first; `check_train_dataset` with `reference_required`).
+- `reference_conversation_problem`: what is wrong with a reference that is a conversation (SORT with tools: assistant
+  turns with `tool_calls`, `tool` results, a final answer), named per row by `check_train_dataset`.
 - `RewardFunctionGuard`: a reward function that raises on some completions costs those completions their reward
   (None, as TRL's own "cannot score this one"), counted in `rewards/<name>/failures`; one that never scores anything,
   or returns the wrong number or kind of values, stops the run at its first batch with a message naming it.
@@ -16,6 +18,7 @@ One place for what both trainers and `trl-mintrl train` check in the user's data
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -69,6 +72,7 @@ def check_train_dataset(
     *,
     reference_column: str | None = None,
     reference_required: bool = False,
+    reference_conversations: bool = False,
     tokenize: Callable[[list], list[list[int]]] | None = None,
     max_prompt_tokens: int | None = None,
     context: str = "",
@@ -77,7 +81,8 @@ def check_train_dataset(
     use: an empty prompt; a prompt of more than `max_prompt_tokens`
     tokens (as `tokenize` counts them); a `reference_column` value that is not a string (or None); a reference
     column that is empty in every row. Rows with an empty reference only warn (SORT counts and skips them, MInTRL's
-    judge then sees no reference). Datasets without column names (iterable ones) are not scanned."""
+    judge then sees no reference). `reference_conversations`: a reference may also be a conversation (SORT), checked
+    by `reference_conversation_problem`. Datasets without column names (iterable ones) are not scanned."""
     columns = getattr(dataset, "column_names", None)
     if isinstance(columns, dict):  # DatasetDict: the caller passes the train split; nothing to check here
         return
@@ -95,7 +100,7 @@ def check_train_dataset(
     if reference_required:
         check_reference_column(dataset, reference_column, "this run")
     if reference_column is not None and reference_column in columns:
-        _check_references(list(dataset[reference_column]), reference_column)
+        _check_references(list(dataset[reference_column]), reference_column, reference_conversations)
     if tokenize is not None and max_prompt_tokens is not None:
         too_long = []
         for start in range(0, len(prompts), 256):
@@ -127,16 +132,97 @@ def check_reference_column(dataset, column: str, used_for: str) -> None:
         )
 
 
-def _check_references(values: list, column: str) -> None:
-    wrong_type = [i for i, value in enumerate(values) if value is not None and not isinstance(value, str)]
+def is_reference_conversation(value) -> bool:
+    """A reference given as a list of messages (dicts) rather than a string."""
+    return isinstance(value, list) and all(isinstance(message, dict) for message in value)
+
+
+def reference_conversation_problem(messages: list) -> str | None:
+    """What makes `messages` unusable as a reference conversation, in a sentence, or None.
+
+    A reference conversation continues the prompt as a tool-calling rollout does: assistant turns (`content`, and
+    `tool_calls` as `{"type": "function", "function": {"name": str, "arguments": dict or JSON string}}`), each turn
+    with tool calls followed by one `tool` message per call (`name`, string `content`), ending with a final assistant
+    turn without tool calls. Keys that hold None (a `datasets` column fills them in) count as absent."""
+    messages = [{k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m for m in messages]
+    pending: list[str] = []  # names of the calls whose results are still due
+    for index, message in enumerate(messages):
+        where = f"message {index}"
+        if not isinstance(message, dict) or message.get("role") not in ("assistant", "tool"):
+            role = message.get("role") if isinstance(message, dict) else type(message).__name__
+            return (f"{where} is {role!r}; a reference holds only what the policy writes (\"assistant\") and what "
+                    "its tools return (\"tool\"): put system and user messages in the prompt")  # fmt: skip
+        if message["role"] == "tool":
+            if not pending:
+                return f"{where} is a tool result that no tool call of the assistant turn before it asked for"
+            name, content = pending.pop(0), message.get("content")
+            if message.get("name") != name:
+                return f"{where} is the result of the call to {name!r} but is named {message.get('name')!r}"
+            if not isinstance(content, str):
+                images = isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image"
+                                                           for p in content)  # fmt: skip
+                why = ("images in tool results cannot be learnt from: the repair scores references as text tokens"
+                       if images else "TRL's tool loop gives a tool's result as str(result)")  # fmt: skip
+                return f"{where} (a tool result) must have string content: {why}"
+            continue
+        if pending:
+            return f"{where} is an assistant turn, but the tool call(s) {pending} before it have no result"
+        if not isinstance(message.get("content", ""), str):
+            return f"{where} (an assistant turn) must have string content, not {type(message['content']).__name__}"
+        calls = message.get("tool_calls", [])
+        if not isinstance(calls, list):
+            return f"{where}'s tool_calls must be a list"
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    arguments = None
+            if (
+                not isinstance(function, dict)
+                or not isinstance(function.get("name"), str)
+                or not isinstance(arguments, dict)
+            ):
+                return (f"{where} has a tool call {call!r}; each must be {{\"type\": \"function\", \"function\": "
+                        "{\"name\": str, \"arguments\": dict or a JSON object string}}")  # fmt: skip
+            pending.append(function["name"])
+    if pending:
+        return f"the tool call(s) {pending} of its last assistant turn have no result"
+    if messages and (messages[-1].get("role") != "assistant" or messages[-1].get("tool_calls")):
+        return "it must end with the final assistant answer (a turn without tool calls)"
+    return None
+
+
+def _check_references(values: list, column: str, conversations: bool = False) -> None:
+    wrong_type = [
+        i for i, v in enumerate(values) if not (v is None or isinstance(v, str) or is_reference_conversation(v))
+    ]
     if wrong_type:
         kind = type(values[wrong_type[0]]).__name__
+        also = " or conversations (lists of messages)" if conversations else ""
         raise InputError(
-            f"Column {column!r} (reference_column) must hold strings, but {named_rows(wrong_type)} hold {kind}. "
+            f"Column {column!r} (reference_column) must hold strings{also}, but {named_rows(wrong_type)} hold {kind}. "
             f"Convert it, e.g. dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}}), or set reference_column "
             "to the column holding the reference solutions."
         )
-    blank = [i for i, value in enumerate(values) if _is_blank(value)]
+    if not conversations and any(is_reference_conversation(value) for value in values):
+        rows = [i for i, value in enumerate(values) if is_reference_conversation(value)]
+        raise InputError(
+            f"Column {column!r} (reference_column) holds conversations in {named_rows(rows)}; only SORTTrainer (in "
+            "Python, with tools= or environment_factory=) learns from reference conversations, this run reads "
+            "references as text. Give the reference solutions as strings."
+        )
+    problems = [(i, reference_conversation_problem(v)) for i, v in enumerate(values) if is_reference_conversation(v)]
+    problems = [(i, problem) for i, problem in problems if problem is not None]
+    if problems:
+        raise InputError(
+            f"Column {column!r} (reference_column) has {len(problems)} reference conversation(s) SORT cannot learn "
+            f"from ({named_rows([i for i, _ in problems])}); in row {problems[0][0]}, {problems[0][1]}. Fix them, or "
+            "filter them out."
+        )
+    blank = [i for i, value in enumerate(values) if _is_blank(value) or value == []]
     if values and len(blank) == len(values):
         raise InputError(
             f"Column {column!r} (reference_column) is empty in all {len(values)} rows. Fill it with the reference "
@@ -280,6 +366,7 @@ def check_trainer_inputs(trainer) -> None:
     check_train_dataset(
         trainer.train_dataset,
         reference_column=getattr(args, "reference_column", None),
+        reference_conversations=getattr(trainer, "learns_reference_conversations", False),
         # per-environment tool schemas render prompts differently: TRL tokenises them one by one, in a step
         tokenize=None if getattr(trainer, "environment_factories", None) else trainer.tokenize_prompts,
         max_prompt_tokens=limit,

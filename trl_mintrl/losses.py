@@ -29,6 +29,23 @@ ANCHORS: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] 
 }
 
 
+def regression_token_masks(
+    completion_mask: torch.Tensor, tool_mask: torch.Tensor | None, judge_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(regressed, judge): (B, T) bool masks of the tokens in MInTRL's regression (policy and judge tokens) and of
+    the judge tokens among them. Environment tokens (tool results) are in neither: no gradient, no anchor.
+
+    Args:
+        completion_mask: (B, T) 1 on completion tokens, 0 on padding and on rows `mask_truncated_completions` drops.
+        tool_mask: (B, T) TRL's `tool_mask`: 1 on policy tokens, 0 on judge and environment tokens; None: all policy.
+        judge_mask: (B, T) 1 on judge tokens; None: every non-policy token is the judge's (a rollout without tools).
+    """
+    completion = completion_mask.bool()
+    policy = torch.ones_like(completion) if tool_mask is None else tool_mask.bool()
+    judge = (~policy if judge_mask is None else judge_mask.bool()) & completion
+    return (policy | judge) & completion, judge
+
+
 def mintrl_anchors(old_logps: torch.Tensor, judge_mask: torch.Tensor, anchor: str, kappa: float) -> torch.Tensor:
     """(B, T) regression anchors a_t, detached: log pi_old on every token, except judge tokens under `const`,
     which get the constant kappa (a weak policy gives judge tokens very low probability; anchoring them there

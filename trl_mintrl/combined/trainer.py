@@ -42,6 +42,13 @@ class MInTRLSORTTrainer(WithReferenceRepair, MInTRLTrainer):
             args = MInTRLSORTConfig(default_output_dir(model, "MInTRL-SORT"))
         if not isinstance(args, MInTRLSORTConfig):
             raise TypeError(f"MInTRLSORTTrainer needs args=MInTRLSORTConfig(...), got {type(args).__name__}.")
+        for name in ("tools", "environment_factory"):
+            if kwargs.get(name):
+                raise ValueError(
+                    f"MInTRLSORTTrainer does not take {name}= yet: MInTRL's tool-calling rollout and SORT's repair of "
+                    "tool-calling references are each tested alone, not together. Use MInTRLTrainer (interventions in "
+                    "the tool loop) or SORTTrainer (repairs from reference conversations)."
+                )
         super().__init__(model, reward_funcs, args, train_dataset, *rest, **kwargs)
 
     def _extra_state(self) -> dict:

@@ -9,9 +9,10 @@ unreachable judge from one whose answers are unusable.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -20,11 +21,14 @@ class ReviewRequest:
 
     Attributes:
         question: the prompt text (for conversational prompts, the content of the last user message).
-        prefix: the completion text accepted so far (judge corrections included).
+        prefix: the completion text accepted so far (judge corrections included); with tools, that of the current
+            assistant turn.
         steps: the new chunk split into steps; `"".join(steps)` is the chunk's text.
         reference: the reference solution, when the dataset has one (privileged context for the judge).
         last_step_complete: False when the chunk was cut by the chunk size, so its last step may be unfinished and
             must not be flagged merely for being incomplete.
+        conversation: with tools, the rollout's earlier assistant turns (TRL's parsed messages, with their
+            `tool_calls`) and tool results (`{"role": "tool", "name", "content"}`), oldest first; empty otherwise.
     """
 
     question: str
@@ -32,15 +36,39 @@ class ReviewRequest:
     steps: list[str]
     reference: str | None = None
     last_step_complete: bool = True
+    conversation: list[dict] = field(default_factory=list)
 
 
 @dataclass
 class CorrectionRequest:
-    """Write the next short piece of a trajectory, continuing `prefix` (already cut before the wrong step)."""
+    """Write the next short piece of a trajectory, continuing `prefix` (already cut before the wrong step; with
+    tools, the current assistant turn, after the `conversation` as in `ReviewRequest`). The piece may be a tool
+    call in the policy's format: it runs when its turn ends."""
 
     question: str
     prefix: str
     reference: str | None = None
+    conversation: list[dict] = field(default_factory=list)
+
+
+def conversation_text(conversation: list[dict], prefix: str) -> str:
+    """A rollout's earlier turns and tool results, then the current turn's `prefix`, as a plain transcript for a
+    judge prompt; `prefix` alone without a conversation (single-turn rollouts)."""
+    if not conversation:
+        return prefix
+    lines = []
+    for message in conversation:
+        if message["role"] == "tool":
+            lines.append(f"[tool result: {message.get('name', '')}]\n{message['content']}")
+            continue
+        calls = "".join(
+            f"\n[tool call] {call['function']['name']}({json.dumps(call['function']['arguments'])})"
+            for call in message.get("tool_calls") or []
+            if call.get("type") == "function"
+        )
+        lines.append(f"[assistant]\n{message.get('content', '')}{calls}")
+    lines.append(f"[assistant, current turn]\n{prefix}")
+    return "\n\n".join(lines)
 
 
 @dataclass

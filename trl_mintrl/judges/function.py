@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 
@@ -20,6 +21,8 @@ class FunctionJudge(Judge):
         review_fn: `(question, prefix, steps, reference) -> int | None`, the 0-based index of the earliest wrong step
             or None to keep the chunk.
         correct_fn: `(question, prefix, reference) -> str`, the correction text (used verbatim).
+        Either function that takes a `conversation` keyword also gets the request's `conversation` (with tools:
+        the rollout's earlier turns and tool results, see `ReviewRequest`), so a judge can read tool feedback.
         concurrent_batches: batches the continuous rollout may run at once, each on its own worker thread. Raise it
             for thread-safe functions that wait (run unit tests in a subprocess, call a service); pure-Python
             checks gain nothing (one interpreter lock), and 1 keeps functions that are not thread-safe safe.
@@ -39,6 +42,8 @@ class FunctionJudge(Judge):
         self.review_fn = review_fn
         self.correct_fn = correct_fn
         self.concurrent_batches = concurrent_batches
+        self._review_reads_conversation = _takes_conversation(review_fn)
+        self._correct_reads_conversation = _takes_conversation(correct_fn)
 
     def __repr__(self) -> str:
         return f"FunctionJudge(review_fn={_name(self.review_fn)}, correct_fn={_name(self.correct_fn)})"
@@ -47,7 +52,8 @@ class FunctionJudge(Judge):
         verdicts, problems = [], []
         for req in requests:
             try:
-                index = self.review_fn(req.question, req.prefix, list(req.steps), req.reference)
+                extra = {"conversation": req.conversation} if self._review_reads_conversation else {}
+                index = self.review_fn(req.question, req.prefix, list(req.steps), req.reference, **extra)
             except Exception as err:  # user code: one bad item must not stop the rollout
                 problems.append(f"raised {type(err).__name__}: {err}")
                 verdicts.append(Verdict(failed=True))
@@ -66,7 +72,8 @@ class FunctionJudge(Judge):
         corrections, problems = [], []
         for req in requests:
             try:
-                text = self.correct_fn(req.question, req.prefix, req.reference)
+                extra = {"conversation": req.conversation} if self._correct_reads_conversation else {}
+                text = self.correct_fn(req.question, req.prefix, req.reference, **extra)
             except Exception as err:  # user code: one bad item must not stop the rollout
                 problems.append(f"raised {type(err).__name__}: {err}")
                 corrections.append(Correction(failed=True))
@@ -78,6 +85,14 @@ class FunctionJudge(Judge):
                 corrections.append(Correction(failed=True))
         _log_problems("correct_fn", problems, len(requests))
         return corrections
+
+
+def _takes_conversation(fn) -> bool:
+    """`fn` has a parameter named `conversation`; a callable whose signature cannot be read has not."""
+    try:
+        return "conversation" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _name(fn) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..text import check_template, fill_template, template_fields
-from .base import CorrectionRequest, ReviewRequest
+from .base import CorrectionRequest, ReviewRequest, conversation_text
 
 _VERDICT_INSTRUCTIONS = (
     "First explain briefly, then end your reply with exactly one final line, nothing after it:\n"
@@ -158,7 +158,7 @@ class JudgeTemplates:
             self.review,
             {
                 "question": request.question.strip(),
-                "prefix": _block(request.prefix) or _EMPTY_PREFIX,
+                "prefix": _block(conversation_text(request.conversation, request.prefix)) or _EMPTY_PREFIX,
                 "steps": format_steps(request.steps),
                 "num_steps": n,
                 "reference": _reference_section(request.reference),
@@ -171,7 +171,8 @@ class JudgeTemplates:
             self.correction,
             {
                 "question": request.question.strip(),
-                "prefix": _block(request.prefix) or "(empty: write the first step)",
+                "prefix": _block(conversation_text(request.conversation, request.prefix))
+                or "(empty: write the first step)",
                 "reference": _reference_section(request.reference),
             },
         )

@@ -73,11 +73,6 @@ REFUSED_GRPO_FIELDS: dict[str, tuple[str, str]] = {
         "use `use_vllm=True` for a faster engine",
     ),
     **refusal_entries(
-        "max_tool_calling_iterations",
-        "MInTRL's rollout has no tool-calling loop (its only outside tokens are the judge's corrections)",
-        "train tool use with `GRPOTrainer`",
-    ),
-    **refusal_entries(
         "ds3_gather_for_generation",
         "ranks run different numbers of rollout rounds under ZeRO-3, which needs the gathered weights",
         "the weights are gathered for generation only, not for training",

@@ -7,6 +7,14 @@ tokens exactly as sampled, the cut on a token boundary at or before the first wr
 with the policy's tokenizer. Control trajectories are the same state machine with no reviews, so they never see
 the judge and share the policy call of the first round.
 
+Tool calling (TRL's `tools=` / `environment_factory=`, tools.py): a trajectory with an `environment` is a multi-turn
+conversation. A turn ends where the policy stops (EOS) or the budget does, so a chunk never spans two turns. Only an
+accepted turn reaches the environment: once its last chunk is kept (or reviews are spent), its tool calls run, as in
+TRL's `_tool_call_loop` (at most `max_tool_calling_iterations` times; a result that would pass
+`max_completion_length` or the model's length ends the rollout), their results are appended as environment tokens,
+and the next turn starts. Nothing the environment saw is ever cut, so no environment is rolled back. A correction
+may write a tool call: the turn it ends in runs it.
+
 This lock-step schedule is the reference. The steps of one trajectory (`take_chunk`, `take_verdicts`,
 `take_correction` and the requests they lead to) are separate methods, so the continuous schedule
 (`scheduler.ContinuousRollout`), where each trajectory advances on its own, runs exactly the same logic.
@@ -16,17 +24,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from ..engines.base import Generation, GenerationEngine
 from ..judges.base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict, tally_votes
 from .steps import cut_point, split_steps
+from .tools import ToolEnvironment
+
+
+class Role(Enum):
+    """Who wrote a completion token: the policy (regressed, anchored at its behaviour log-prob), the judge
+    (regressed, anchored at kappa or the proxy) or the environment (tool results: no gradient, no anchor)."""
+
+    POLICY = "policy"
+    JUDGE = "judge"
+    ENVIRONMENT = "environment"
 
 
 @dataclass
 class RolloutSettings:
     """Chunking and budgets: `chunk_size` policy tokens per reviewed chunk, `max_reviews` reviews per trajectory,
     corrections capped at `max_correction_tokens` policy tokens, completions at `max_completion_length` tokens.
-    Each chunk gets `judge_votes` reviews (in the same judge call) and is cut only where `judge_min_agree` agree."""
+    Each chunk gets `judge_votes` reviews (in the same judge call) and is cut only where `judge_min_agree` agree.
+    A trajectory with tools runs them after at most `max_tool_calling_iterations` turns (None: no limit)."""
 
     chunk_size: int
     max_reviews: int
@@ -34,13 +54,17 @@ class RolloutSettings:
     max_completion_length: int
     judge_votes: int = 1
     judge_min_agree: int = 1
+    max_tool_calling_iterations: int | None = None
 
 
 @dataclass
 class Trajectory:
     """One rollout in progress. `review_budget` is 0 for control rollouts. `env_mask` is 1 on policy tokens and 0
-    on judge tokens; `logprobs` holds the engine's sampling log-probs (None on judge tokens, or no list at all when
-    the engine does not report them). `judge_failures` counts unusable answers (each failed review vote, each failed
+    on the others (TRL's `env_mask`: judge and environment tokens); `judge_mask` is 1 on judge tokens; `logprobs`
+    holds the engine's sampling log-probs (None on judge and environment tokens, or no list at all when the engine
+    does not report them). With an `environment` (tools), `turn_start` is where the current assistant turn starts
+    in `completion_ids`, `messages` the conversation's parsed turns and tool results (TRL's completion messages),
+    `tool_calls` / `tool_failures` the calls made and those that failed (TRL's `tools/*` metrics). `judge_failures` counts unusable answers (each failed review vote, each failed
     correction); `votes_usable` / `votes_agreeing` / `vetoed` count the review votes and the revisions voted down;
     `speculative_chunks` / `speculative_kept` count the next chunks the continuous schedule asked for while this
     trajectory's chunk was under review, and those it used (the judge kept the chunk)."""
@@ -49,8 +73,10 @@ class Trajectory:
     question: str
     reference: str | None = None
     review_budget: int = 0
+    environment: ToolEnvironment | None = None
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
+    judge_mask: list[int] = field(default_factory=list)
     logprobs: list[float | None] | None = field(default_factory=list)
     reviews: int = 0
     revisions: int = 0
@@ -60,11 +86,21 @@ class Trajectory:
     vetoed: int = 0
     speculative_chunks: int = 0
     speculative_kept: int = 0
+    turn_start: int = 0
+    messages: list[dict] = field(default_factory=list)
+    tool_iterations: int = 0
+    tool_calls: int = 0
+    tool_failures: int = 0
     finished: bool = False
 
     @property
     def judge_tokens(self) -> int:
-        return len(self.env_mask) - sum(self.env_mask)
+        return sum(self.judge_mask)
+
+    @property
+    def written_tokens(self) -> int:
+        """Policy and judge tokens: the completion without the environment's."""
+        return sum(self.env_mask) + self.judge_tokens
 
 
 @dataclass
@@ -179,9 +215,7 @@ class InterventionRollout:
     def take_chunk(self, t: Trajectory, chunk: Generation) -> PendingReview | None:
         """A chunk to review, or None when it was accepted at once (no reviews left, or no text: only EOS)."""
         # the accepted prefix says whether the chunk starts inside a code block
-        steps = (
-            split_steps(self._decode(chunk.token_ids), self._decode(t.completion_ids)) if self._reviewable(t) else []
-        )
+        steps = split_steps(self._decode(chunk.token_ids), self._turn_text(t)) if self._reviewable(t) else []
         if steps:
             return PendingReview(t, chunk, steps)
         self._accept(t, chunk)
@@ -192,10 +226,11 @@ class InterventionRollout:
         t, chunk = pending.trajectory, pending.chunk
         request = ReviewRequest(
             question=t.question,
-            prefix=self._decode(t.completion_ids),
+            prefix=self._turn_text(t),
             steps=pending.steps,
             reference=t.reference,
             last_step_complete=self._ends_with_eos(chunk.token_ids),
+            conversation=list(t.messages),
         )
         return [request] * self.settings.judge_votes
 
@@ -218,8 +253,9 @@ class InterventionRollout:
         t = cut.trajectory
         return CorrectionRequest(
             question=t.question,
-            prefix=self._decode(t.completion_ids + cut.chunk.token_ids[: cut.keep]),
+            prefix=self._turn_text(t, cut.chunk.token_ids[: cut.keep]),
             reference=t.reference,
+            conversation=list(t.messages),
         )
 
     def take_correction(self, cut: PendingCorrection, correction: Correction) -> None:
@@ -234,24 +270,66 @@ class InterventionRollout:
             return
         t.revisions += 1
         kept = Generation(chunk.token_ids[:keep], None if chunk.logprobs is None else chunk.logprobs[:keep])
-        self._append(t, kept, policy=True)
+        self._append(t, kept, Role.POLICY)
         correction_ids = self._correction_ids(correction.text, self._remaining(t))
-        self._append(t, Generation(correction_ids), policy=False)
-        t.finished = self._remaining(t) <= 0
+        self._append(t, Generation(correction_ids), Role.JUDGE)
+        self._settle(t, turn_over=False)
 
     def _accept(self, t: Trajectory, chunk: Generation) -> None:
-        self._append(t, chunk, policy=True)
+        self._append(t, chunk, Role.POLICY)
         # an engine that returns nothing would otherwise loop forever on this trajectory
-        t.finished = not chunk.token_ids or self._ends_with_eos(chunk.token_ids) or self._remaining(t) <= 0
+        self._settle(t, turn_over=not chunk.token_ids or self._ends_with_eos(chunk.token_ids))
 
-    def _append(self, t: Trajectory, piece: Generation, policy: bool) -> None:
+    def _settle(self, t: Trajectory, turn_over: bool) -> None:
+        """After an accepted piece: the turn is over when the policy stopped or the budget is spent; without an
+        environment that ends the trajectory, with one its tool calls run first (`_end_turn`)."""
+        turn_over = turn_over or self._remaining(t) <= 0
+        if turn_over and t.environment is not None:
+            self._end_turn(t)
+        else:
+            t.finished = turn_over
+
+    def _end_turn(self, t: Trajectory) -> None:
+        """An accepted assistant turn, as TRL's `_tool_call_loop` treats it: parsed; its tool calls run while
+        iterations remain; their results appended as environment tokens unless they would pass the completion
+        budget or the model's length (then, as in TRL, the results are dropped and the rollout ends)."""
+        env = t.environment
+        turn_ids = t.completion_ids[t.turn_start :]
+        message = env.parse_turn(turn_ids, t.prompt_ids + t.completion_ids[: t.turn_start]) if turn_ids else {}
+        if message or t.turn_start == 0:  # TRL keeps the first turn's message even when empty
+            t.messages.append(message or {"role": "assistant", "content": ""})
+        tool_calls = message.get("tool_calls")
+        limit = self.settings.max_tool_calling_iterations
+        t.finished = True
+        if not tool_calls or (limit is not None and t.tool_iterations >= limit):
+            return
+        t.tool_iterations += 1
+        results, failures = env.run(tool_calls)
+        t.tool_calls += len(tool_calls)
+        t.tool_failures += failures
+        result_ids = env.result_ids(results)
+        length = len(t.completion_ids) + len(result_ids)
+        if length > self.settings.max_completion_length or len(t.prompt_ids) + length >= env.max_model_len:
+            return
+        t.messages.extend(results)
+        self._append(t, Generation(result_ids), Role.ENVIRONMENT)
+        t.turn_start = len(t.completion_ids)
+        t.finished = self._remaining(t) <= 0
+
+    def _append(self, t: Trajectory, piece: Generation, role: Role) -> None:
+        policy = role is Role.POLICY
         t.completion_ids.extend(piece.token_ids)
         t.env_mask.extend([int(policy)] * piece.num_tokens)
+        t.judge_mask.extend([int(role is Role.JUDGE)] * piece.num_tokens)
         if t.logprobs is not None:
             if policy and piece.logprobs is None:
                 t.logprobs = None  # the engine does not report sampling log-probs
             else:
                 t.logprobs.extend(piece.logprobs if policy else [None] * piece.num_tokens)
+
+    def _turn_text(self, t: Trajectory, more: Sequence[int] = ()) -> str:
+        """The current assistant turn's accepted text (the whole completion without tools), then `more`."""
+        return self._decode(t.completion_ids[t.turn_start :] + list(more))
 
     def _correction_ids(self, text: str, remaining: int) -> list[int]:
         """Policy-tokenizer ids of a correction, without special tokens, capped by the budgets."""

@@ -4,7 +4,7 @@ of the trainer's module so that the worker never imports the synchronous trainer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,8 @@ class RolloutBatch:
         "vetoed",
         "speculative_chunks",
         "speculative_kept",
+        "tool_calls",
+        "tool_failures",
     )
 
     intervening: bool  # interventions were on for this batch
@@ -37,6 +39,11 @@ class RolloutBatch:
     judge_requests: float = 0.0  # requests sent to the judge's server (0 for in-process judges)
     judge_unanswered: float = 0.0  # ... of which got no answer (connection refused, timeout, HTTP error)
     judge_last_error: str | None = None  # why this process's latest unanswered request got none (not gathered)
+    # this process's rows only (not gathered): each rollout's token roles (TRL's env_mask: 1 on policy tokens; 1 on
+    # judge tokens) and its messages with tools (assistant turns and tool results)
+    env_masks: list[list[int]] = field(default_factory=list)
+    judge_masks: list[list[int]] = field(default_factory=list)
+    messages: list[list[dict]] = field(default_factory=list)
 
     @classmethod
     def from_trajectories(
@@ -56,13 +63,15 @@ class RolloutBatch:
                 t.revisions > 0,
                 t.reviews,
                 t.judge_tokens,
-                len(t.completion_ids),
+                t.written_tokens,  # tool results are in no share or length
                 t.judge_failures,
                 t.votes_usable,
                 t.votes_agreeing,
                 t.vetoed,
                 t.speculative_chunks,
                 t.speculative_kept,
+                t.tool_calls,
+                t.tool_failures,
             ]
             for t in trajectories
         ]
@@ -75,7 +84,17 @@ class RolloutBatch:
             judge_requests=float(transport_after.sent - transport_before.sent),
             judge_unanswered=float(transport_after.unanswered - transport_before.unanswered),
             judge_last_error=transport_after.last_error if more_unanswered else None,
+            env_masks=[t.env_mask for t in trajectories],
+            judge_masks=[t.judge_mask for t in trajectories],
+            messages=[t.messages for t in trajectories],
         )
+
+    def judge_mask(self, width: int) -> torch.Tensor:
+        """(rows, width) long: 1 on this process's judge tokens, right-padded with 0 as TRL pads completions."""
+        mask = torch.zeros(len(self.judge_masks), width, dtype=torch.long, device=self.is_control.device)
+        for row, judge in enumerate(self.judge_masks):
+            mask[row, : len(judge)] = torch.tensor(judge, dtype=torch.long)
+        return mask
 
     def stat(self, name: str) -> torch.Tensor:
         """(rows,) one column of `stats`."""

@@ -2,11 +2,15 @@
 
 The trainer only wires TRL's seams:
 - `rollout_func` runs `InterventionRollout` or `ContinuousRollout` (`rollout_schedule`; controls and intervened
-  rollouts in one batch) and hands back token ids, sampling log-probs and `env_mask` (0 on judge tokens, TRL's
-  `tool_mask`);
+  rollouts in one batch) and hands back token ids, sampling log-probs and `env_mask` (1 on policy tokens only,
+  TRL's `tool_mask`);
+- with `tools=` / `environment_factory=` the tools run inside that rollout (tools.py says why), and
+  `_tool_call_loop`, which TRL runs after any rollout_func, hands back what the rollout recorded instead of running
+  the tools again;
 - `_score_batch` (after TRL's `_generate_and_score_completions`) replaces TRL's group-normalised advantages by
-  `r - mean(control rewards)`;
-- `_compute_loss` is the sequence-level advantage regression over all completion tokens, judge tokens included;
+  `r - mean(control rewards)` and adds the per-row `judge_mask`, the judge tokens' own channel beside `tool_mask`;
+- `_compute_loss` is the sequence-level advantage regression over the policy and judge tokens (tool results stay
+  out);
   rows that `mask_truncated_completions` masks leave it, normalised over the generation batch as TRL's own loss is.
 `rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch` (rollout_batch.py),
 in the batch's `GenerationBatch` record (`trainer_base.py`); `_score_batch` steps the schedule's controllers
@@ -22,7 +26,12 @@ from trl import GRPOTrainer
 
 from ..input_checks import check_reference_column
 from ..judges import Judge, TransportStatus
-from ..losses import advantage_regression_loss, control_baseline_advantages, mintrl_anchors
+from ..losses import (
+    advantage_regression_loss,
+    control_baseline_advantages,
+    mintrl_anchors,
+    regression_token_masks,
+)
 from ..model_card import ModelCardMixin
 from ..text import question_text
 from ..trainer_base import GRPOTrainerBase, default_output_dir
@@ -35,6 +44,7 @@ from .rollout import RolloutSettings, Trajectory
 from .rollout_batch import RolloutBatch, RolloutMeasures, rollout_metrics
 from .schedule import InterventionSchedule, reviewed_rows
 from .scheduler import check_rollout_schedule, rollout_for
+from .tools import TRLToolEnvironment, check_tool_inputs, check_tool_processing_class
 
 STATE_FILE = "mintrl_state.json"
 
@@ -83,6 +93,7 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
             peft_config=peft_config,
             **kwargs,
         )
+        check_tool_processing_class(self)
         self.rollout_func = self._intervention_rollout
         self.judge = judge if judge is not None else build_judge(args, self)
         self._init_schedule(args, main_process=self.accelerator.is_main_process)
@@ -124,9 +135,10 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
                 question=question_text(prompt),
                 reference=row.get(args.reference_column),
                 review_budget=0 if control else args.max_reviews,
+                environment=TRLToolEnvironment(self, i) if self.tools else None,
             )
-            for prompt, ids, row, control in zip(
-                prompts, prompt_ids, self._batch.inputs, is_control.tolist(), strict=True
+            for i, (prompt, ids, row, control) in enumerate(
+                zip(prompts, prompt_ids, self._batch.inputs, is_control.tolist(), strict=True)
             )
         ]
         # the rollout's settings are config fields of the same names
@@ -147,20 +159,40 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
             self._judge_transport(),
         )
         logprobs = [t.logprobs for t in trajectories]
-        return {
+        output = {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
             "logprobs": None if any(lp is None for lp in logprobs) else logprobs,
-            "env_mask": [t.env_mask for t in trajectories],
             # extra per-row field: reaches reward functions as the `mintrl_intervened` keyword
             "mintrl_intervened": [t.review_budget > 0 for t in trajectories],
         }
+        if not self.tools:  # with tools, TRL takes its tool_mask from `_tool_call_loop` instead
+            output["env_mask"] = [t.env_mask for t in trajectories]
+        return output
+
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
+        """TRL runs its tool loop after the rollout_func; the tools already ran inside the intervention rollout, so
+        this returns, in TRL's order, what it recorded: the policy-token mask (0 on judge and tool-result tokens),
+        each rollout's messages (assistant turns and tool results, for the reward functions), the tool calls and
+        failures of this process (`tools/*` metrics), and no tool images (refused)."""
+        rollout = self._batch.rollout
+        return (
+            rollout.env_masks,
+            rollout.messages,
+            completion_ids,
+            logprobs,
+            int(rollout.stat("tool_calls").sum().item()),
+            int(rollout.stat("tool_failures").sum().item()),
+            [[] for _ in completion_ids],
+        )
 
     def _judge_transport(self) -> TransportStatus:
         return TransportStatus() if self.judge is None else self.judge.transport_status()
 
     # ----- advantages -----
     def _score_batch(self, output: dict, batch) -> None:
+        # the judge tokens' own channel beside TRL's tool_mask (which is 0 on judge and tool-result tokens alike)
+        output["judge_mask"] = batch.rollout.judge_mask(output["completion_ids"].size(1))
         rollout = batch.rollout.gathered(self.accelerator)
         rewards = batch.rewards(self.reward_weights)
         advantages = control_baseline_advantages(rewards, rollout.is_control, self.group_size())
@@ -195,9 +227,10 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
             completion_ids.size(1),
             compute_entropy=True,
         )
-        mask = completion_mask.to(per_token_logps.dtype)
-        policy_tokens = inputs.get("tool_mask", torch.ones_like(completion_mask)).bool()
-        judge_tokens = ~policy_tokens & completion_mask.bool()
+        regressed, judge_tokens = regression_token_masks(
+            completion_mask, inputs.get("tool_mask"), inputs.get("judge_mask")
+        )
+        mask = regressed.to(per_token_logps.dtype)
         # pi_old: the policy that sampled the batch. TRL only computes old log-probs when a generation batch serves
         # several optimizer steps; otherwise pi_old == pi_theta at this forward and the detached log-probs are exact.
         old_logps = inputs.get("old_per_token_logps")
@@ -267,16 +300,14 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
 
 
 def check_mintrl_inputs(args: MInTRLConfig, model, train_dataset, peft_config, judge, trainer_kwargs: dict) -> None:
-    """What `MInTRLTrainer` refuses before the model loads: TRL arguments its rollout replaces, a judge object of the
-    wrong type, a judge backend or vote setting that cannot work, an unsupported vLLM mode or rollout schedule."""
+    """What `MInTRLTrainer` refuses before the model loads: TRL arguments its rollout replaces, tool settings it
+    cannot run yet, a judge object of the wrong type, a judge backend or vote setting that cannot work, an
+    unsupported vLLM mode or rollout schedule."""
     if trainer_kwargs.get("rollout_func") is not None:
-        raise ValueError("MInTRLTrainer provides its own rollout_func (the intervention loop); do not pass one.")
-    for name in ("tools", "environment_factory"):  # TRL's tool loop would overwrite the judge-token mask
-        if trainer_kwargs.get(name):
-            raise ValueError(
-                f"MInTRLTrainer does not take {name}=: its rollout is the judge's intervention loop, which has no "
-                "tool-calling loop. Train tool use with GRPOTrainer."
-            )
+        raise ValueError(
+            "MInTRLTrainer provides its own rollout_func (the intervention loop, tool calls included); do not pass one."
+        )
+    check_tool_inputs(args, trainer_kwargs)
     if judge is not None and not isinstance(judge, Judge):
         raise TypeError(f"judge must be a trl_mintrl.judges.Judge (e.g. FunctionJudge), got {type(judge)}.")
     if judge is None and args.judge in ("self", "base") and args.intervention_steps > 0:

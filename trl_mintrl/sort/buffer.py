@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 BUFFER_FILE = "sort_buffer.json"
-_STATE_VERSION = 2  # 2: items carry `deferred_at`; version 1 (without it) still loads
+_STATE_VERSION = 3  # 2: items carry `deferred_at`, 3: and `environment`; earlier versions (without them) still load
 
 
 def correctness_scores(rewards_per_func: torch.Tensor, weights: torch.Tensor, funcs: list[int]) -> torch.Tensor:
@@ -81,12 +81,15 @@ def resolve_reward_funcs(selection: list[str | int] | None, names: list[str]) ->
 
 @dataclass(frozen=True)
 class RepairItem:
-    """A deferred prompt (as in the dataset: a string or a list of messages), its reference solution, and the
-    optimizer step (`global_step`) at which it was deferred (its age at repair is logged)."""
+    """A deferred prompt (as the policy saw it: a string or a list of messages, with an environment's first
+    observation), its reference solution (a string or a conversation), the optimizer step (`global_step`) at which it
+    was deferred (its age at repair is logged), and the environment whose tools its prompt showed (None: the single
+    environment, or none)."""
 
     prompt: str | list[dict]
-    reference: str
+    reference: str | list[dict]
     deferred_at: int = 0
+    environment: str | None = None
 
 
 def _key(prompt: str | list[dict]) -> str:
@@ -125,14 +128,20 @@ class RepairBuffer:
     def holds(self, prompt: str | list[dict]) -> bool:
         return _key(prompt) in self._keys
 
-    def add(self, prompt: str | list[dict], reference: str, deferred_at: int = 0) -> bool:
+    def add(
+        self,
+        prompt: str | list[dict],
+        reference: str | list[dict],
+        deferred_at: int = 0,
+        environment: str | None = None,
+    ) -> bool:
         """Append unless the prompt is already held, evicting the oldest items past `capacity` (counted); returns
         whether it was added."""
         key = _key(prompt)
         if key in self._keys:
             return False
         self._keys.add(key)
-        self._items.append(RepairItem(prompt, reference, deferred_at))
+        self._items.append(RepairItem(prompt, reference, deferred_at, environment))
         if self.capacity is not None and len(self._items) > self.capacity:
             self.counters["evictions"] += len(self.pop(len(self._items) - self.capacity))
         return True
@@ -159,9 +168,9 @@ class RepairBuffer:
     def load_state_dict(self, state: dict) -> None:
         """Restore a saved buffer; a version-1 state (before items carried `deferred_at`) loads with age origin 0. Items
         beyond this buffer's `capacity` (a run resumed with a smaller one) are evicted, oldest first, and counted."""
-        if state.get("version") not in (1, _STATE_VERSION):
+        if state.get("version") not in range(1, _STATE_VERSION + 1):
             raise ValueError(f"unsupported SORT buffer state version {state.get('version')!r}")
         self._items, self._keys = [], set()
         self.counters = {**dict.fromkeys(self.COUNTERS, 0), **state["counters"]}
         for item in state["items"]:
-            self.add(item["prompt"], item["reference"], item.get("deferred_at", 0))
+            self.add(item["prompt"], item["reference"], item.get("deferred_at", 0), item.get("environment"))

@@ -13,7 +13,7 @@ from trl.trainer.utils import get_callable_name, get_config_model_id
 from ..input_checks import check_reference_column
 from .buffer import resolve_reward_funcs
 from .planner import check_planner
-from .references import RepairLengthCheck
+from .references import RepairLengthCheck, check_reference_conversations
 from .repair import ReferenceRepair, add_unit_temperature_head
 
 
@@ -26,9 +26,10 @@ def check_repair_inputs(args, reward_funcs, train_dataset) -> list[int]:
 
 class WithReferenceRepair:
     """Mixin, first in a `GRPOTrainerBase` subclass's bases, that hosts a `ReferenceRepair` as `self.repair`: inputs
-    checked before the model loads and the repair's lengths at the start of training, each scored batch deferred
-    after the trainer's own `_score_batch`, the repair added to the trainer's own `_compute_loss`
-    (`repair_update="joint"`)."""
+    checked before the model loads, reference conversations once the trainer's tools are known and the repair's
+    lengths at the start of training, each batch's prompts as the policy sees them recorded (`_generate`), each
+    scored batch deferred after the trainer's own `_score_batch`, the repair added to the trainer's own
+    `_compute_loss` (`repair_update="joint"`)."""
 
     repair: ReferenceRepair
 
@@ -39,7 +40,14 @@ class WithReferenceRepair:
         policy = self.model.get_base_model() if is_peft_model(self.model) else self.model  # where TRL adds its head
         add_unit_temperature_head(policy, self.args.cast_lm_head_to_fp32)
         self.repair = ReferenceRepair(self, correctness_funcs, planner)
+        check_reference_conversations(self.repair.renderer, self.train_dataset)  # their tools are the trainer's
         self.add_callback(RepairLengthCheck(self.repair.renderer, self))  # at train(): the repair's passes fit
+
+    def _generate(self, prompts: list):
+        """TRL's generation; the repair learns a deferred reference after the prompt the policy saw, which holds an
+        environment's `reset` observation (TRL adds it to the last message before this call)."""
+        self.repair.policy_prompts = prompts
+        return super()._generate(prompts)
 
     def _score_batch(self, output: dict, batch) -> None:
         super()._score_batch(output, batch)

@@ -2,23 +2,34 @@
 
 `ReferenceRenderer` is the one rendering of the repair's token ids (the reference, the base, teacher and plan
 prompts): `ReferenceRepair` scores what it renders, and the length checks measure exactly that, so a row they let
-through fits. `check_repair_lengths` refuses a train dataset with rows that cannot fit, before the run spends anything
+through fits. A reference is a string or, with tools, a conversation (assistant turns with `tool_calls`, `tool`
+results, a final answer): it is laid out as TRL's tool loop lays out a rollout, and only its assistant tokens are
+learnt. The base and teacher prompts carry the row's tool schemas, as the policy's prompt did. `check_repair_lengths` refuses a train dataset with rows that cannot fit, before the run spends anything
 on them: `check_repair_lengths_before_loading` with the tokenizer and the model's config alone (the CLI, before the
 model loads), `RepairLengthCheck` at the start of training (the trainer, once its planner is known).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from transformers import TrainerCallback
+from transformers.utils import get_json_schema
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
-from ..input_checks import InputError, context_length, named_rows
+from ..input_checks import (
+    InputError,
+    context_length,
+    is_reference_conversation,
+    named_rows,
+    reference_conversation_problem,
+)
 from ..losses import REPAIR_WEIGHTINGS
 from ..text import fill_template, question_text
 
@@ -52,92 +63,157 @@ class Reference:
     text: str
     truncated: bool
     tokens: int  # of the whole reference, before any cut (named when a cut one warns)
+    # per token of `ids`, 1 where the repair learns it (a conversation's assistant turns), 0 on tool results and the
+    # chat template's tokens between turns, which the policy never writes; None: every token (a string reference)
+    learned: list[int] | None = None
+
+    @property
+    def learned_tokens(self) -> int:
+        """How many tokens the repair learns: the loss is their mean."""
+        return len(self.ids) if self.learned is None else sum(self.learned)
+
+
+def reference_key(reference: str | list[dict]) -> str:
+    """A string reference itself, or a conversation as canonical JSON: the key a reference is cached under."""
+    return reference if isinstance(reference, str) else json.dumps(reference, sort_keys=True, ensure_ascii=False)
 
 
 class ReferenceRenderer:
     """The token ids of SORT's repair passes, rendered the same way for the repair and for its length checks.
 
-    Dataset prompts and one-message templates go through `tokenize_prompts` (TRL's own `_tokenize_prompts`), so the
-    repair's prompts are templated as the rollouts' are; the plan prompt is one user message rendered with
-    `plan_chat_template_kwargs` over the trainer's chat template settings.
+    Dataset prompts and one-message templates go through TRL's own `_tokenize_prompts`, with the tools of the row's
+    environment (`tools_by_environment`), so the repair's base and teacher prompts are templated as the rollouts'
+    are; the plan prompt is one user message rendered without tools (the policy summarises a solution there, and a
+    tool call it wrote would run nowhere) and with `plan_chat_template_kwargs` over the trainer's chat template
+    settings.
     """
 
     def __init__(
         self,
         args,
-        tokenizer,
-        tokenize_prompts: Callable[[list], list[list[int]]],
+        templating: TrlTemplating,
         *,
-        processing_class,
-        chat_template: str | None,
-        chat_template_kwargs: dict,
+        tools_by_environment: dict[str | None, list] | None = None,
+        routes_environments: bool = False,
         policy_writes_plans: bool,
     ):
-        """`args`: a config with `SORTConfig`'s repair fields; `tokenizer`: the text tokenizer (references, EOS);
-        `tokenize_prompts`: prompts as in the dataset -> their token ids, as TRL templates them; `processing_class`,
-        `chat_template`, `chat_template_kwargs`: how TRL applies the chat template; `policy_writes_plans`: no
-        `Planner` writes the plans, so the plan prompt is a pass that must fit too."""
+        """`args`: a config with `SORTConfig`'s repair fields; `templating`: how TRL applies the chat template;
+        `tools_by_environment`: the tools a row's prompt shows, by its environment (None for the single environment
+        or for `tools=` alone; None: no tools); `routes_environments`: a row names its environment in its
+        `environment` column (a dict `environment_factory`); `policy_writes_plans`: no `Planner` writes the plans, so
+        the plan prompt is a pass that must fit too."""
         self.args = args
-        self.tokenizer = tokenizer
-        self.tokenize_prompts = tokenize_prompts
-        self.processing_class = processing_class
-        self.chat_template = chat_template
-        self.chat_template_kwargs = chat_template_kwargs
+        self.templating = templating
+        self.tokenizer = templating.tokenizer
+        self.tools_by_environment = tools_by_environment or {None: []}
+        self.routes_environments = routes_environments
         self.policy_writes_plans = policy_writes_plans
 
     @classmethod
     def of_trainer(cls, trainer, policy_writes_plans: bool) -> ReferenceRenderer:
-        """The rendering of `trainer` (a `GRPOTrainerBase` with `SORTConfig`'s repair fields)."""
+        """The rendering of `trainer` (a `GRPOTrainerBase` with `SORTConfig`'s repair fields), with its tools: TRL's
+        per-environment tools (`_env_tools`) with `environment_factory`, else its `tools`."""
+        tools = trainer._env_tools if trainer.environment_factories is not None else {None: list(trainer.tools)}
+        templating = TrlTemplating(
+            trainer.processing_class,
+            trainer.tokenizer,
+            trainer.chat_template,
+            trainer.chat_template_kwargs,
+            is_vlm=trainer._is_vlm,
+        )
         return cls(
             trainer.args,
-            trainer.tokenizer,
-            trainer.tokenize_prompts,
-            processing_class=trainer.processing_class,
-            chat_template=trainer.chat_template,
-            chat_template_kwargs=trainer.chat_template_kwargs,
+            templating,
+            tools_by_environment=tools,
+            routes_environments=trainer._multi_environment,
             policy_writes_plans=policy_writes_plans,
         )
 
     @classmethod
     def before_loading(cls, tokenizer, args) -> ReferenceRenderer:
         """The rendering of a trainer with this tokenizer and config, without tools, environments or images, for a
-        check that runs before the model loads (the CLI, where the policy writes the plans)."""
-        chat_template_kwargs = args.chat_template_kwargs or {}
-        return cls(
-            args,
-            tokenizer,
-            _TrlPromptTemplating(tokenizer, chat_template_kwargs),
-            processing_class=tokenizer,
-            chat_template=None,  # TRL replaces the template only for tool calling
-            chat_template_kwargs=chat_template_kwargs,
-            policy_writes_plans=True,
-        )
+        check that runs before the model loads (the CLI, which takes no tools, where the policy writes the plans)."""
+        chat_template = None  # TRL replaces the template only for tool calling
+        templating = TrlTemplating(tokenizer, tokenizer, chat_template, args.chat_template_kwargs or {})
+        return cls(args, templating, policy_writes_plans=True)
 
-    def reference(self, text: str | None) -> Reference | None:
-        """`text` as it is scored, cut to `max_reference_tokens`; None when it is missing or has no tokens. A
-        function of the text, so it may be cached."""
-        ids = [] if text is None else self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def environment_of(self, row: dict) -> str | None:
+        """The environment whose tools the row's prompt shows (its `environment` column with several)."""
+        return row.get("environment") if self.routes_environments else None
+
+    def tools_of(self, environment: str | None) -> list:
+        if environment not in self.tools_by_environment:
+            raise InputError(
+                f"A row's `environment` column names {environment!r}, which is not among the environments passed to "
+                f"environment_factory ({sorted(map(str, self.tools_by_environment))}): fix the column or the dict."
+            )
+        return self.tools_by_environment[environment]
+
+    def reference(self, value: str | list[dict] | None) -> Reference | None:
+        """`value` (a string or a conversation) as it is scored, cut to `max_reference_tokens`; None when it is
+        missing or has no tokens. A function of the value, so it may be cached (`reference_key`)."""
+        if is_reference_conversation(value):
+            return self._conversation_reference(value)
+        ids = [] if value is None else self.tokenizer(value, add_special_tokens=False)["input_ids"]
         if not ids:
             return None
         limit = self.args.max_reference_tokens
         if len(ids) > limit:
             return Reference(ids[:limit], self.tokenizer.decode(ids[:limit]), truncated=True, tokens=len(ids))
-        return Reference([*ids, self.tokenizer.eos_token_id], text, truncated=False, tokens=len(ids))
+        return Reference([*ids, self.tokenizer.eos_token_id], value, truncated=False, tokens=len(ids))
 
-    def base_prompt_ids(self, prompts: list) -> list[list[int]]:
-        """The prompts the references are learnt after: the dataset's own, or `base_template` with the question."""
+    def _conversation_reference(self, messages: list[dict]) -> Reference | None:
+        """A conversation reference laid out as TRL's tool loop lays out a rollout: each assistant turn as the policy
+        writes it after the generation prompt (through its end-of-turn EOS), learnt; each run of tool results as the
+        tokens TRL appends for them (`_get_tool_suffix_ids`: the results in the template's format, then the next
+        generation prompt), not learnt. The planner reads the decoded tokens, without special tokens."""
+        messages = [_as_written(message) for message in messages]
+        ids, learned, start = [], [], 0
+        while start < len(messages):
+            if messages[start]["role"] == "assistant":
+                turn, start, learnt = self.templating.assistant_turn_ids(messages[start]), start + 1, 1
+            else:
+                end = next((i for i in range(start, len(messages)) if messages[i]["role"] != "tool"), len(messages))
+                turn, start, learnt = self.templating.tool_suffix_ids(messages[start:end]), end, 0
+            ids += turn
+            learned += [learnt] * len(turn)
+        if not ids:
+            return None
+        limit, tokens = self.args.max_reference_tokens, len(ids)
+        ids, learned = ids[:limit], learned[:limit]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Reference(ids, text, truncated=tokens > limit, tokens=tokens, learned=learned)
+
+    def base_prompt_ids(self, prompts: list, environments: list[str | None] | None = None) -> list[list[int]]:
+        """The prompts the references are learnt after: the prompts as the policy saw them, or `base_template` with
+        the question, each with the tools of its environment (`environments`, None: no environment)."""
         if self.args.base_template is None:
-            return self.tokenize_prompts(prompts)
+            return self.prompt_ids(prompts, environments)
         texts = [fill_template(self.args.base_template, {"question": question_text(p)}) for p in prompts]
-        return self.templated_prompt_ids(texts, prompts)
+        return self.templated_prompt_ids(texts, prompts, environments)
 
-    def teacher_prompt_ids(self, prompts: list, plans: list[str]) -> list[list[int]]:
-        """`teacher_template` with each prompt's question and its plan."""
+    def teacher_prompt_ids(
+        self, prompts: list, plans: list[str], environments: list[str | None] | None = None
+    ) -> list[list[int]]:
+        """`teacher_template` with each prompt's question and its plan, with the tools its base prompt has: the
+        teacher pass differs from the base pass by the plan alone."""
         texts = [
             fill_template(self.args.teacher_template, {"question": question_text(prompt), "plan": plan})
             for prompt, plan in zip(prompts, plans, strict=True)
         ]
-        return self.templated_prompt_ids(texts, prompts)
+        return self.templated_prompt_ids(texts, prompts, environments)
+
+    def prompt_ids(self, prompts: list, environments: list[str | None] | None = None) -> list[list[int]]:
+        """Token ids of dataset-style prompts exactly as TRL templates the rollouts' (`_tokenize_prompts`), each with
+        the tools of its environment; one templating call per environment."""
+        environments = environments or [None] * len(prompts)
+        ids: list[list[int] | None] = [None] * len(prompts)
+        for environment in dict.fromkeys(environments):
+            rows = [i for i, e in enumerate(environments) if e == environment]
+            tokenized = self.templating.prompt_ids([prompts[i] for i in rows], self.tools_of(environment))
+            for row, row_ids in zip(rows, tokenized, strict=True):
+                ids[row] = row_ids
+        return ids
 
     def plan_prompt_ids(self, prompts: list, references: list[Reference]) -> list[list[int]]:
         """The plan-extraction prompts the policy generates from: `plan_template` with the question and the
@@ -148,34 +224,39 @@ class ReferenceRenderer:
         ]
         if not is_conversational({"prompt": prompts[0]}):
             return self.templated_prompt_ids(texts, prompts)
-        rendered = self.processing_class.apply_chat_template(
+        rendered = self.templating.processing_class.apply_chat_template(
             conversation=[[{"role": "user", "content": text}] for text in texts],
-            chat_template=self.chat_template,
+            chat_template=self.templating.chat_template,
             add_generation_prompt=True,
             tokenize=True,
             return_dict=True,
-            **{**self.chat_template_kwargs, **self.args.plan_chat_template_kwargs},
+            **{**self.templating.chat_template_kwargs, **self.args.plan_chat_template_kwargs},
         )
         return [list(ids) for ids in rendered["input_ids"]]
 
-    def templated_prompt_ids(self, texts: list[str], like: list) -> list[list[int]]:
+    def templated_prompt_ids(
+        self, texts: list[str], like: list, environments: list[str | None] | None = None
+    ) -> list[list[int]]:
         """Token ids of rendered templates, tokenised like the dataset prompts `like`: one user message through the
-        chat template (with the trainer's chat template settings) for conversational data, plain text otherwise."""
+        chat template (with the trainer's chat template settings and the environment's tools) for conversational
+        data, plain text otherwise."""
         if is_conversational({"prompt": like[0]}):
             texts = [[{"role": "user", "content": text}] for text in texts]
-        return self.tokenize_prompts(texts)
+        return self.prompt_ids(texts, environments)
 
-    def repair_lengths(self, prompts: list, references: list[Reference]) -> list[dict[str, int]]:
+    def repair_lengths(
+        self, prompts: list, references: list[Reference], environments: list[str | None] | None = None
+    ) -> list[dict[str, int]]:
         """Per item, the most tokens each repair pass takes: `"plan"` (the plan prompt and `max_plan_tokens`
         generated; only when the policy writes the plans), `"teacher"` (the teacher prompt with a plan of
         `max_plan_tokens`, then the reference) and `"base"` (the base prompt, then the reference). A
         `repair_weighting` without plans has the base pass only."""
-        base = self.base_prompt_ids(prompts)
+        base = self.base_prompt_ids(prompts, environments)
         lengths = [{"base": len(ids) + len(r.ids)} for ids, r in zip(base, references, strict=True)]
         if not REPAIR_WEIGHTINGS[self.args.repair_weighting].uses_plan:
             return lengths
         plan_tokens = self.args.max_plan_tokens
-        teacher = self.teacher_prompt_ids(prompts, [""] * len(prompts))
+        teacher = self.teacher_prompt_ids(prompts, [""] * len(prompts), environments)
         for length, ids, reference in zip(lengths, teacher, references, strict=True):
             length["teacher"] = len(ids) + plan_tokens + len(reference.ids)
         if self.policy_writes_plans:
@@ -184,21 +265,137 @@ class ReferenceRenderer:
         return lengths
 
 
-class _TrlPromptTemplating:
-    """TRL's `GRPOTrainer._tokenize_prompts` before there is a trainer: the attributes it reads, as a trainer without
-    tools or images has them, so that prompts are tokenised before the model loads exactly as the trainer will."""
+def _as_written(message: dict) -> dict:
+    """A reference message as TRL's tool loop holds the policy's: tool-call arguments parsed from JSON strings (the
+    way to store them in a `datasets` column), keys that hold None (filled in by such a column) left out."""
+    message = {key: value for key, value in message.items() if value is not None}
+    if message.get("tool_calls"):
+        message["tool_calls"] = [
+            {**call, "function": {**call["function"], "arguments": _arguments(call["function"]["arguments"])}}
+            for call in message["tool_calls"]
+        ]
+    return message
 
-    _is_vlm = False
-    environment_factories = None
-    tools = None
-    chat_template = None
 
-    def __init__(self, tokenizer, chat_template_kwargs: dict):
-        self.processing_class = tokenizer
+def _arguments(arguments: dict | str) -> dict:
+    return json.loads(arguments) if isinstance(arguments, str) else arguments
+
+
+class TrlTemplating:
+    """TRL's own chat templating of prompts (`GRPOTrainer._tokenize_prompts`) and of tool results
+    (`GRPOTrainer._get_tool_suffix_ids`), called with the tools given rather than those of the batch being generated
+    (which `_tokenize_prompts` reads with `environment_factory`), so that the repair renders a buffered prompt, or
+    one before the model loads, exactly as the trainer rendered it for the rollouts."""
+
+    def __init__(self, processing_class, tokenizer, chat_template: str | None, chat_template_kwargs: dict,
+                 is_vlm: bool = False):  # fmt: skip
+        """`processing_class`, `chat_template`, `chat_template_kwargs`, `is_vlm`: as the trainer has them (TRL's
+        `chat_template` is the prefix-preserving one it swaps in for tool calling); `tokenizer`: the text one."""
+        self.processing_class = processing_class
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
         self.chat_template_kwargs = chat_template_kwargs
+        self.is_vlm = is_vlm
 
-    def __call__(self, prompts: list) -> list[list[int]]:
-        return list(GRPOTrainer._tokenize_prompts(self, prompts)[0])
+    def _trainer_view(self, tools: list) -> SimpleNamespace:
+        """The attributes TRL's two methods read from the trainer, with `tools` for every prompt."""
+        return SimpleNamespace(
+            processing_class=self.processing_class,
+            _tokenizer=self.tokenizer,
+            chat_template=self.chat_template,
+            chat_template_kwargs=self.chat_template_kwargs,
+            _is_vlm=self.is_vlm,
+            environment_factories=None,  # the tools are given: TRL's per-environment branch would read the batch's
+            tools=tools,
+        )
+
+    def prompt_ids(self, prompts: list, tools: list) -> list[list[int]]:
+        """Token ids of dataset-style prompts, each showing `tools`, with the generation prompt."""
+        return [list(ids) for ids in GRPOTrainer._tokenize_prompts(self._trainer_view(tools), prompts)[0]]
+
+    def tool_suffix_ids(self, tool_messages: list[dict]) -> list[int]:
+        """The tokens TRL's tool loop appends after an assistant turn for its tool results: the rest of the turn's
+        end, the results, and the next generation prompt."""
+        return list(GRPOTrainer._get_tool_suffix_ids(self._trainer_view([]), tool_messages))
+
+    def assistant_turn_ids(self, message: dict) -> list[int]:
+        """The tokens of an assistant turn as the policy writes them: what the template renders for `message` after
+        the generation prompt, through its last EOS (the template's text after the EOS is the tool suffix's or
+        never written), against the same one-message context TRL renders tool results in."""
+        context = [{"role": "user", "content": "dummy"}]
+        render = functools.partial(self.processing_class.apply_chat_template, tokenize=True, return_dict=False,
+                                   chat_template=self.chat_template, **self.chat_template_kwargs)  # fmt: skip
+        prompt, full = render(context, add_generation_prompt=True), render([*context, message])
+        if full[: len(prompt)] != prompt:
+            raise InputError(
+                "The chat template does not render an assistant turn as a continuation of its generation prompt, so "
+                "a reference conversation cannot be laid out as the policy writes it: use a prefix-preserving chat "
+                "template (TRL swaps one in for tool calling: pass tools= or environment_factory=), or string "
+                "references."
+            )
+        turn = full[len(prompt) :]
+        ends = [i for i, token in enumerate(turn) if token == self.tokenizer.eos_token_id]
+        return turn[: ends[-1] + 1] if ends else turn
+
+
+def reference_conversation_refusal(
+    renderer: ReferenceRenderer, prompt, messages: list[dict], environment: str | None
+) -> str | None:
+    """Why the repair cannot learn the reference conversation `messages` after `prompt`, in a sentence, or None: its
+    shape (`reference_conversation_problem`), a prompt that is not a conversation, or a tool call of a tool the
+    prompt does not show (the tools of `environment`), or with an argument that tool does not take."""
+    problem = reference_conversation_problem(messages)
+    if problem:
+        return problem
+    if not is_conversational({"prompt": prompt}):
+        return (
+            "its prompt is plain text, and a conversation continues a chat-templated prompt: make the prompts "
+            "conversations ([{'role': 'user', 'content': ...}]) or the references strings"
+        )
+    tools = {tool.__name__: tool for tool in renderer.tools_of(environment)}
+    for index, message in enumerate(messages):
+        for call in message.get("tool_calls") or []:
+            name, arguments = call["function"]["name"], _arguments(call["function"]["arguments"])
+            if name not in tools:
+                return (
+                    f"message {index} calls {name!r}, which is not among the tools its prompt shows "
+                    f"({sorted(tools)}): the policy could not have written it. Pass that tool in tools= (or as a "
+                    "method of the environment), or fix the reference"
+                )
+            unknown = sorted(
+                set(arguments) - set(get_json_schema(tools[name])["function"]["parameters"]["properties"])
+            )
+            if unknown:
+                return (
+                    f"message {index} calls {name!r} with argument(s) {unknown}, which it does not take. In a "
+                    "datasets column, the arguments of different tools are merged into one struct whose missing keys "
+                    "hold None: store each call's arguments as a JSON string (json.dumps) instead"
+                )
+    return None
+
+
+def check_reference_conversations(renderer: ReferenceRenderer, dataset) -> None:
+    """Raise `InputError` naming the column, the rows and the first problem when a reference conversation of
+    `dataset` cannot be learnt (`reference_conversation_refusal`), before training. A `Dataset` is scanned whole, an
+    iterable one in its first `ITERABLE_ROWS_CHECKED` rows (later rows are checked when deferred)."""
+    column = renderer.args.reference_column
+    columns = getattr(dataset, "column_names", None)
+    if dataset is None or isinstance(columns, dict) or (columns is not None and column not in columns):
+        return  # no train split, or no reference column: refused by the reference checks
+    refused = []
+    for start, batch in _row_batches(dataset):
+        for offset, row in enumerate(batch):
+            if is_reference_conversation(row.get(column)):
+                refusal = reference_conversation_refusal(
+                    renderer, row["prompt"], row[column], renderer.environment_of(row)
+                )
+                if refusal:
+                    refused.append((start + offset, refusal))
+    if refused:
+        raise InputError(
+            f"Column {column!r} (reference_column) has {len(refused)} reference conversation(s) SORT cannot learn "
+            f"({named_rows([row for row, _ in refused])}); in row {refused[0][0]}, {refused[0][1]}."
+        )
 
 
 def repair_passes_over_context(needed: dict[str, int], model_config, args) -> list[str]:
@@ -240,13 +437,17 @@ def check_repair_lengths(renderer: ReferenceRenderer, dataset, model_config) -> 
     cut, scanned = [], 0
     for start, batch in _row_batches(dataset):
         scanned += len(batch)
-        kept = [(start + i, row["prompt"], renderer.reference(row.get(column))) for i, row in enumerate(batch)
-                if isinstance(row.get(column), str)]  # fmt: skip
-        kept = [(index, prompt, reference) for index, prompt, reference in kept if reference is not None]
+        kept = [(start + i, row, renderer.reference(row.get(column))) for i, row in enumerate(batch)
+                if isinstance(row.get(column), str) or is_reference_conversation(row.get(column))]  # fmt: skip
+        kept = [(index, row, reference) for index, row, reference in kept if reference is not None]
         if not kept:
             continue
         cut += [index for index, _, reference in kept if reference.truncated]
-        lengths = renderer.repair_lengths([prompt for _, prompt, _ in kept], [reference for _, _, reference in kept])
+        lengths = renderer.repair_lengths(
+            [row["prompt"] for _, row, _ in kept],
+            [reference for _, _, reference in kept],
+            [renderer.environment_of(row) for _, row, _ in kept],
+        )
         for (index, _, _), needed in zip(kept, lengths, strict=True):
             for name, tokens in needed.items():
                 most[name] = max(most.get(name, 0), tokens)

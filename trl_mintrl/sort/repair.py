@@ -40,12 +40,19 @@ from accelerate.utils import DistributedType, gather_object
 from transformers import TrainerCallback
 from trl.trainer.utils import add_fused_lm_head
 
+from ..input_checks import is_reference_conversation
 from ..losses import REPAIR_WEIGHTINGS, RepairTerms
 from ..text import opens_thinking, outside_thinking, question_text
 from .buffer import RepairBuffer, RepairItem, classify_groups, correctness_scores, solved_groups
 from .config import repair_buffer_bounds
 from .planner import Planner, PlanRequest
-from .references import Reference, ReferenceRenderer, repair_passes_over_context
+from .references import (
+    Reference,
+    ReferenceRenderer,
+    reference_conversation_refusal,
+    reference_key,
+    repair_passes_over_context,
+)
 from .repair_optimizer import RepairOptimizer
 
 logger = get_logger(__name__)
@@ -97,7 +104,8 @@ class ReferenceRepair:
         self.renderer = ReferenceRenderer.of_trainer(host, policy_writes_plans=planner is None)
         capacity, self.max_repairs_per_step = repair_buffer_bounds(self.args)
         self.buffer = RepairBuffer(capacity)
-        self._prepared: dict[str, Reference] = {}  # buffered references, tokenised once when deferred
+        self._prepared: dict[str, Reference] = {}  # buffered references by `reference_key`, tokenised once
+        self.policy_prompts: list | None = None  # the batch's prompts as the policy saw them (`WithReferenceRepair`)
         self._batches_failing_unseen = 0  # see `_warn_if_failures_slip_through`
         self._warned_failures_slip_through = False
         self.optimizer = RepairOptimizer(host)  # how the separate repair steps step, and their own optimizer state
@@ -124,26 +132,29 @@ class ReferenceRepair:
         all_wrong, all_right = classify_groups(scores, group_size, threshold)
         solved = solved_groups(scores, group_size, threshold)
         rows = self.host.process_slice(len(inputs))
-        mine = []  # (row, solved, prompt, reference) of this process's groups that change the buffer
+        # the prompts as the policy saw them: with an environment, its `reset` observation is in the last message
+        prompts, self.policy_prompts = self.policy_prompts, None
+        mine = []  # (row, solved, prompt, reference, environment) of this process's groups that change the buffer
         for group in (all_wrong | solved).nonzero().flatten().tolist():
             row = group * group_size
             if not rows.start <= row < rows.stop:
                 continue
-            prompt = inputs[row - rows.start]["prompt"]
+            prompt, environment = prompts[row - rows.start], self.renderer.environment_of(inputs[row - rows.start])
             if all_wrong[group]:
-                mine.append((row, False, prompt, self._reference_of(inputs[row - rows.start])))
+                mine.append((row, False, prompt, self._reference_of(inputs[row - rows.start], prompt), environment))
             elif self.buffer.holds(prompt):
-                mine.append((row, True, prompt, None))
+                mine.append((row, True, prompt, None, environment))
         step = self.host.state.global_step
-        for _, solved_now, prompt, reference in sorted(gather_object(mine), key=lambda t: t[0]):
+        for _, solved_now, prompt, reference, environment in sorted(gather_object(mine), key=lambda t: t[0]):
             if solved_now:
                 self.buffer.remove_solved(prompt)
                 continue
-            prepared = self._deferrable_reference(reference, prompt)  # None: empty or too long, counted there
-            if prepared is not None and self.buffer.add(prompt, reference, deferred_at=step):
-                self._prepared[reference] = prepared
-        held = {item.reference for item in self.buffer.items}  # evicted and solved items' references are not
-        self._prepared = {text: ref for text, ref in self._prepared.items() if text in held}
+            # None: empty or too long, counted there
+            prepared = self._deferrable_reference(reference, prompt, environment)
+            if prepared is not None and self.buffer.add(prompt, reference, deferred_at=step, environment=environment):
+                self._prepared[reference_key(reference)] = prepared
+        held = {reference_key(item.reference) for item in self.buffer.items}  # evicted and solved ones' are not
+        self._prepared = {key: ref for key, ref in self._prepared.items() if key in held}
         self.host.log_train_metric("sort/all_wrong_frac", all_wrong.float().mean().item())
         self.host.log_train_metric("sort/all_right_frac", all_right.float().mean().item())
         self._warn_if_failures_slip_through(all_wrong, batch.rewards_per_func)
@@ -172,7 +183,9 @@ class ReferenceRepair:
             "of a wrong rollout."
         )
 
-    def _reference_of(self, row: dict) -> str | None:
+    def _reference_of(self, row: dict, prompt) -> str | list[dict] | None:
+        """The row's reference, checked as the dataset's are before training (a row of an iterable dataset is seen
+        here first): a string, None, or a conversation the repair can learn after `prompt`."""
         column = self.args.reference_column
         if column not in row:
             raise ValueError(
@@ -180,11 +193,24 @@ class ReferenceRepair:
                 "or set `reference_column` to the column that holds them."
             )
         reference = row[column]
-        if reference is not None and not isinstance(reference, str):
-            raise ValueError(f"`{column}` (the `reference_column`) must hold strings, got {type(reference).__name__}.")
+        if not (reference is None or isinstance(reference, str) or is_reference_conversation(reference)):
+            raise ValueError(
+                f"`{column}` (the `reference_column`) must hold strings or conversations (lists of messages), got "
+                f"{type(reference).__name__}."
+            )
+        if is_reference_conversation(reference):
+            refusal = reference_conversation_refusal(
+                self.renderer, prompt, reference, self.renderer.environment_of(row)
+            )
+            if refusal:
+                raise ValueError(
+                    f"A reference conversation in `{column}` (the `reference_column`) cannot be learnt: {refusal}"
+                )
         return reference
 
-    def _deferrable_reference(self, reference: str | None, prompt) -> Reference | None:
+    def _deferrable_reference(
+        self, reference: str | list[dict] | None, prompt, environment: str | None
+    ) -> Reference | None:
         """The reference of the all-wrong `prompt` as it is scored, or None when the pair may not be deferred, which
         is counted: an empty reference (`empty_references`), a pair that a repair pass cannot fit in the context
         (`skipped_too_long`: a row the check before training did not scan, e.g. of an iterable dataset). The first
@@ -194,7 +220,7 @@ class ReferenceRepair:
         if prepared is None:
             counters["empty_references"] += 1
             return None
-        needed = self.renderer.repair_lengths([prompt], [prepared])[0]
+        needed = self.renderer.repair_lengths([prompt], [prepared], [environment])[0]
         over = repair_passes_over_context(needed, self.host.model.config, self.args)
         if over:
             counters["skipped_too_long"] = counters.get("skipped_too_long", 0) + 1
@@ -290,11 +316,12 @@ class ReferenceRepair:
         """
         world = self.host.accelerator.num_processes
         references = [
-            self._prepared.pop(item.reference, None) or self.renderer.reference(item.reference) for item in items
+            self._prepared.pop(reference_key(item.reference), None) or self.renderer.reference(item.reference)
+            for item in items
         ]
         self.buffer.counters["repairs"] += 1
         self.buffer.counters["truncated_references"] += sum(r.truncated for r in references)
-        tokens = sum(len(r.ids) for r in references)
+        tokens = sum(r.learned_tokens for r in references)
         ages = [self.host.state.global_step - item.deferred_at for item in items]
         items, references, real = self._process_share(items, references)
 
@@ -303,13 +330,14 @@ class ReferenceRepair:
         plan_logps, failed_plans = [None] * len(chunks), 0.0
         if weighting.uses_plan:  # "uniform" is plain SFT on the references: no plan, no teacher pass
             plan_logps, failed_plans = self._plan_logps(model, items, references, real, chunks)
-        base_prompts = self.renderer.base_prompt_ids([item.prompt for item in items])
+        base_prompts = self.renderer.base_prompt_ids([i.prompt for i in items], [i.environment for i in items])
         sums = _RepairSums()
         for index, (rows, plan) in enumerate(zip(chunks, plan_logps, strict=True)):
             base, mask = self._reference_logps(
                 model, [base_prompts[i] for i in rows], [references[i].ids for i in rows]
             )
             mask = mask * torch.tensor([real[i] for i in rows], device=mask.device).unsqueeze(1)
+            mask = mask * _learned_mask([references[i] for i in rows], mask)
             terms = weighting.terms(base.float(), None if plan is None else plan.float(), mask, self.args.repair_beta)
             # Gradients are averaged over processes (DDP, DeepSpeed): scaled so that the average is the global loss.
             loss = terms.loss * mask.sum() * (world / tokens)
@@ -356,7 +384,9 @@ class ReferenceRepair:
         policy's plans (no gradient), and the number of failed plans among the real rows (summed over processes by
         the caller)."""
         plans, failed = self._write_plans(items, references)
-        teacher_prompts = self.renderer.teacher_prompt_ids([item.prompt for item in items], plans)
+        teacher_prompts = self.renderer.teacher_prompt_ids(
+            [item.prompt for item in items], plans, [item.environment for item in items]
+        )
         with torch.no_grad():
             plan_logps = [
                 self._reference_logps(model, [teacher_prompts[i] for i in rows], [references[i].ids for i in rows])[0]
@@ -449,6 +479,15 @@ class ReferenceRepair:
             )
         mask = attention_mask[:, width:].float()
         return outputs.log_probs[:, -length:] * mask, mask
+
+
+def _learned_mask(references: list[Reference], like: torch.Tensor) -> torch.Tensor:
+    """(B, R) 1 on the reference tokens the repair learns, 0 on a conversation's tool results and template tokens
+    (and on padding), laid out like `_reference_logps`' mask `like`."""
+    learned = torch.zeros_like(like)
+    for row, reference in enumerate(references):
+        learned[row, : len(reference.ids)] = 1.0 if reference.learned is None else torch.tensor(reference.learned)
+    return learned
 
 
 def add_unit_temperature_head(model, cast_lm_head_to_fp32: bool) -> None:

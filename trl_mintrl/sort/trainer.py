@@ -23,12 +23,15 @@ class SORTTrainer(WithReferenceRepair, ModelCardMixin, GRPOTrainerBase):
 
     Used exactly like [`~trl.GRPOTrainer`] (same arguments, plus an optional `planner`: a `trl_mintrl.sort.Planner`
     that writes the repair plans instead of the policy) with a [`SORTConfig`]. The train dataset must have the
-    `reference_column` (default `"solution"`). The repair items of a step are dealt round-robin across processes;
-    each process scores its share and the loss is normalised by the global token count, so the gradient averaged over
-    processes is that of the repair over all items, as in a single process.
+    `reference_column` (default `"solution"`): strings, or with `tools=` / `environment_factory=` (TRL's tool loop, as
+    in `GRPOTrainer`) tool-calling conversations whose assistant turns are learnt (docs/sort.md). The repair items of a
+    step are dealt round-robin across processes; each process scores its share and the loss is normalised by the
+    global token count, so the gradient averaged over processes is that of the repair over all items, as in a single
+    process.
     """
 
     extra_state_file = BUFFER_FILE
+    learns_reference_conversations = True  # a reference may be a tool-calling conversation (`check_trainer_inputs`)
     _tag_names = ["trl", "sort"]
     _name = "SORT"
     _paper = {

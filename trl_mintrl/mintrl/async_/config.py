@@ -35,8 +35,8 @@ REFUSED_ASYNC_FIELDS: dict[str, tuple[str, str]] = {
     ),
     **refusal_entries(
         "max_tool_calling_iterations",
-        "MInTRL's rollout has no tool-calling loop (its only outside tokens are the judge's corrections)",
-        "train tool use with AsyncGRPOTrainer",
+        "the asynchronous MInTRL rollout worker has no tool-calling loop yet (the synchronous MInTRLTrainer has one)",
+        "train with tools on MInTRLTrainer, or on AsyncGRPOTrainer without a judge",
     ),
     **refusal_entries(
         "fork_threshold_tokens",

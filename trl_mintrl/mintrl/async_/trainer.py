@@ -294,10 +294,11 @@ def check_async_inputs(
     that cannot serve the policy, and for the worker it builds, a judge object of the wrong type or a judge backend
     or vote setting that cannot work (a given worker brings its own judge)."""
     for name in trainer_kwargs:
-        if name in ("tools", "environment_factory"):  # TRL's tool loop has no place in the judge's rollout
+        if name in ("tools", "environment_factory"):  # the worker's intervention loop runs no tools yet
             raise ValueError(
-                f"AsyncMInTRLTrainer does not take {name}=: its rollout is the judge's intervention loop, which has "
-                "no tool-calling loop. Train tool use with AsyncGRPOTrainer."
+                f"AsyncMInTRLTrainer does not take {name}= yet: its rollout worker's intervention loop has no "
+                "tool-calling loop. Train with tools on MInTRLTrainer (synchronous), or on AsyncGRPOTrainer without "
+                "a judge."
             )
         raise TypeError(f"AsyncMInTRLTrainer got an unexpected keyword argument {name!r}.")
     if not isinstance(model, str):
