@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks import learning  # noqa: E402
-from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.provenance import command_line, provenance  # noqa: E402
 from benchmarks.readme import replot  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
 from benchmarks.toy.learned_judge import JUDGE_DIR  # noqa: E402
@@ -192,13 +192,7 @@ def report(results: dict) -> str:
     lines = [
         "# A learned judge (written by benchmarks/learned_judge.py from learned_judge.json; do not edit)",
         "",
-        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
-        + (
-            f" (changed files: {', '.join(prov['changed_files_that_matter'])})"
-            if prov["changed_files_that_matter"]
-            else ""
-        )
-        + f"; runs taken from learning.json (same jobs): {', '.join(sorted(results.get('recorded_provenance', {}))) or 'none'}.",
+        command_line(prov, results.get("recorded_provenance")),
         "",
         "## The judge",
         "",

@@ -30,6 +30,18 @@ def provenance(script: str, argv: list[str]) -> dict:
     }
 
 
+def command_line(prov: dict, recorded_provenance: dict | None = None) -> str:
+    """A report's first line: the command, its commit and the changed files that matter, and the arms whose runs were
+    taken from learning.json (`recorded_provenance`: arm -> its provenance there)."""
+    changed = prov["changed_files_that_matter"]
+    reused = ", ".join(sorted(recorded_provenance or {})) or "none"
+    return (
+        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
+        + (f" (changed files: {', '.join(changed)})" if changed else "")
+        + f"; runs taken from learning.json (same jobs): {reused}."
+    )
+
+
 class MachineWatch:
     """The machine's conditions around a timed benchmark, recorded with its results: the CPU model, the cores the
     process may use, and the 1-minute load average before the run and during it (sampled every `every_s` seconds

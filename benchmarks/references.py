@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks import learning  # noqa: E402
-from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.provenance import command_line, provenance  # noqa: E402
 from benchmarks.readme import markers, replot  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
 from benchmarks.toy.reference_styles import STYLES  # noqa: E402
@@ -149,13 +149,7 @@ def report(results: dict) -> str:
     lines = [
         "# References far from the student (written by benchmarks/references.py from references.json; do not edit)",
         "",
-        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
-        + (
-            f" (changed files: {', '.join(prov['changed_files_that_matter'])})"
-            if prov["changed_files_that_matter"]
-            else ""
-        )
-        + f"; runs taken from learning.json (same jobs): {', '.join(sorted(results.get('recorded_provenance', {}))) or 'none'}.",
+        command_line(prov, results.get("recorded_provenance")),
         "",
         "In-band regime, learning.py's jobs; held-out pass@1 / pass@8 in %, mean ± std over seeds; differences paired "
         "by seed with 95% t-intervals. GRPO and MInTRL-const read no reference (one run per seed serves every "

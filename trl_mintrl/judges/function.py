@@ -21,11 +21,12 @@ class FunctionJudge(Judge):
         review_fn: `(question, prefix, steps, reference) -> int | None`, the 0-based index of the earliest wrong step
             or None to keep the chunk.
         correct_fn: `(question, prefix, reference) -> str`, the correction text (used verbatim).
-        Either function that takes a `conversation` keyword also gets the request's `conversation` (with tools:
-        the rollout's earlier turns and tool results, see `ReviewRequest`), so a judge can read tool feedback.
         concurrent_batches: batches the continuous rollout may run at once, each on its own worker thread. Raise it
             for thread-safe functions that wait (run unit tests in a subprocess, call a service); pure-Python
             checks gain nothing (one interpreter lock), and 1 keeps functions that are not thread-safe safe.
+
+    Either function that takes a `conversation` keyword also gets the request's `conversation` (with tools: the
+    rollout's earlier turns and tool results, see `ReviewRequest`), so a judge can read tool feedback.
 
     An exception, a non-integer or an out-of-range index, or a non-string correction makes that item `failed`; the
     first such problem of a batch is logged.
