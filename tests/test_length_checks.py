@@ -19,7 +19,7 @@ from trl_mintrl.cli.train import main
 from trl_mintrl.engines import Generation, GenerationEngine
 from trl_mintrl.input_checks import InputError
 from trl_mintrl.sort import RepairItem, SORTConfig, SORTTrainer
-from trl_mintrl.sort.references import RepairLengthCheck
+from trl_mintrl.sort.length_checks import RepairLengthCheck
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = [json.loads(line) for line in (REPO / "recipes/cpu/data/arithmetic.jsonl").read_text().splitlines()[:8]]

@@ -64,7 +64,7 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     from ..input_checks import check_train_dataset, max_prompt_tokens
-    from ..sort.references import check_repair_lengths_before_loading
+    from ..sort.length_checks import check_repair_lengths_before_loading
     from ..text import prompt_token_ids
 
     args, model_args = recipe.training_args, recipe.model_args
@@ -133,11 +133,11 @@ def _load_datasets(recipe: Recipe):
     return train_dataset, eval_dataset
 
 
-def run(recipe: Recipe):
-    """Load model and data, train, save (with the model card) and push if asked; returns the trainer."""
+def build_trainer(recipe: Recipe):
+    """The recipe's trainer, model and data loaded and checked, not trained: what `run` trains and `trl-mintrl
+    judge-check` rolls out with."""
     from trl import get_peft_config, get_quantization_config
 
-    from .. import data
     from ..model_card import with_model_card
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
@@ -159,6 +159,15 @@ def run(recipe: Recipe):
         **extra,
     )
     trainer.recipe = {"path": recipe.config_path, "command": recipe.command}
+    return trainer
+
+
+def run(recipe: Recipe):
+    """Build the trainer, train, save (with the model card) and push if asked; returns the trainer."""
+    from .. import data
+
+    script_args, training_args = recipe.script_args, recipe.training_args
+    trainer = build_trainer(recipe)
     dataset_id = script_args.dataset_name or data.LOADERS[script_args.dataset_loader].source.hub
     dataset_id = None if looks_local(dataset_id) else dataset_id  # the card links Hub datasets only
     if training_args.resume_from_checkpoint is not None:

@@ -12,9 +12,11 @@ from trl.trainer.utils import get_callable_name, get_config_model_id
 
 from ..input_checks import check_reference_column
 from .buffer import resolve_reward_funcs
+from .length_checks import RepairLengthCheck
 from .planner import check_planner
-from .references import RepairLengthCheck, check_reference_conversations
-from .repair import ReferenceRepair, add_unit_temperature_head
+from .references import check_reference_conversations
+from .repair import ReferenceRepair
+from .scoring import add_unit_temperature_head
 
 
 def check_repair_inputs(args, reward_funcs, train_dataset) -> list[int]:

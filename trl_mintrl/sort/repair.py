@@ -8,7 +8,7 @@ The host interface is small: `check_repair_inputs` before the model loads, then 
 before each micro-batch's own loss, and saves `state_dict()` with its checkpoints. The component reaches the host
 through `GRPOTrainerBase`'s public interface (its tokenizer and prompt templating, group size, process slice, metrics,
 generation engine and scoring forward pass), and owns its buffer, counters and warnings. How the references and the
-passes' prompts are rendered, and the length checks on them, are `sort/references.py`; the separate repair step's
+passes' prompts are rendered is `sort/references.py`, the length checks on them `sort/length_checks.py`; the separate repair step's
 optimizer state is `sort/repair_optimizer.py`.
 
 - deferring: after TRL has scored the batch, prompts none of whose rollouts is correct (by
@@ -29,31 +29,29 @@ optimizer state is `sort/repair_optimizer.py`.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import types
 from dataclasses import dataclass
 
 import torch
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, gather_object
 from transformers import TrainerCallback
-from trl.trainer.utils import add_fused_lm_head
 
 from ..input_checks import is_reference_conversation
 from ..losses import REPAIR_WEIGHTINGS, RepairTerms
 from ..text import opens_thinking, outside_thinking, question_text
 from .buffer import RepairBuffer, RepairItem, classify_groups, correctness_scores, solved_groups
 from .config import repair_buffer_bounds
+from .length_checks import repair_passes_over_context
 from .planner import Planner, PlanRequest
 from .references import (
     Reference,
     ReferenceRenderer,
     reference_conversation_refusal,
     reference_key,
-    repair_passes_over_context,
 )
 from .repair_optimizer import RepairOptimizer
+from .scoring import learned_mask
 
 logger = get_logger(__name__)
 
@@ -337,7 +335,7 @@ class ReferenceRepair:
                 model, [base_prompts[i] for i in rows], [references[i].ids for i in rows]
             )
             mask = mask * torch.tensor([real[i] for i in rows], device=mask.device).unsqueeze(1)
-            mask = mask * _learned_mask([references[i] for i in rows], mask)
+            mask = mask * learned_mask([references[i] for i in rows], mask)
             terms = weighting.terms(base.float(), None if plan is None else plan.float(), mask, self.args.repair_beta)
             # Gradients are averaged over processes (DDP, DeepSpeed): scaled so that the average is the global loss.
             loss = terms.loss * mask.sum() * (world / tokens)
@@ -479,36 +477,6 @@ class ReferenceRepair:
             )
         mask = attention_mask[:, width:].float()
         return outputs.log_probs[:, -length:] * mask, mask
-
-
-def _learned_mask(references: list[Reference], like: torch.Tensor) -> torch.Tensor:
-    """(B, R) 1 on the reference tokens the repair learns, 0 on a conversation's tool results and template tokens
-    (and on padding), laid out like `_reference_logps`' mask `like`."""
-    learned = torch.zeros_like(like)
-    for row, reference in enumerate(references):
-        learned[row, : len(reference.ids)] = 1.0 if reference.learned is None else torch.tensor(reference.learned)
-    return learned
-
-
-def add_unit_temperature_head(model, cast_lm_head_to_fp32: bool) -> None:
-    """Let `model(..., labels=labels, fused_lm_head=True, score_at_unit_temperature=True)` return TRL's fused, tiled
-    per-token log-probs at temperature 1.0, which SORT's scoring needs, next to TRL's own fused head (added by
-    `GRPOTrainer.__init__` at the sampling temperature), which every other call keeps using.
-
-    TRL's head divides by the temperature it was added with, and the alternative, the model's logits normalised here,
-    builds (rows, length, vocabulary) logits (about 2.5 GB in fp32 per 4k-token row at a 152k vocabulary). Both heads
-    look the backbone and the LM head up on each call, and the flag travels through DDP, DeepSpeed and PEFT like
-    `fused_lm_head` does.
-    """
-    sampling_forward = model.forward
-    add_fused_lm_head(model, temperature=1.0, cast_lm_head_to_fp32=cast_lm_head_to_fp32)
-    unit_forward = model.forward
-
-    @functools.wraps(type(model).forward)  # `generate` validates its kwargs against this signature
-    def forward(self, *args, score_at_unit_temperature=False, **kwargs):
-        return (unit_forward if score_at_unit_temperature else sampling_forward)(*args, **kwargs)
-
-    model.forward = types.MethodType(forward, model)
 
 
 class _SeparateRepairStep(TrainerCallback):
