@@ -1,4 +1,5 @@
-"""`trl-mintrl` command line: `train`, `eval`, `tiny-model`, `env`, `--version`. Also `python -m trl_mintrl.cli`.
+"""`trl-mintrl` command line: `train`, `judge-check`, `eval`, `tiny-model`, `env`, `--version`. Also
+`python -m trl_mintrl.cli`.
 
 Each sub-command lives in its own module and parses its own arguments (`train` goes through TRL's `TrlParser`),
 so this file only dispatches; heavy imports happen after the sub-command is chosen.
@@ -12,6 +13,7 @@ import sys
 # sub-command -> (module with a `main(argv)`, one-line help)
 COMMANDS = {
     "train": ("trl_mintrl.cli.train", "train with GRPO, MInTRL or SORT from a TRL-style YAML recipe"),
+    "judge-check": ("trl_mintrl.cli.judge_check", "try a MInTRL recipe's judge on a few rollouts before training"),
     "eval": ("trl_mintrl.cli.eval", "pass@k of a model, or of every checkpoint of a training run, on benchmarks"),
     "tiny-model": ("trl_mintrl.cli.tiny_model", "build the offline tiny model + tokenizer used by tests"),
     "env": ("trl_mintrl.cli.env", "print the versions and devices to paste into a bug report"),
@@ -26,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"trl-mintrl {__version__}")
         return
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        lines = "\n".join(f"  {name:<11} {help_}" for name, (_, help_) in COMMANDS.items())
+        lines = "\n".join(f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items())
         message = f"usage: trl-mintrl [--version] {{{','.join(COMMANDS)}}} [args...]\n\ncommands:\n{lines}\n"
         if argv and argv[0] not in ("-h", "--help"):
             sys.exit(f"{message}\ntrl-mintrl: error: unknown command {argv[0]!r}")

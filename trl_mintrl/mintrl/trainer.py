@@ -34,7 +34,7 @@ from ..losses import (
 )
 from ..model_card import ModelCardMixin
 from ..text import question_text
-from ..trainer_base import GRPOTrainerBase, default_output_dir
+from ..trainer_base import GenerationBatch, GRPOTrainerBase, default_output_dir
 from .absorption import AbsorptionTracker
 from .config import MInTRLConfig
 from .judge_factory import RaisesOnJudgeOutage, build_judge, check_judge_backend, check_judge_votes
@@ -169,6 +169,22 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
         if not self.tools:  # with tools, TRL takes its tool_mask from `_tool_call_loop` instead
             output["env_mask"] = [t.env_mask for t in trajectories]
         return output
+
+    def rollout_groups(self, rows: list[dict]) -> RolloutBatch:
+        """One rollout of a group per dataset row (controls and intervened, in TRL's order), exactly as the rollout
+        of the first training batch, without rewards, loss or step: for checks before training (`trl-mintrl
+        judge-check`). Not with tools, whose per-batch state TRL builds in its own generation step."""
+        if self.tools:
+            raise ValueError("rollout_groups does not run tools: with tools=, check the judge in a training run.")
+        training = self.model.training
+        self.model.train()  # interventions run in training mode only
+        self._batch = GenerationBatch([row for row in rows for _ in range(self.num_generations)])
+        try:
+            self._intervention_rollout([row["prompt"] for row in self._batch.inputs], self)
+            return self._batch.rollout
+        finally:
+            self._batch = None
+            self.model.train(training)
 
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
         """TRL runs its tool loop after the rollout_func; the tools already ran inside the intervention rollout, so

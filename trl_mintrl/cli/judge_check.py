@@ -1,0 +1,288 @@
+"""`trl-mintrl judge-check {mintrl,mintrl-sort} --config RECIPE.yaml [--field value ...] [--prompts N]`: try a
+recipe's judge on a few of the run's own rollouts before training on it.
+
+A judge whose reviews fail costs nothing visible: a failed review counts as KEEP, so the run quietly trains as GRPO
+with a control baseline. This command builds the trainer `trl-mintrl train` would build (same recipe, checks, model,
+data and judge: `train.build_trainer`), rolls out the groups of the first N train prompts once through the trainer's
+own rollout (`MInTRLTrainer.rollout_groups`, as its first training batch would), and prints what the judge did: the
+counts the trainer logs, a few of its reviews, and a verdict worded by the trainer's own `JudgeFailureWarning`. No
+reward, optimizer step or checkpoint. Exit status 1 when more than half of the reviews failed or none was asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from dataclasses import dataclass
+
+from ..judges.base import (
+    Correction,
+    CorrectionRequest,
+    Judge,
+    ReviewRequest,
+    TransportStatus,
+    Verdict,
+    VoteTally,
+    tally_votes,
+)
+from .recipe import JUDGED, RecipeError
+
+DEFAULT_PROMPTS = 4
+SHOWN_REVIEWS = 3  # reviews printed in full
+SHOWN_CHARS = 160  # of each text in them
+
+USAGE = f"""usage: trl-mintrl judge-check {{{",".join(JUDGED)}}} --config RECIPE.yaml [--FIELD VALUE ...] [--prompts N]
+
+Build what `trl-mintrl train METHOD --config RECIPE.yaml` would build, roll out the first N train prompts once
+(each with the recipe's num_intervened_generations reviewed rollouts beside its controls), and report the judge's
+REVISE rate, failed reviews and corrections and judge-token share, with a few of its reviews. Nothing is trained or
+saved. Exit status 1 when more than half of the reviews failed or no review was asked.
+
+options:
+  --prompts N            train prompts to roll out (default {DEFAULT_PROMPTS})
+  --config, --FIELD VALUE
+                         as for `trl-mintrl train` (`trl-mintrl train METHOD --help` lists the fields)
+
+example:
+  trl-mintrl judge-check mintrl --config recipes/cpu/mintrl.yaml --prompts 2"""
+
+
+def split_prompts_flag(argv: list[str]) -> tuple[int, list[str]]:
+    """`--prompts N` and the rest, which is `trl-mintrl train`'s command line."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS))
+    known, rest = parser.parse_known_args(argv)
+    if not known.prompts.isdigit() or int(known.prompts) < 1:
+        raise RecipeError(f"--prompts {known.prompts}: give a positive number of train prompts to roll out.")
+    return int(known.prompts), rest
+
+
+class JudgeRecorder(Judge):
+    """A judge answering exactly as `judge` does, keeping every request it answers with its answer."""
+
+    def __init__(self, judge: Judge):
+        self.judge = judge
+        self.lock = threading.Lock()  # the continuous rollout calls the judge from worker threads
+        self.reviews: list[tuple[ReviewRequest, Verdict]] = []  # in answer order
+        self.corrections: list[tuple[CorrectionRequest, Correction]] = []
+
+    def __repr__(self) -> str:
+        return repr(self.judge)
+
+    @property
+    def concurrent_batches(self) -> int:
+        return self.judge.concurrent_batches
+
+    @property
+    def engine(self):
+        """The judge's own generation engine, which the continuous rollout steps (None for judges without one)."""
+        return getattr(self.judge, "engine", None)
+
+    def review(self, requests: list[ReviewRequest]) -> list[Verdict]:
+        verdicts = self.judge.review(requests)
+        with self.lock:
+            self.reviews.extend(zip(requests, verdicts, strict=True))
+        return verdicts
+
+    def correct(self, requests: list[CorrectionRequest]) -> list[Correction]:
+        corrections = self.judge.correct(requests)
+        with self.lock:
+            self.corrections.extend(zip(requests, corrections, strict=True))
+        return corrections
+
+    def transport_status(self) -> TransportStatus:
+        return self.judge.transport_status()
+
+
+@dataclass
+class ReviewedChunk:
+    """One chunk the judge reviewed: its request, its `judge_votes` verdicts, their decision as the rollout takes
+    it (`tally_votes`) and, when it was revised, the correction the judge wrote."""
+
+    request: ReviewRequest
+    verdicts: list[Verdict]
+    decision: VoteTally
+    correction: Correction | None = None
+
+    @property
+    def rank(self) -> int:
+        """The report shows revised chunks first, then failed ones, then kept ones."""
+        return 0 if self.decision.wrong_step is not None else 1 if self.decision.usable == 0 else 2
+
+
+def _continues(correction: CorrectionRequest, review: ReviewRequest) -> bool:
+    """`correction` was asked for after a cut in `review`'s chunk: same question, and a prefix that is the
+    review's accepted text followed by the start of its chunk."""
+    whole = review.prefix + "".join(review.steps)
+    same_question = correction.question == review.question
+    return same_question and correction.prefix.startswith(review.prefix) and whole.startswith(correction.prefix)
+
+
+def reviewed_chunks(recorder: JudgeRecorder, min_agree: int) -> list[ReviewedChunk]:
+    """The recorded reviews by chunk (a chunk's votes share one request object), the revised ones with their
+    corrections."""
+    by_request: dict[int, tuple[ReviewRequest, list[Verdict]]] = {}
+    for request, verdict in recorder.reviews:
+        by_request.setdefault(id(request), (request, []))[1].append(verdict)
+    chunks = [
+        ReviewedChunk(request, verdicts, tally_votes(verdicts, len(request.steps), min_agree))
+        for request, verdicts in by_request.values()
+    ]
+    unclaimed = list(recorder.corrections)
+    for chunk in chunks:
+        if chunk.decision.wrong_step is not None:
+            pair = next((pair for pair in unclaimed if _continues(pair[0], chunk.request)), None)
+            if pair is not None:
+                unclaimed.remove(pair)
+                chunk.correction = pair[1]
+    return chunks
+
+
+class _Messages(logging.Handler):
+    """Keeps the messages logged while it is attached."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def trainer_failure_warning(args, rollout, measured) -> str | None:
+    """What the trainer's `JudgeFailureWarning` would log after this batch (None: nothing), fed as the trainer's
+    schedule feeds it: the check names the fields to change in the trainer's words, and by its rule."""
+    from ..mintrl.judge_factory import JudgeFailureWarning
+
+    logger = logging.getLogger(JudgeFailureWarning.__module__)
+    captured, propagate = _Messages(), logger.propagate
+    logger.addHandler(captured)
+    logger.propagate = False  # printed once, in the report
+    try:
+        JudgeFailureWarning(args).update(
+            measured.reviews * args.judge_votes,
+            measured.judge_parse_failures,
+            measured.judge_transport_failures,
+            rollout.judge_last_error,
+        )
+    finally:
+        logger.removeHandler(captured)
+        logger.propagate = propagate
+    return captured.messages[0] if captured.messages else None
+
+
+def _shown(text: str) -> str:
+    return repr(text[:SHOWN_CHARS]) + ("..." if len(text) > SHOWN_CHARS else "")
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.2f}" if whole else "n/a"
+
+
+def chunk_lines(number: int, chunk: ReviewedChunk) -> list[str]:
+    """A reviewed chunk as the report shows it: question, chunk, verdict, correction."""
+    steps, decision = chunk.request.steps, chunk.decision
+    votes = len(chunk.verdicts)
+    tally = f" ({decision.usable} of {votes} votes usable)" if votes > 1 else ""
+    if decision.wrong_step is not None:
+        verdict = f"REVISE at step {decision.wrong_step + 1} of {len(steps)}: {_shown(steps[decision.wrong_step])}"
+    elif decision.usable == 0:
+        verdict = "FAILED: no usable answer, counted as KEEP"
+    else:
+        verdict = "KEEP"
+    lines = [
+        f"  [{number}] question    {_shown(chunk.request.question)}",
+        f"      chunk       {_shown(''.join(steps))} ({len(steps)} step{'s' * (len(steps) > 1)}, after "
+        f"{len(chunk.request.prefix)} accepted characters)",
+        f"      verdict     {verdict}{tally}",
+    ]
+    if decision.wrong_step is not None and chunk.correction is not None:
+        correction = chunk.correction
+        shown = "FAILED: no usable answer, the chunk is kept" if correction.failed else _shown(correction.text)
+        lines.append(f"      correction  {shown}")
+    return lines
+
+
+def check_judge(recipe, prompts: int) -> int:
+    """Build the recipe's trainer, roll out the groups of its first `prompts` train prompts, print the report;
+    returns the exit status (1: the judge is not usable)."""
+    import torch
+
+    from ..mintrl.rollout_batch import RolloutMeasures
+    from .train import build_trainer
+
+    args = recipe.training_args
+    if args.intervention_steps == 0 or args.num_intervened_generations == 0:
+        raise RecipeError(
+            f"intervention_steps={args.intervention_steps}, num_intervened_generations="
+            f"{args.num_intervened_generations}: this run never calls its judge, so there is nothing to check. Set "
+            "both above 0."
+        )
+    trainer = build_trainer(recipe)
+    dataset = trainer.train_dataset
+    if prompts > len(dataset):
+        raise RecipeError(f"--prompts {prompts}: the train split has only {len(dataset)} prompts; give at most that.")
+    trainer.judge = recorder = JudgeRecorder(trainer.judge)
+    rollout = trainer.rollout_groups([dataset[i] for i in range(prompts)])
+    measured = RolloutMeasures.of(torch.full((rollout.stats.size(0),), torch.nan), rollout)  # no rewards: NaN
+
+    chunks = reviewed_chunks(recorder, args.judge_min_agree)
+    votes = [tally_votes([verdict], len(chunk.request.steps), 1) for chunk in chunks for verdict in chunk.verdicts]
+    usable = sum(vote.usable for vote in votes)
+    revise = sum(vote.wrong_step is not None for vote in votes)
+    failed_corrections = sum(correction.failed for _, correction in recorder.corrections)
+    print(
+        f"judge-check: {prompts} prompt{'s' * (prompts > 1)} x {args.num_intervened_generations} intervened "
+        f"rollouts (beside {args.num_control_generations} controls each), judge {recorder!r}\n"
+        f"  reviews asked        {len(votes)}\n"
+        f"  REVISE rate          {_share(revise, usable)} ({revise} REVISE of {usable} usable reviews)\n"
+        f"  failed reviews       {len(votes) - usable} of {len(votes)} (each counts as KEEP)\n"
+        f"  failed corrections   {failed_corrections} of {len(recorder.corrections)} (each keeps its chunk)\n"
+        f"  these failures       {measured.judge_parse_failures:.0f} unusable answers (mintrl/judge_parse_failures), "
+        f"{measured.judge_transport_failures:.0f} unanswered requests (mintrl/judge_transport_failures)\n"
+        f"  judge-token share    {measured.judge_token_share:.3f} (judge tokens / completion tokens, controls "
+        "included: mintrl/judge_token_frac)"
+    )
+    shown = sorted(chunks, key=lambda chunk: chunk.rank)[:SHOWN_REVIEWS]
+    if shown:
+        print(f"reviews (up to {SHOWN_REVIEWS}, revised first):")
+        for number, chunk in enumerate(shown, 1):
+            print("\n".join(chunk_lines(number, chunk)))
+    warning = trainer_failure_warning(args, rollout, measured)
+    if warning is not None:
+        print(f"judge-check: NOT USABLE. {warning}")
+        return 1
+    if not votes:
+        print(
+            "judge-check: NOT USABLE. No chunk was reviewed: every intervened rollout ended before writing any text, "
+            "so the judge was never asked. Roll out more prompts (--prompts) or check max_completion_length."
+        )
+        return 1
+    print(f"judge-check: usable. {usable} of {len(votes)} reviews answered.")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..input_checks import InputError
+    from .recipe import check_environment, parse_recipe
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    try:
+        if argv[0] not in JUDGED:
+            raise RecipeError(f"judge-check takes a method with a judge, one of {list(JUDGED)} (got {argv[0]!r}).")
+        prompts, train_argv = split_prompts_flag(argv)
+        recipe = parse_recipe(train_argv)
+        check_environment(recipe)
+    except ValueError as err:  # RecipeError and the configs' own checks, as `trl-mintrl train` reports them
+        sys.exit(f"trl-mintrl judge-check: error: {err}")
+    try:
+        status = check_judge(recipe, prompts)
+    except (RecipeError, InputError) as err:
+        sys.exit(f"trl-mintrl judge-check: error: {err}")
+    if status:
+        sys.exit(status)
