@@ -15,7 +15,7 @@ from mintrl_helpers import RecordingTrainer, revise_first_step_judge, role_rewar
 from transformers import TrainingArguments
 from trl import GRPOConfig
 
-from trl_mintrl import MInTRLConfig, MInTRLSORTConfig, MInTRLTrainer, SORTConfig, SORTTrainer
+from trl_mintrl import MInTRLConfig, MInTRLSORTConfig, SORTConfig, SORTTrainer
 from trl_mintrl.mintrl.config import REFUSED_GRPO_FIELDS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,20 +151,6 @@ def test_refused_fields_name_the_field_why_and_instead(cpu_args, config, name):
     message = str(raised.value)
     assert message.startswith(f"{name}=") and "refused by MInTRL" in message, message
     assert why in message and instead in message, message
-
-
-@pytest.mark.parametrize("name", ["tools", "environment_factory"])
-def test_tools_with_vllm_are_refused_before_the_model_loads(cpu_args, toy_dataset, name):
-    """MInTRL's tool-calling rollout runs on the transformers engine only (tests/test_mintrl_tools.py)."""
-    with pytest.raises(ValueError, match=r"^use_vllm=True with tools= or environment_factory=.*GRPOTrainer"):
-        MInTRLTrainer(
-            model="no/such-model",  # loading it would fail: the refusal comes first
-            reward_funcs=role_reward,
-            args=mintrl_config(cpu_args, use_vllm=True),
-            train_dataset=toy_dataset,
-            judge=revise_first_step_judge(),
-            **{name: [len] if name == "tools" else object},
-        )
 
 
 def test_refused_fields_at_their_default_or_its_alias_pass(cpu_args):

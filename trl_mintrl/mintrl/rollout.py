@@ -164,7 +164,13 @@ class InterventionRollout:
         return counts
 
     def _remaining(self, t: Trajectory) -> int:
-        return self.settings.max_completion_length - len(t.completion_ids)
+        """Tokens the trajectory may still take: the completion budget, and with tools the model's length too. A
+        tool-calling prompt (tool schemas, an environment's first observation) is not bounded by the prompt-length
+        check, and an engine cannot continue a sequence that fills its context (vLLM refuses the request)."""
+        remaining = self.settings.max_completion_length - len(t.completion_ids)
+        if t.environment is not None:
+            remaining = min(remaining, t.environment.max_model_len - len(t.prompt_ids) - len(t.completion_ids))
+        return remaining
 
     def _reviewable(self, t: Trajectory) -> bool:
         return t.reviews < t.review_budget

@@ -21,6 +21,8 @@ from typing import Protocol
 
 from trl.chat_template_utils import parse_response
 
+from ..input_checks import context_length
+
 
 class ToolEnvironment(Protocol):
     """What the rollout needs from one trajectory's tools."""
@@ -97,7 +99,7 @@ class TRLToolEnvironment:
         self.row = row
         environments = trainer.environment_factories
         self.schemas = trainer.tools if environments is None else trainer._env_tools[trainer._batch_environments[row]]
-        self.max_model_len = trainer.model.config.max_position_embeddings
+        self.max_model_len = model_length(trainer)
 
     def parse_turn(self, turn_ids: list[int], context_ids: list[int]) -> dict:
         return parse_response(self.trainer._tokenizer, turn_ids, prefix=context_ids, tools=self.schemas)
@@ -115,16 +117,14 @@ class TRLToolEnvironment:
         return list(self.trainer._get_tool_suffix_ids(tool_messages))
 
 
-def check_tool_inputs(args, trainer_kwargs: dict) -> None:
-    """What MInTRL refuses with tools before the model loads, naming the field and why."""
-    if not (trainer_kwargs.get("tools") or trainer_kwargs.get("environment_factory")):
-        return
-    if args.use_vllm:
-        raise ValueError(
-            "use_vllm=True with tools= or environment_factory=: MInTRL's tool-calling rollout runs on the "
-            "transformers engine only for now (the vLLM path is not tested with tools). Set use_vllm=False, or train "
-            "tool use on vLLM with GRPOTrainer."
-        )
+def model_length(trainer) -> int:
+    """The sequence length (prompt and completion) a tool-calling rollout may reach, as TRL's `_tool_call_loop`
+    takes it: the colocated vLLM engine's `max_model_len`; otherwise the model's positions, or
+    `vllm_max_model_length` when it is smaller (TRL does not read a server's `--max-model-len`: set
+    `vllm_max_model_length` to it)."""
+    if trainer.use_vllm and trainer.vllm_generation.mode == "colocate":
+        return trainer.vllm_generation.llm.llm_engine.model_config.max_model_len
+    return context_length(trainer.model.config, trainer.args)
 
 
 def check_tool_processing_class(trainer) -> None:

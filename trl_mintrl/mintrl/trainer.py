@@ -44,7 +44,7 @@ from .rollout import RolloutSettings, Trajectory
 from .rollout_batch import RolloutBatch, RolloutMeasures, rollout_metrics
 from .schedule import InterventionSchedule, reviewed_rows
 from .scheduler import check_rollout_schedule, rollout_for
-from .tools import TRLToolEnvironment, check_tool_inputs, check_tool_processing_class
+from .tools import TRLToolEnvironment, check_tool_processing_class
 
 STATE_FILE = "mintrl_state.json"
 
@@ -316,14 +316,13 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
 
 
 def check_mintrl_inputs(args: MInTRLConfig, model, train_dataset, peft_config, judge, trainer_kwargs: dict) -> None:
-    """What `MInTRLTrainer` refuses before the model loads: TRL arguments its rollout replaces, tool settings it
-    cannot run yet, a judge object of the wrong type, a judge backend or vote setting that cannot work, an
+    """What `MInTRLTrainer` refuses before the model loads: TRL arguments its rollout replaces, a judge object of
+    the wrong type, a judge backend or vote setting that cannot work, an
     unsupported vLLM mode or rollout schedule."""
     if trainer_kwargs.get("rollout_func") is not None:
         raise ValueError(
             "MInTRLTrainer provides its own rollout_func (the intervention loop, tool calls included); do not pass one."
         )
-    check_tool_inputs(args, trainer_kwargs)
     if judge is not None and not isinstance(judge, Judge):
         raise TypeError(f"judge must be a trl_mintrl.judges.Judge (e.g. FunctionJudge), got {type(judge)}.")
     if judge is None and args.judge in ("self", "base") and args.intervention_steps > 0:
