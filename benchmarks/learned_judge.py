@@ -33,7 +33,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks import learning  # noqa: E402
 from benchmarks.provenance import command_line, provenance  # noqa: E402
-from benchmarks.readme import replot  # noqa: E402
+from benchmarks.readme import markers, replot  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
 from benchmarks.toy.learned_judge import JUDGE_DIR  # noqa: E402
 from benchmarks.toy.task import JUDGE_ERRORS  # noqa: E402
@@ -54,6 +54,7 @@ MODES = {  # seeds, learning.py's mode whose jobs run
 # missed error 0.056, wrong correction 0.216) and before any MInTRL run with it. The build's data size, epochs and
 # cosine decay were chosen from a pilot (64 transcript steps, 1 epoch: false REVISE 0.40, wrong correction 0.83)
 # measured on the same held-out transcripts, so its accuracy is slightly optimistic.
+README_START, README_END = markers("benchmarks/learned_judge.py", "learned-judge")
 HYPOTHESES = [
     "H1: MInTRL-const with the learned judge beats GRPO on pass@1, resolved: each of its error rates is inside "
     "beyond.py's grid (0.1-0.3), where every fallible rule judge kept +10.7 to +12.8.",
@@ -260,6 +261,33 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def readme_block(results: dict) -> str:
+    """The README's lines: the judge's accuracy and error rates, and MInTRL with it against GRPO and the rule judge."""
+    acc = results["judge"]["accuracy"]
+    grpo, rule, learned = (_by_seed(results, label) for label in (GRPO, RULE, LEARNED))
+    rates = ", ".join(f"{kind.replace('_', ' ')} {_pct(acc[kind])}" for kind in JUDGE_ERRORS)
+    return "\n".join(
+        [
+            "A learned judge (`benchmarks/learned_judge.py`): the warm start fine-tuned on the rule judge's transcripts "
+            '(warm-start rollouts of other problems), which MInTRL-const trains with through `judge="model"`: the '
+            "package's "
+            f"generation and strict parsing. Held out: first wrong step {_pct(acc['first_wrong_step_accuracy'])}, "
+            f"exact corrections {_pct(acc['exact_corrections'])}, parse failures "
+            f"{_pct(acc['review_parse_failures'])}; {rates}. In-band, {len(learned)} seeds, held-out pass@1 points, "
+            f"paired 95% t-intervals; from `benchmarks/results/learned_judge.json` (commit "
+            f"`{results['provenance']['commit'][:12]}`).",
+            "",
+            "| MInTRL-const's judge | pass@1 | - GRPO | - rule judge |",
+            "|---|---|---|---|",
+            f"| rule (exact) | {format_mean_std(list(rule.values()))} | {format_interval(paired_difference(rule, grpo))} "
+            "| - |",
+            f"| learned | {format_mean_std(list(learned.values()))} | "
+            f"{format_interval(paired_difference(learned, grpo))} | "
+            f"{format_interval(paired_difference(learned, rule))} |",
+        ]
+    )
+
+
 def render(results: dict, out: Path, plots: bool = True) -> str:
     """Write learned_judge.md from `results`, the content of learned_judge.json."""
     table = report(results)
@@ -284,9 +312,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--beyond", type=Path, default=RESULTS / "beyond.json", help="the fallible judges' runs")
     parser.add_argument("--replot", type=Path, default=None, help="re-render learned_judge.md from a JSON")
+    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's block")
     args = parser.parse_args(argv)
     if args.replot:
-        replot(args.replot, args.out, render, None, "", "", None)
+        replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)
         return
     if args.build:
         record = build_judge(args.judge_dir, argv, **BUILD)

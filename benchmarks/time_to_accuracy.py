@@ -1,6 +1,6 @@
 """Time to accuracy (issue 36, part 4), from the recorded curves: no run of its own.
 
-    python benchmarks/time_to_accuracy.py   # reads learning.json and references.json, writes time_to_accuracy.md
+    python benchmarks/time_to_accuracy.py   # reads learning.json, references.json, learned_judge.json; writes the .md
 
 The target is GRPO's final held-out pass@1 on the curve set (its mean over GRPO's seeds, the curve set's last point
 being the final samples on those problems). Per in-band run: the first curve point (every `eval_every` optimizer
@@ -105,7 +105,10 @@ def report(runs: list[dict], sources: list[str]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--results", type=Path, nargs="+", default=[RESULTS / "learning.json", RESULTS / "references.json"]
+        "--results",
+        type=Path,
+        nargs="+",
+        default=[RESULTS / "learning.json", RESULTS / "references.json", RESULTS / "learned_judge.json"],
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "time_to_accuracy.md")
     args = parser.parse_args(argv)

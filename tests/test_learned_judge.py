@@ -147,3 +147,28 @@ def test_learned_judge_smoke_trains_mintrl_through_the_model_judge(tmp_path):
     assert log["mintrl/interventions_active"] == 1
     assert log["mintrl/judge_parse_failures"] == 0
     assert "mintrl-learned" in (tmp_path / "learned_judge.md").read_text()
+
+
+def test_replot_rewrites_the_readme_block_from_the_json(tmp_path):
+    """`learned_judge.py --replot JSON --readme README` writes the block from the JSON's runs: the committed result,
+    then the same with one learned-judge run changed, whose difference to GRPO moves with it."""
+    from benchmarks import learned_judge
+
+    results = json.loads((ROOT / "benchmarks/results/learned_judge.json").read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{learned_judge.README_START}\nold\n{learned_judge.README_END}\n")
+    path = tmp_path / "learned_judge.json"
+    path.write_text(json.dumps(results))
+    learned_judge.main(["--replot", str(path), "--readme", str(readme)])
+    block = readme.read_text()
+    assert "old" not in block and "| learned |" in block
+    grpo = {r["seed"]: r["final"]["pass@1"] for r in results["runs"] if r["label"] == "grpo"}
+    learned = {r["seed"]: r["final"]["pass@1"] for r in results["runs"] if r["label"] == "mintrl-learned"}
+    mean = 100 * sum(learned[s] - grpo[s] for s in learned) / len(learned)
+    assert f"| learned | {100 * sum(learned.values()) / len(learned):.1f} ± " in block and f"{mean:+.1f} [" in block
+    for run in results["runs"]:
+        if run["label"] == "mintrl-learned" and run["seed"] == 0:
+            run["final"]["pass@1"] += 0.5  # 50 points more on one of 5 seeds: +10 on the mean difference
+    path.write_text(json.dumps(results))
+    learned_judge.main(["--replot", str(path), "--readme", str(readme)])
+    assert f"{mean + 10:+.1f} [" in readme.read_text()
