@@ -246,11 +246,11 @@ def run_job(job: dict) -> dict:
                 return
             start = time.perf_counter()
             if on_curve:
-                curve[step] = _curve_point(evaluate(model, tokenizer, curve_problems, 8))
+                curve[step] = curve_point(evaluate(model, tokenizer, curve_problems, 8))
             if step == phase_end and step < job["steps"]:
-                phase.update(_curve_point(evaluate(model, tokenizer, final_problems, 8)), step=step)
+                phase.update(curve_point(evaluate(model, tokenizer, final_problems, 8)), step=step)
             if step < job["steps"]:
-                validation[step] = _curve_point(evaluate(model, tokenizer, validation_problems, 8))
+                validation[step] = curve_point(evaluate(model, tokenizer, validation_problems, 8))
                 snapshots[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             eval_seconds += time.perf_counter() - start
 
@@ -259,7 +259,7 @@ def run_job(job: dict) -> dict:
         start = time.perf_counter()
         sft_steps = sft_on_references(model, tokenizer, train, **sft)
         sft_seconds = time.perf_counter() - start
-        sft_end = {**_curve_point(evaluate(model, tokenizer, final_problems, 8)), "steps": sft_steps}
+        sft_end = {**curve_point(evaluate(model, tokenizer, final_problems, 8)), "steps": sft_steps}
     overrides = {k: v for k, v in job["overrides"].items() if not k.startswith("_")}
     if job["overrides"].get("_learned_judge"):
         from benchmarks.toy.learned_judge import judge_config_fields
@@ -299,14 +299,14 @@ def run_job(job: dict) -> dict:
     completions = sample_completions(trainer.model, tokenizer, final_problems, 8)
     final = scores_of(final_problems, completions, ks=(1, 8))
     n_curve = len(curve_problems)
-    curve[job["steps"]] = _curve_point(scores_of(curve_problems, completions[:n_curve]))
-    validation[job["steps"]] = _curve_point(evaluate(trainer.model, tokenizer, validation_problems, 8))
+    curve[job["steps"]] = curve_point(scores_of(curve_problems, completions[:n_curve]))
+    validation[job["steps"]] = curve_point(evaluate(trainer.model, tokenizer, validation_problems, 8))
     best = max(validation, key=lambda step: (validation[step]["pass@1"], step))
     if best == job["steps"]:
-        selected = _curve_point(final)
+        selected = curve_point(final)
     else:
         trainer.model.load_state_dict(snapshots[best])
-        selected = _curve_point(evaluate(trainer.model, tokenizer, final_problems, 8))
+        selected = curve_point(evaluate(trainer.model, tokenizer, final_problems, 8))
     logs = [
         {"step": entry["step"], **{k: entry[k] for k in LOGGED if k in entry}}
         for entry in trainer.state.log_history
@@ -368,7 +368,7 @@ def job_planner(job: dict):
     return factory() if factory is not None and job["method"] in ("sort", "mintrl-sort") else None
 
 
-def _curve_point(scores: dict) -> dict:
+def curve_point(scores: dict) -> dict:
     return {k: scores[k] for k in ("pass@1", "pass@8")}
 
 
@@ -393,7 +393,7 @@ def baseline(job: dict) -> dict:
     result = {
         "regime": job["regime"],
         "final": calibration["sampled"],
-        "curve0": _curve_point(evaluate(model, tokenizer, curve, 8)),
+        "curve0": curve_point(evaluate(model, tokenizer, curve, 8)),
         # the judge's distance and coverage (`judge_calibration`), per notation its MInTRL arms use
         "judge": {
             notation: judge_calibration(

@@ -56,7 +56,8 @@ from benchmarks.cost_async import (  # noqa: E402
     disk_synced,
     kill_leftovers,
 )
-from benchmarks.learning import HELDOUT_SEED, LOGGED, TRAIN_SEED  # noqa: E402
+from benchmarks.learning import HELDOUT_SEED, LOGGED, TRAIN_SEED, curve_point  # noqa: E402
+from benchmarks.learning import MODES as LEARNING_MODES  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
 
@@ -64,9 +65,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 REGIME = "in-band"
 # arm -> max_staleness of AsyncMInTRLTrainer (None: the synchronous MInTRLTrainer)
 ARMS = {"sync": None, "async-s1": 1, "async-s2": 2}
+# curve: held-out pass@1 / pass@8 on the first `curve_prompts` held-out problems every `steps // curve_points` steps,
+# learning.py's curve set and spacing (time_to_accuracy.py reads both)
+_CURVE = {k: LEARNING_MODES["full"][k] for k in ("curve_prompts", "curve_points")}
 MODES = {
-    "full": dict(steps=48, seeds=[0, 1, 2], final_prompts=96, prompts_per_step=8),
-    "quick": dict(steps=4, seeds=[0], final_prompts=16, prompts_per_step=8),
+    "full": dict(steps=48, seeds=[0, 1, 2], final_prompts=96, prompts_per_step=8, **_CURVE),
+    "quick": dict(steps=4, seeds=[0], final_prompts=16, prompts_per_step=8, curve_prompts=8, curve_points=2),
 }
 KEPT_LOGS = (*LOGGED, "mintrl/staleness", "mintrl/staleness_max", "mintrl/admission_wait_s", "mintrl/rollout_s")
 
@@ -140,6 +144,13 @@ def run(arm: str, seed: int, settings: dict, log=print) -> dict:
         if transfer is not None:
             stack.callback(transfer.destroy)
         trainer.remove_callback(PrinterCallback)
+        # scored by a fresh copy of the warm start holding the trained weights: the asynchronous trainer's model runs
+        # TRL's tree attention, which only a packed row can call (and every arm is then sampled by the same code)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        trained = AutoModelForCausalLM.from_pretrained(model_path)
+        problems = regime.problems(settings["final_prompts"], seed=HELDOUT_SEED)
+        curve = curve_callback_class()(trainer, trained, tokenizer, problems[: settings["curve_prompts"]], settings)
+        trainer.add_callback(curve)
         recorder = StalenessRecorder(trainer, collator_cls) if collator_cls is not None else None
         start = time.perf_counter()
         try:
@@ -148,15 +159,13 @@ def run(arm: str, seed: int, settings: dict, log=print) -> dict:
         except BaseException:
             log(f"server log tail:\n{server.log_tail()}")
             raise
-        train_seconds = time.perf_counter() - start
-        # scored by a fresh copy of the warm start holding the trained weights: the asynchronous trainer's model runs
-        # TRL's tree attention, which only a packed row can call (and every arm is then sampled by the same code)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        trained = AutoModelForCausalLM.from_pretrained(model_path)
+        train_seconds = time.perf_counter() - start - curve.seconds
         trained.load_state_dict(trainer.accelerator.unwrap_model(trainer.model).state_dict())
-        problems = regime.problems(settings["final_prompts"], seed=HELDOUT_SEED)
         torch.manual_seed(seed)
-        final = scores_of(problems, sample_completions(trained, tokenizer, problems, 8), ks=(1, 8))
+        completions = sample_completions(trained, tokenizer, problems, 8)
+        final = scores_of(problems, completions, ks=(1, 8))
+        # the curve set is a prefix of the held-out set: its last point comes from the final samples
+        curve.points[settings["steps"]] = curve_point(scores_of(curve.problems, completions[: len(curve.problems)]))
         logs = [
             {"step": entry["step"], **{k: entry[k] for k in KEPT_LOGS if k in entry}}
             for entry in trainer.state.log_history
@@ -171,6 +180,7 @@ def run(arm: str, seed: int, settings: dict, log=print) -> dict:
         "max_staleness": ARMS[arm],
         "final": {k: final[k] for k in ("pass@1", "pass@8")},
         "train_seconds": train_seconds,
+        "curve": {str(step): point for step, point in sorted(curve.points.items())},
         "staleness": {str(k): v for k, v in sorted(staleness.items())} if recorder is not None else None,
         "logs": logs,
     }
@@ -178,6 +188,35 @@ def run(arm: str, seed: int, settings: dict, log=print) -> dict:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the report
+
+
+def curve_callback_class():
+    """`CurveCallback`, defined once transformers is imported (cost_async sets the environment before it is)."""
+    from transformers import TrainerCallback
+
+    from benchmarks.toy import evaluate
+
+    class CurveCallback(TrainerCallback):
+        """Held-out pass@1 / pass@8 on the curve problems every `steps // curve_points` optimizer steps (before the
+        last), sampled by `scorer` holding the trainer's weights; its seconds are left out of the training time (an
+        asynchronous trainer's rollout worker keeps generating meanwhile, within its staleness bound)."""
+
+        def __init__(self, trainer, scorer, tokenizer, problems, settings: dict):
+            self.trainer, self.scorer, self.tokenizer, self.problems = trainer, scorer, tokenizer, problems
+            self.every, self.steps = max(1, settings["steps"] // settings["curve_points"]), settings["steps"]
+            self.points: dict[int, dict] = {}
+            self.seconds = 0.0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            step = state.global_step
+            if step % self.every or step >= self.steps:
+                return
+            start = time.perf_counter()
+            self.scorer.load_state_dict(self.trainer.accelerator.unwrap_model(self.trainer.model).state_dict())
+            self.points[step] = curve_point(evaluate(self.scorer, self.tokenizer, self.problems, 8))
+            self.seconds += time.perf_counter() - start
+
+    return CurveCallback
 
 
 def _runs(saved: dict, arm: str) -> list[dict]:
