@@ -196,12 +196,12 @@ def test_tool_loop_seams_in_source():
 def test_sort_repair_renders_with_trls_templating_on_a_stand_in():
     """SORT's repair renders buffered prompts and reference conversations with TRL's own `_tokenize_prompts` and
     `_get_tool_suffix_ids`, called on a stand-in holding the trainer's templating and the row's tools
-    (`trl_mintrl.sort.references.TrlTemplating`): every attribute they read must be on it, but for the
+    (`trl_mintrl.chat_templating.TrlTemplating`): every attribute they read must be on it, but for the
     per-environment branch, which the stand-in skips (`environment_factories=None`); and TRL must still merge an
     environment's first observation into the prompts before `_generate`, whose prompts the repair records."""
     from types import SimpleNamespace
 
-    from trl_mintrl.sort.references import TrlTemplating
+    from trl_mintrl.chat_templating import TrlTemplating
 
     stand_in = TrlTemplating(None, None, None, {})._trainer_view([])
     assert isinstance(stand_in, SimpleNamespace)
@@ -408,3 +408,55 @@ def test_async_dataloader_fetches_a_micro_batch_ahead():
     loop = dispatcher.index("while not stop_iteration:")
     fetch_next = dispatcher.find("next_batch, next_batch_info = self._fetch_batches(main_iterator)", loop)
     assert 0 <= loop < fetch_next < dispatcher.find("yield batch", loop)
+
+
+def test_async_worker_tool_seams():
+    """`AsyncMInTRLTrainer`'s rollout worker builds TRL's tools and environments itself (`mintrl/async_/tools.py`
+    `WorkerTools`), mirroring `GRPOTrainer`'s set-up and per-batch code, and refuses what `AsyncGRPOTrainer` refuses
+    with its messages; TRL's trainer hands `tools` / `environment_factory` to its own worker only."""
+    from trl import chat_template_utils
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+    from trl.trainer import utils
+
+    init = _code(GRPOTrainer.__init__)
+    for statement in [
+        "if not supports_tool_calling(processing_class):",
+        "processing_class = add_response_schema(processing_class)",
+        "if self.tools and not is_chat_template_prefix_preserving(processing_class): "
+        "self.chat_template = get_training_chat_template(processing_class)",
+        'elif member_name == "get_reward": has_reward = True',
+        "return [e.get_reward() if type(e) is _env_type else None for e in environments]",
+        "self.reward_weights = torch.cat([self.reward_weights, torch.ones(1)])",
+    ]:
+        assert statement in init, f"GRPOTrainer.__init__ no longer has {statement!r}"
+    score = _code(GRPOTrainer._generate_and_score_completions)
+    for statement in [
+        'prompts = [x.get("prompt", [{"role": "user", "content": ""}]) for x in inputs]',
+        "if index == len(pool): pool.append(self.environment_factories[name]())",
+        'if member_name not in ("reset", "get_reward") and not member_name.startswith("_")',
+        "if inspect.iscoroutinefunction(tool): async_tool_dict[tool.__name__] = tool",
+        'reset_kwargs = {k: v for k, v in x.items() if k != "environment"} if self._multi_environment else x',
+        'prompts[i] = prompt[:-1] + [{**prompt[-1], "content": content + observation}]',
+    ]:
+        assert statement in score, f"GRPOTrainer._generate_and_score_completions no longer has {statement!r}"
+    assert 'reward_kwargs["environments"] = self.environments' in _code(GRPOTrainer._calculate_rewards)
+    async_init = _code(AsyncGRPOTrainer.__init__)
+    for statement in [
+        'raise ValueError("`train_dataset` is required unless an `environment_factory` is provided.")',
+        "A `dict` `environment_factory` (multiple environments) requires a `train_dataset`",
+        "`max_steps` must be set to a positive value to define the training length.",
+        "num_placeholder_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps",
+        'train_dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * num_placeholder_rows})',
+    ]:
+        assert statement in async_init, f"AsyncGRPOTrainer.__init__ no longer has {statement!r}"
+    given = async_init.index("self.rollout_worker = rollout_worker")
+    assert given < async_init.index("tools=tools, environment_factory=environment_factory,")
+    for function, params in [
+        (chat_template_utils.supports_tool_calling, ["processing_class"]),
+        (chat_template_utils.add_response_schema, ["processing_class"]),
+        (chat_template_utils.is_chat_template_prefix_preserving, ["processing_class"]),
+        (utils.start_event_loop_in_daemon, ["name"]),
+        (utils.shutdown_event_loop_in_daemon, ["thread", "loop"]),
+    ]:
+        assert list(inspect.signature(function).parameters) == params, function.__name__
+    assert list(inspect.signature(chat_template_utils.get_training_chat_template).parameters)[0] == "processing_class"

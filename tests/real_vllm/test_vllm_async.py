@@ -12,13 +12,16 @@ back.
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 import torch
 from conftest import params_changed, snapshot
+from datasets import Dataset
 from mintrl_helpers import CORRECTION, mintrl_fields, revise_first_step_judge, role_reward
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -225,3 +228,62 @@ def test_async_mintrl_trains_through_the_server_and_the_server_serves_its_weight
     alive = [t.name for t in threading.enumerate() if t.name == THREAD_NAME or t.name.startswith("mintrl-http")]
     assert not alive, alive
     assert not weights_folder.exists()
+
+
+class SampleRecordingCollator(MInTRLRolloutCollator):
+    """Records every rollout sample it collates (as TRL's dataset yields them: dicts)."""
+
+    samples: list = []
+
+    def torch_call(self, examples):
+        (rows,) = examples
+        SampleRecordingCollator.samples += [sample for row in rows for sample in row.samples]
+        return super().torch_call(examples)
+
+
+def test_async_mintrl_with_an_environment_factory_on_the_server(
+    vllm_server, original_weights_restored, tiny_model_path, cpu_args, toy_dataset, monkeypatch
+):
+    """The rollout worker runs TRL's `environment_factory` on the server: the judge's correction is a tool call (the
+    policy is steered to write `x` then EOS, as in test_vllm_tools.py), the environment runs it, its result's tokens
+    are context only (no loss term), the judge's are trained, and the run trains and syncs as without tools."""
+    from test_mintrl_tools import TOOL_CALL, RegisterEnv
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from trl_mintrl.judges import FunctionJudge
+
+    from .test_vllm_tools import call_before_reading
+
+    monkeypatch.setattr(SampleRecordingCollator, "samples", [])
+    monkeypatch.setattr(async_trainer_module, "MInTRLRolloutCollator", SampleRecordingCollator)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    tokenizer.chat_template = qwen3_chat_template
+    fields = mintrl_fields(cpu_args, max_steps=2, max_staleness=MAX_STALENESS, vllm_server_base_url=vllm_server,
+                           vllm_server_timeout=60, max_completion_length=128, chunk_size=4, max_reviews=3,
+                           max_correction_tokens=64, max_tool_calling_iterations=2)  # fmt: skip
+    rows = [{"prompt": [{"role": "user", "content": f"Read register a ({a})."}], "a": a} for a in range(4)]
+    judge = FunctionJudge(call_before_reading, lambda question, prefix, reference: TOOL_CALL)
+    trainer = AsyncMInTRLTrainer(tiny_model_path, reward_funcs=[], args=AsyncMInTRLConfig(**fields),
+                                 train_dataset=Dataset.from_list(rows), processing_class=tokenizer, judge=judge,
+                                 environment_factory=RegisterEnv)  # fmt: skip
+    x, eos = tokenizer("x", add_special_tokens=False)["input_ids"][0], tokenizer.eos_token_id
+    trainer.policy_engine.sampling_defaults.update(allowed_token_ids=[x, eos], min_tokens=1, logit_bias={eos: 100.0})
+    trainer.train()
+
+    assert trainer.state.global_step == 2 and len(logged(trainer, "loss")) == 2
+    assert all(frequency > 0 for frequency in logged(trainer, "tools/call_frequency"))
+    called = 0
+    for sample in SampleRecordingCollator.samples:
+        n_prompt = int(np.flatnonzero(sample["completion_mask"])[0])
+        completion = np.asarray(sample["input_ids"])[n_prompt:]
+        trained = np.asarray(sample["completion_mask"])[n_prompt:].astype(bool)
+        judge_tokens = sample["metrics"].extras["judge_mask"][n_prompt:].astype(bool)
+        environment = tokenizer.decode(completion[~trained].tolist(), skip_special_tokens=False)
+        if sample["metrics"].extras["is_control"]:
+            assert trained.all() and not judge_tokens.any()
+            continue
+        called += 1
+        assert tokenizer.decode(completion[judge_tokens].tolist()) == TOOL_CALL
+        assert re.search(r"<tool_response>\n[0-3]\n</tool_response>", environment), environment
+        assert sample["metrics"]["rewards/RegisterEnv"] == 1.0  # the environment ran the judge's call
+    assert called > 0

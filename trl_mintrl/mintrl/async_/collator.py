@@ -5,7 +5,8 @@ TRL's `RolloutQueueDataset` passes on six fields of a `RolloutSample` (`input_id
 no slot for a per-token flag. The one object that reaches the collator untouched is the sample's `metrics` dict:
 the dataset yields it by reference, both planners (`FixedCountBatcher`, `TokenBudgetBatcher`) add the yielded dicts
 themselves to their `TreeRow`s, and the collator only reads its keys. So the worker sends a `SampleMetrics` whose
-`extras` carry the judge mask, and `MInTRLRolloutCollator` lays it out per loss term in `pack`'s order.
+`extras` carry the judge mask (`trajectory_sample` builds each sample), and `MInTRLRolloutCollator` lays it out per
+loss term in `pack`'s order.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from trl.data_utils import is_conversational
 from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 from trl.trainer.utils import pad
 
@@ -96,3 +99,52 @@ class MInTRLRolloutCollator(DataCollatorForRollout):
             )
         batch["step_regression_rows"] = torch.full((self.num_processes,), float(counts.pop()))
         return batch
+
+
+def trajectory_sample(
+    prompt,
+    t,
+    advantage: float,
+    metrics: dict[str, float],
+    tokenizer,
+    *,
+    group_id: int,
+    version: int,
+    is_control: bool,
+    trained: bool,
+    step_regression_rows: int,
+) -> RolloutSample:
+    """A finished `Trajectory` (rollout.py) as TRL's trainer takes it: prompt + completion tokens, the policy's and the
+    judge's in the loss (`trained`: in the regression, else masked), the environment's (tool results) context only,
+    as TRL's own worker masks them; the behaviour policy's sampled log-probs on policy tokens (0 on judge and
+    environment tokens and the prompt: the loss anchors judge tokens at kappa); its `metrics` (reward and reward
+    columns, for the logs) as a `SampleMetrics` whose extras hold the judge-token mask (the judge's own channel beside
+    the completion mask) and the rollouts of its optimizer step in the regression (the loss is their mean, whichever
+    micro-batch and rank each lands in). The completion is the trajectory's messages with tools (`tokenizer` None),
+    else its text decoded with `tokenizer`."""
+    n_prompt = len(t.prompt_ids)
+    judge_mask = np.asarray([0] * n_prompt + t.judge_mask, dtype=np.int8)
+    written = [int(trained and (policy or judge)) for policy, judge in zip(t.env_mask, t.judge_mask, strict=True)]
+    if tokenizer is None:
+        completion = t.messages
+    else:
+        completion = [{"role": "assistant", "content": tokenizer.decode(t.completion_ids, skip_special_tokens=True)}]
+    return RolloutSample(
+        prompt=prompt if is_conversational({"prompt": prompt}) else [{"role": "user", "content": prompt}],
+        completion=completion,
+        input_ids=np.asarray(t.prompt_ids + t.completion_ids, dtype=np.int64),
+        completion_mask=np.asarray([0] * n_prompt + written, dtype=np.int64),
+        old_log_probs=np.asarray([0.0] * n_prompt + [0.0 if lp is None else lp for lp in t.logprobs], np.float32),
+        advantage=advantage,
+        model_version=version,
+        group_id=group_id,
+        metrics=SampleMetrics(
+            metrics,
+            extras={
+                "judge_mask": judge_mask,
+                "model_version": version,
+                "is_control": is_control,
+                "step_regression_rows": step_regression_rows,
+            },
+        ),
+    )

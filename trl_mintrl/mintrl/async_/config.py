@@ -34,14 +34,9 @@ REFUSED_ASYNC_FIELDS: dict[str, tuple[str, str]] = {
         "leave it at 0.0 (no auxiliary loss is added)",
     ),
     **refusal_entries(
-        "max_tool_calling_iterations",
-        "the asynchronous MInTRL rollout worker has no tool-calling loop yet (the synchronous MInTRLTrainer has one)",
-        "train with tools on MInTRLTrainer, or on AsyncGRPOTrainer without a judge",
-    ),
-    **refusal_entries(
         "fork_threshold_tokens",
         "it tunes how TRL's rollout worker splits re-tokenized multi-turn conversations into training rows; a MInTRL "
-        "rollout is one token sequence (policy and judge tokens) that is never re-tokenized",
+        "rollout is one token sequence (policy, judge and tool-result tokens) that is never re-tokenized",
         "nothing to set",
     ),
     **refusal_entries(
@@ -84,7 +79,7 @@ class AsyncMInTRLConfig(MInTRLFields, AsyncGRPOConfig):
 
     [`~trl.experimental.async_grpo.AsyncGRPOConfig`] parameters apply, except those MInTRL cannot honour
     (`REFUSED_ASYNC_FIELDS`: `epsilon`, `epsilon_high`, `token_budget`, `router_aux_loss_coef`,
-    `max_tool_calling_iterations`, `fork_threshold_tokens`, `queue_maxsize`, `log_completions`,
+    `fork_threshold_tokens`, `queue_maxsize`, `log_completions`,
     `num_completions_to_print`, the sampling filters `top_p`, `top_k`, `min_p` and `repetition_penalty`,
     `judge_vllm_gpu_memory_utilization`): a non-default value is refused when the config is built, with the reason
     and what to use instead. The server must report the log-probs it samples with (`vllm serve --logprobs-mode

@@ -4,6 +4,8 @@ TRL's trainer runs the loop: it syncs the weights to the vLLM server, starts the
 it pushes into rows (`TreeRow`) and trains on them. This subclass only wires its seams:
 - `__init__` builds MInTRL's rollout worker (`MInTRLRolloutWorker` on a `VLLMHTTPEngine`, with the judge) and the
   disk weight sync unless given, and makes TRL's constructor and its tree attention run off CUDA (`cpu_shims`);
+  `tools=` / `environment_factory=` go to that worker, which builds and runs them as `MInTRLTrainer`'s rollout does
+  (async_/tools.py), as TRL's asynchronous trainer hands them to its own worker;
 - `get_train_dataloader` swaps in `MInTRLRolloutCollator`, which lays the judge-token mask out per loss term;
 - `compute_loss` is MInTRL's sequence-level regression on the packed loss terms: policy tokens anchored at the
   log-probs they were sampled with (by whatever weights wrote the rollout), judge tokens at `kappa`, no ratio;
@@ -20,11 +22,12 @@ from unittest import mock
 
 import torch
 from accelerate.utils import broadcast_object_list
+from datasets import Dataset
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, TrainerCallback
 from trl.experimental.async_grpo import AsyncGRPOTrainer, async_grpo_trainer
 from trl.import_utils import is_requests_available
 
-from ...input_checks import check_reference_column
+from ...input_checks import check_reference_column, context_length
 from ...judges import Judge
 from ...losses import mintrl_anchors, packed_advantage_regression_loss
 from ...model_card import ModelCardMixin
@@ -69,7 +72,7 @@ class JudgeOutageStop(TrainerCallback):
 class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, AsyncGRPOTrainer):
     """Asynchronous Minimal-Intervention RL. Used like TRL's `AsyncGRPOTrainer` (the model as a path or Hub id that
     the vLLM server at `args.vllm_server_base_url` serves), plus an optional `judge` object (e.g. a `FunctionJudge`)
-    that overrides `args.judge`.
+    that overrides `args.judge`, and TRL's `tools` and `environment_factory`, which the rollout worker runs.
 
     `rollout_worker` and `weight_transfer` replace the defaults (TRL's protocols): a worker must push `RolloutSample`s
     whose `metrics` is a `SampleMetrics` with the judge-token mask, and have `state_dict(step)` /
@@ -94,6 +97,8 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
         judge: Judge | None = None,
         rollout_worker=None,
         weight_transfer=None,
+        tools=None,
+        environment_factory=None,
         **kwargs,
     ):
         if args is None:
@@ -102,20 +107,15 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
             raise TypeError(f"AsyncMInTRLTrainer needs args=AsyncMInTRLConfig(...), got {type(args).__name__}.")
         require_requests()
         check_async_inputs(args, model, train_dataset, peft_config, judge, rollout_worker, weight_transfer, kwargs)
+        train_dataset = check_async_tools(args, train_dataset, rollout_worker, tools, environment_factory)
         # the judge `args.judge` names needs the trainer (its model, device, engine): set once TRL has made it
         judge_from_args = rollout_worker is None and judge is None
         if rollout_worker is None:
             processing_class, rollout_worker = self._build_rollout_worker(
-                model, args, processing_class, train_dataset, reward_funcs, judge
+                model, args, processing_class, train_dataset, reward_funcs, judge, tools, environment_factory
             )
         if weight_transfer is None and args.weight_sync == "disk":
-            folder = args.weight_sync_dir or os.path.join(args.output_dir, ".vllm_weights")
-            weight_transfer = DiskReloadTransfer(
-                args.vllm_server_base_url,
-                folder,
-                reload_timeout=args.weight_sync_timeout,
-                server_timeout=args.vllm_server_timeout,
-            )
+            weight_transfer = disk_weight_transfer(args)
         with peak_flops_unknown_off_cuda():
             super().__init__(
                 model,
@@ -129,6 +129,7 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
                 rollout_worker=rollout_worker,
                 weight_transfer=weight_transfer,
             )
+        check_no_vlm_with_tools(self._is_vlm, rollout_worker)
         install_cpu_shims()  # after TRL's constructor, which registers its own tree attention
         unwrapped = self.accelerator.unwrap_model(self.model)
         if isinstance(self.weight_transfer, DiskReloadTransfer):  # the stream names the base model's weights
@@ -142,10 +143,14 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
     def _judge_outage_stop_reason(self) -> str | None:
         return self.judge_outage_stop.reason
 
-    def _build_rollout_worker(self, model: str, args, tokenizer, train_dataset, reward_funcs, judge):
+    def _build_rollout_worker(
+        self, model: str, args, tokenizer, train_dataset, reward_funcs, judge, tools=None, environment_factory=None
+    ):
         """(tokenizer, worker): MInTRL's rollout worker on the vLLM server, built before TRL's constructor (which reads
         its queue), with the tokenizer and end-of-completion ids that constructor would set up. The judge is `judge`;
-        when None, the caller sets the one `args.judge` names, whose "self" judge is `self.policy_engine`."""
+        when None, the caller sets the one `args.judge` names, whose "self" judge is `self.policy_engine`. The worker
+        builds the tools and environments from `tools` and `environment_factory`, as TRL's asynchronous trainer has
+        its own worker build them; a tool-calling rollout may reach the model's positions (TRL's rule)."""
         from ...engines.vllm_http import VLLMHTTPEngine
         from .worker import MInTRLRolloutWorker
 
@@ -172,7 +177,14 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
             request_timeout=args.request_timeout,
             seed=args.seed,
         )
-        return tokenizer, MInTRLRolloutWorker(args, tokenizer, train_dataset, reward_funcs, judge, self.policy_engine)
+        max_model_len = None
+        if tools or environment_factory is not None:
+            max_model_len = context_length(AutoConfig.from_pretrained(model, **hub_kwargs), args)
+        worker = MInTRLRolloutWorker(
+            args, tokenizer, train_dataset, reward_funcs, judge, self.policy_engine,
+            tools=tools, environment_factory=environment_factory, max_model_len=max_model_len,
+        )  # fmt: skip
+        return tokenizer, worker
 
     def get_train_dataloader(self):
         """TRL's dataloader with `MInTRLRolloutCollator`, which adds the judge-token mask per loss term. TRL builds
@@ -277,6 +289,17 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
             self.rollout_worker.load_state_dict(state["rollout_worker"])
 
 
+def disk_weight_transfer(args) -> DiskReloadTransfer:
+    """`weight_sync="disk"`: the trainer's own folder (`weight_sync_dir`, or `.vllm_weights` in `output_dir`)."""
+    folder = args.weight_sync_dir or os.path.join(args.output_dir, ".vllm_weights")
+    return DiskReloadTransfer(
+        args.vllm_server_base_url,
+        folder,
+        reload_timeout=args.weight_sync_timeout,
+        server_timeout=args.vllm_server_timeout,
+    )
+
+
 def require_requests() -> None:
     """An ImportError naming the extra, before any model loads: TRL's `AsyncGRPOTrainer` builds its `VLLMClient`,
     which talks to the vLLM server with `requests`, a dependency of neither TRL nor trl-mintrl's base install."""
@@ -294,12 +317,6 @@ def check_async_inputs(
     that cannot serve the policy, and for the worker it builds, a judge object of the wrong type or a judge backend
     or vote setting that cannot work (a given worker brings its own judge)."""
     for name in trainer_kwargs:
-        if name in ("tools", "environment_factory"):  # the worker's intervention loop runs no tools yet
-            raise ValueError(
-                f"AsyncMInTRLTrainer does not take {name}= yet: its rollout worker's intervention loop has no "
-                "tool-calling loop. Train with tools on MInTRLTrainer (synchronous), or on AsyncGRPOTrainer without "
-                "a judge."
-            )
         raise TypeError(f"AsyncMInTRLTrainer got an unexpected keyword argument {name!r}.")
     if not isinstance(model, str):
         raise TypeError(
@@ -331,6 +348,48 @@ def check_async_inputs(
             )
         check_judge_backend(args, model, peft_config)
     check_judge_votes(args, judge)
+
+
+def check_async_tools(args, train_dataset, rollout_worker, tools, environment_factory):
+    """The train dataset, after what `AsyncMInTRLTrainer` refuses of `tools=` / `environment_factory=` before the
+    model loads: what TRL's `AsyncGRPOTrainer` refuses (a run without a dataset needs one environment that owns the
+    data and `max_steps`), and tools beside a given `rollout_worker`, which would silently not run (TRL's trainer
+    passes them to its own worker only). Without a dataset, TRL's placeholder rows of empty prompts: the
+    environment's `reset` writes each rollout's prompt."""
+    if (tools or environment_factory is not None) and rollout_worker is not None:
+        field = "tools" if tools else "environment_factory"
+        raise ValueError(
+            f"{field}= is for the rollout worker the trainer builds; a given rollout_worker runs its own tools (pass "
+            "them to MInTRLRolloutWorker(tools=..., environment_factory=...))."
+        )
+    if train_dataset is not None:
+        return train_dataset
+    if environment_factory is None:  # TRL's AsyncGRPOTrainer's refusals, with its messages
+        raise ValueError("`train_dataset` is required unless an `environment_factory` is provided.")
+    if isinstance(environment_factory, dict):
+        raise ValueError(
+            "A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an `environment` "
+            "column to route each example to its environment. Provide a dataset, or pass a single environment "
+            "factory."
+        )
+    if args.max_steps <= 0:
+        raise ValueError(
+            "When training without a `train_dataset` (the environment owns the data and returns the prompt from "
+            "`reset()`), `max_steps` must be set to a positive value to define the training length. Set it via "
+            "`AsyncMInTRLConfig(max_steps=...)`."
+        )
+    rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * rows})
+
+
+def check_no_vlm_with_tools(is_vlm: bool, rollout_worker) -> None:
+    """After TRL has loaded the processing class, as `MInTRLTrainer` refuses it: tool results with images have no
+    place in MInTRL's rollout."""
+    if is_vlm and getattr(rollout_worker, "tools", None) is not None:
+        raise ValueError(
+            "processing_class is a vision-language processor and tools= / environment_factory= are set: "
+            "AsyncMInTRLTrainer does not take images in tool results or prompts with tools yet. Use a text model."
+        )
 
 
 def end_of_completion_ids(model: str, tokenizer, **hub_kwargs) -> list[int]:

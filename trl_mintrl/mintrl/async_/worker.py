@@ -4,7 +4,10 @@ A thread of the trainer's main process (TRL's `RolloutWorkerProtocol`) builds on
 time: whole groups of prompts, controls and intervened rollouts as in `MInTRLTrainer`, run by the project's rollout
 state machine (`rollout_for`: the continuous schedule on a streaming engine such as `VLLMHTTPEngine`), scored by
 the reward functions, given the control baseline, and pushed as TRL `RolloutSample`s whose `metrics` is a
-`SampleMetrics` carrying the judge-token mask (collator.py).
+`SampleMetrics` carrying the judge-token mask (collator.py). With TRL's `tools=` / `environment_factory=` the worker
+builds the tools and environments itself (tools.py, as TRL's asynchronous trainer has its worker build them), and
+the same state machine runs them inside the intervention loop, as in `MInTRLTrainer`: tool results are context in
+the samples (no loss term), judge tokens are marked by the judge mask.
 
 Staleness is bounded where the rollouts are made, not only where they are dropped. With `FixedCountBatcher` the
 trainer's optimizer step s consumes exactly the rollouts of batch s, and trains them with weight version
@@ -29,7 +32,6 @@ import time
 from dataclasses import fields
 from typing import Any
 
-import numpy as np
 import torch
 from trl.data_utils import is_conversational
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
@@ -45,7 +47,8 @@ from ..rollout import RolloutSettings, Trajectory
 from ..rollout_batch import RolloutBatch, RolloutMeasures, rollout_metrics
 from ..schedule import InterventionSchedule, reviewed_rows
 from ..scheduler import rollout_for
-from .collator import SampleMetrics
+from .collator import trajectory_sample
+from .tools import WorkerTools
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +98,10 @@ class MInTRLRolloutWorker(InterventionSchedule):
         judge: reviews and corrects; None: every rollout is a control.
         engine: the policy's generation engine, called from the worker's thread only (no collectives), e.g. a
             `VLLMHTTPEngine`; the worker owns it: `stop()` closes a `VLLMHTTPEngine`.
+        tools, environment_factory: TRL's, as `GRPOTrainer` takes them (`WorkerTools`); the environments' `get_reward`
+            columns follow the reward functions', weight 1 each.
+        max_model_len: the sequence length a tool-calling rollout may reach (None: no limit but
+            `max_completion_length`).
 
     One optimizer step's rollouts (`per_device_train_batch_size * gradient_accumulation_steps * world_size`, whole
     groups) make a batch; a sample's `group_id` is its group's prompt position (counted over epochs and resumes).
@@ -111,6 +118,10 @@ class MInTRLRolloutWorker(InterventionSchedule):
         reward_funcs,
         judge: Judge | None,
         engine: GenerationEngine,
+        *,
+        tools: list | None = None,
+        environment_factory=None,
+        max_model_len: int | None = None,
     ):
         self.args = args
         self.tokenizer = processing_class
@@ -131,6 +142,15 @@ class MInTRLRolloutWorker(InterventionSchedule):
         self.settings = RolloutSettings(**{f.name: getattr(args, f.name) for f in fields(RolloutSettings)})
         self.eos_and_pad = {*engine.eos_token_ids, processing_class.pad_token_id}
         self._check_inputs(samples_per_step)
+        self.tools = WorkerTools.of(processing_class, args, tools, environment_factory, max_model_len)
+        if self.tools is not None:  # each environment class with `get_reward` is a reward column of weight 1
+            self.reward_func_names += self.tools.reward_names
+            self.reward_weights = torch.cat([self.reward_weights, torch.ones(len(self.tools.reward_names))])
+        if not self.reward_func_names:
+            raise ValueError(
+                "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment "
+                "defines a `get_reward` method."
+            )
 
         self.rollout_buffer: queue.Queue[RolloutSample] = queue.Queue()
         self.metrics_queue: queue.Queue[dict] = queue.Queue(maxsize=4096)  # full: metrics are dropped, never waited on
@@ -185,6 +205,8 @@ class MInTRLRolloutWorker(InterventionSchedule):
             logger.warning("MInTRLRolloutWorker.start() called while it runs; ignored.")
             return
         check_logprobs_mode(self.engine)
+        if self.tools is not None:
+            self.tools.open()  # the event loop of async tools and rewards, if any
         self._first_step, self._first_version = self.next_step, self._version
         self._heartbeat = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
@@ -200,6 +222,8 @@ class MInTRLRolloutWorker(InterventionSchedule):
             self.engine.close()
         if self._thread is not None:
             self._thread.join()
+        if self.tools is not None:
+            self.tools.close()
 
     def check_health(self, stale_after_s: float) -> None:
         """Raise the thread's exception, or an error when it made no progress (nor heard from the server) for
@@ -297,9 +321,9 @@ class MInTRLRolloutWorker(InterventionSchedule):
         intervening, is_control, first_prompt = self._begin_batch(step)
         rows = [self.dataset[(first_prompt + g) % len(self.dataset)] for g in range(self.groups_per_step)]
         group_rows = [row for row in rows for _ in range(self.group_size)]
-        trajectories = self._trajectories(group_rows, is_control.tolist())
+        trajectories, prompts, environments = self._trajectories(group_rows, is_control.tolist())
         rollout = self._run_rollout(trajectories, intervening, is_control)
-        rewards_per_func = self._rewards(group_rows, trajectories)
+        rewards_per_func = self._rewards(group_rows, prompts, trajectories, environments)
         rewards = GenerationBatch(group_rows, rewards_per_func=rewards_per_func).rewards(self.reward_weights)
         advantages = control_baseline_advantages(rewards, is_control, self.group_size)
         measured = RolloutMeasures.of(rewards, rollout)
@@ -315,12 +339,12 @@ class MInTRLRolloutWorker(InterventionSchedule):
         masking = getattr(self.args, "mask_truncated_completions", False)
         trained = [not (masking and self._truncated(t)) for t in trajectories]
         for i, t in enumerate(trajectories):
-            sample = self._sample(
-                group_rows[i]["prompt"],
+            sample = trajectory_sample(
+                prompts[i],
                 t,
                 advantages[i].item(),
-                rewards[i].item(),
-                rewards_per_func[i],
+                {"reward": rewards[i].item(), **self._reward_metrics(rewards_per_func[i])},
+                self.tokenizer if self.tools is None else None,
                 group_id=first_prompt + i // self.group_size,  # the group's prompt position: unique per group
                 version=version,
                 is_control=bool(is_control[i]),
@@ -331,6 +355,10 @@ class MInTRLRolloutWorker(InterventionSchedule):
             self.rollout_buffer.put(sample)
         staleness = float(self.consume_version(step) - version)  # weight syncs between writing and training them
         metrics.update(self._completion_metrics(trajectories))
+        if self.tools is not None:  # as GRPOTrainer logs them: calls per rollout, failures per call
+            calls, failures = rollout.stat("tool_calls").sum().item(), rollout.stat("tool_failures").sum().item()
+            metrics["tools/call_frequency"] = calls / len(trajectories)
+            metrics["tools/failure_frequency"] = failures / calls if calls else 0.0
         metrics.update({"mintrl/staleness": staleness, "mintrl/staleness_max": staleness})
         metrics["mintrl/admission_wait_s"] = admission_wait  # the worker waited for the trainer (staleness bound)
         metrics["mintrl/rollout_s"] = time.monotonic() - started
@@ -366,6 +394,11 @@ class MInTRLRolloutWorker(InterventionSchedule):
         speculate = getattr(self.args, "speculative_chunks", True)
         rollout_for(self.engine, self.judge, self.tokenizer, self.settings, schedule, speculate).run(trajectories)
         self._heartbeat = time.monotonic()
+        if any(t.logprobs is None for t in trajectories):
+            raise RuntimeError(
+                f"{type(self.engine).__name__} does not report sampling log-probs: the asynchronous loss anchors each "
+                "policy token at the log-prob it was sampled with."
+            )
         return RolloutBatch.from_trajectories(
             trajectories,
             intervening,
@@ -375,35 +408,51 @@ class MInTRLRolloutWorker(InterventionSchedule):
             self._judge_transport(),
         )
 
-    def _trajectories(self, rows: list[dict], is_control: list[bool]) -> list[Trajectory]:
-        """As `MInTRLTrainer._intervention_rollout` builds them: controls have no review budget."""
+    def _trajectories(self, rows: list[dict], is_control: list[bool]) -> tuple[list[Trajectory], list, list]:
+        """As `MInTRLTrainer._intervention_rollout` builds them: controls have no review budget. With tools, each
+        rollout has its own environment, reset with its row, whose first observation is part of its prompt, and
+        its prompt shows its tools. Returns the trajectories, their prompts and their environment instances (None
+        without environments)."""
         chat_template_kwargs = getattr(self.args, "chat_template_kwargs", None) or {}
         reference_column = getattr(self.args, "reference_column", "solution")
-        prompt_ids = {}  # a group's rollouts share their prompt's tokens
+        if self.tools is None:
+            prompts, environments, instances = [row["prompt"] for row in rows], [None] * len(rows), [None] * len(rows)
+        else:
+            prompts, environments, instances = self.tools.rollouts(rows)
+        prompt_ids = {}  # without tools, a group's rollouts share their prompt's tokens
         trajectories = []
-        for row, control in zip(rows, is_control, strict=True):
-            key = id(row)
-            if key not in prompt_ids:
-                prompt_ids[key] = prompt_token_ids(self.tokenizer, row["prompt"], **chat_template_kwargs)
+        for row, prompt, environment, control in zip(rows, prompts, environments, is_control, strict=True):
+            if environment is not None:
+                ids = self.tools.prompt_ids(prompt, environment)
+            else:
+                if id(row) not in prompt_ids:
+                    prompt_ids[id(row)] = prompt_token_ids(self.tokenizer, prompt, **chat_template_kwargs)
+                ids = prompt_ids[id(row)]
             trajectories.append(
                 Trajectory(
-                    prompt_ids=list(prompt_ids[key]),
-                    question=question_text(row["prompt"]),
+                    prompt_ids=list(ids),
+                    question=question_text(prompt),
                     reference=row.get(reference_column),
                     review_budget=0 if control else self.args.max_reviews,
+                    environment=environment,
                 )
             )
-        return trajectories
+        return trajectories, prompts, instances
 
-    def _rewards(self, rows: list[dict], trajectories: list[Trajectory]) -> torch.Tensor:
+    def _rewards(
+        self, rows: list[dict], prompts: list, trajectories: list[Trajectory], environments: list
+    ) -> torch.Tensor:
         """(rollouts, reward functions), NaN where a function returned None: each function called once for the batch,
         with the keyword arguments `MInTRLTrainer`'s reward functions get (no `trainer_state`: the trainer is
-        elsewhere)."""
-        prompts = [row["prompt"] for row in rows]
+        elsewhere); with tools, the completions are the rollouts' messages (assistant turns and tool results) and
+        the environments' `get_reward` columns follow the functions'."""
         completion_ids = [t.completion_ids for t in trajectories]
-        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        conversational = is_conversational({"prompt": prompts[0]})
-        completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+        if self.tools is not None:
+            completions = [t.messages for t in trajectories]
+        else:
+            texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+            conversational = is_conversational({"prompt": prompts[0]})
+            completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
         excluded = ("prompt", "completion", "completion_ids")  # as TRL's `_calculate_rewards`
         columns = {key: [row[key] for row in rows] for key in rows[0] if key not in excluded}
         kwargs = {
@@ -413,66 +462,26 @@ class MInTRLRolloutWorker(InterventionSchedule):
             "completions": completions,
             "completion_ids": completion_ids,
         }
-        rewards = torch.full((len(rows), len(self.reward_funcs)), math.nan)
-        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_func_names, strict=True)):
+        if self.tools is not None and self.tools.factories is not None:
+            kwargs["environments"] = environments  # as GRPOTrainer gives them to reward functions
+        rewards = torch.full((len(rows), len(self.reward_func_names)), math.nan)
+        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_func_names, strict=False)):
             values = asyncio.run(func(**kwargs)) if is_async_callable(func) else func(**kwargs)
             if len(values) != len(rows):
                 raise ValueError(f"Reward function {name!r} returned {len(values)} rewards for {len(rows)} rollouts.")
             rewards[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
+        if self.tools is not None:
+            for j, values in enumerate(self.tools.environment_rewards(environments), start=len(self.reward_funcs)):
+                rewards[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
         return rewards
 
-    def _sample(
-        self,
-        prompt,
-        t: Trajectory,
-        advantage: float,
-        reward: float,
-        rewards: torch.Tensor,
-        *,
-        group_id: int,
-        version: int,
-        is_control: bool,
-        trained: bool,
-        step_regression_rows: int,
-    ) -> RolloutSample:
-        """One rollout as TRL's trainer takes it: prompt + completion tokens (`trained`: in the regression, else
-        masked), the behaviour policy's sampled log-probs on policy tokens (0 on judge tokens and the prompt: the loss
-        anchors judge tokens at kappa), its weighted `reward` and each function's `rewards` for the logs, and, in the
-        metrics' extras, the judge-token mask and the rollouts of its optimizer step in the regression (the loss
-        is their mean, whichever micro-batch and rank each lands in)."""
-        if t.logprobs is None:
-            raise RuntimeError(
-                f"{type(self.engine).__name__} does not report sampling log-probs: the asynchronous loss anchors each "
-                "policy token at the log-prob it was sampled with."
-            )
-        n_prompt, n_completion = len(t.prompt_ids), len(t.completion_ids)
-        judge_mask = np.concatenate([np.zeros(n_prompt), 1 - np.asarray(t.env_mask, dtype=np.float64)])
-        text = self.tokenizer.decode(t.completion_ids, skip_special_tokens=True)
-        metrics = {"reward": reward}
-        metrics.update({f"rewards/{name}": float(r) for name, r in zip(self.reward_func_names, rewards, strict=True)})
-        return RolloutSample(
-            prompt=prompt if is_conversational({"prompt": prompt}) else [{"role": "user", "content": prompt}],
-            completion=[{"role": "assistant", "content": text}],
-            input_ids=np.asarray(t.prompt_ids + t.completion_ids, dtype=np.int64),
-            completion_mask=np.asarray([0] * n_prompt + [int(trained)] * n_completion, dtype=np.int64),
-            old_log_probs=np.asarray([0.0] * n_prompt + [0.0 if lp is None else lp for lp in t.logprobs], np.float32),
-            advantage=advantage,
-            model_version=version,
-            group_id=group_id,
-            metrics=SampleMetrics(
-                metrics,
-                extras={
-                    "judge_mask": judge_mask.astype(np.int8),
-                    "model_version": version,
-                    "is_control": is_control,
-                    "step_regression_rows": step_regression_rows,
-                },
-            ),
-        )
+    def _reward_metrics(self, rewards: torch.Tensor) -> dict[str, float]:
+        return {f"rewards/{name}": float(r) for name, r in zip(self.reward_func_names, rewards, strict=True)}
 
     def _completion_metrics(self, trajectories: list[Trajectory]) -> dict[str, float | tuple[float, float]]:
-        """The completion lengths TRL logs for GRPO (rates where TRL's async worker uses them)."""
-        lengths = [len(t.completion_ids) for t in trajectories]
+        """The completion lengths TRL logs for GRPO (rates where TRL's async worker uses them): the policy's and
+        the judge's tokens, not the environment's."""
+        lengths = [t.written_tokens for t in trajectories]
         clipped = sum(self._truncated(t) for t in trajectories)
         return {
             "completions/mean_length": (float(sum(lengths)), float(len(lengths))),
