@@ -17,6 +17,9 @@ from trl_mintrl.judges import EndpointJudge, ReviewRequest, Verdict
 from trl_mintrl.judges.endpoint import FAILURE_KINDS
 
 SCHEDULING_SLACK_S = 0.5  # event-loop wake-ups on a loaded 2-core machine; a trickled body overruns by seconds
+# a request's whole budget (attempts, backoffs, deadlines) on a machine loaded beyond the suite (0.64 s over it seen
+# with 6 runnable processes); a deadline that is not enforced overruns by seconds (the server hangs 3 s, trickles)
+BUDGET_SLACK_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def test_every_fault_counted_by_kind_within_budget_without_leaks(server, concurr
     assert result["failures"] == result["expected_failures"]  # each fault counted once, as the right kind
     assert set(result["failures"]) == set(FAILURE_KINDS) - {"unexpected"}
     assert result["retries"] == result["expected_retries"]  # 4xx, malformed, too long, garbage: never retried
-    assert result["max_latency_s"] <= judge.max_request_seconds + SCHEDULING_SLACK_S
+    assert result["max_latency_s"] <= judge.max_request_seconds + BUDGET_SLACK_S
     assert (result["thread_leak"], result["fd_leak"]) == (0, 0)
     assert judge.state_dict() == {"failures": dict(result["failures"]), "retries": dict(result["retries"])}
 
@@ -87,7 +90,7 @@ def test_https_attempts_keep_their_deadline(tmp_path, monkeypatch):
         elapsed = time.monotonic() - start
     assert verdicts == [Verdict(0), Verdict(failed=True), Verdict(0), Verdict(failed=True)]
     assert judge.failures == {"timeout": 1, "too_long": 1} and judge.retries == {"timeout": 1, "connection": 1}
-    assert elapsed <= judge.max_request_seconds + SCHEDULING_SLACK_S
+    assert elapsed <= judge.max_request_seconds + BUDGET_SLACK_S
 
 
 def test_mintrl_step_completes_with_failures_in_the_metric(tiny_model_path, cpu_args, toy_dataset):
