@@ -25,8 +25,6 @@ SFT_MIN_OPS, SFT_MAX_OPS, SFT_OPS_DECAY = 1, 10, 0.7
 def sft_batch(tokenizer, examples) -> dict:
     """Right-padded input ids, attention mask and labels (completion tokens only) for `(prompt messages, solution
     text)` pairs."""
-    import torch
-
     from trl_mintrl.text import prompt_token_ids
 
     rows = []
@@ -34,6 +32,13 @@ def sft_batch(tokenizer, examples) -> dict:
         prompt = prompt_token_ids(tokenizer, messages)
         completion = tokenizer(solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((prompt + completion, [-100] * len(prompt) + completion))
+    return pad_batch(tokenizer, rows)
+
+
+def pad_batch(tokenizer, rows: list[tuple[list[int], list[int]]]) -> dict:
+    """Right-padded input ids, attention mask and labels of `(ids, labels)` rows (-100: no loss)."""
+    import torch
+
     width = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     labels = torch.full((len(rows), width), -100)

@@ -26,20 +26,6 @@ WARM_START_TOOLS_DIR = Path(__file__).parent / "warm_start_tools"
 TOOLS_BUILD = dict(batch_size=32, learning_rate=1e-3, warmup_steps=30, plain_fraction=0.125)
 
 
-def pad_batch(tokenizer, rows: list[tuple[list[int], list[int]]]) -> dict:
-    import torch
-
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-    labels = torch.full((len(rows), width), -100)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (ids, lab) in enumerate(rows):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        labels[i, : len(lab)] = torch.tensor(lab)
-        attention_mask[i, : len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
 def build_tool_warm_start(
     out_dir: str | Path = WARM_START_TOOLS_DIR,
     *,
@@ -60,7 +46,7 @@ def build_tool_warm_start(
 
     from .task import make_problem
     from .tool_task import DESIGN, DESIGNS, REGIMES, draw_tool_problem, sft_example, tool_tokenizer
-    from .warm_start import SFT_MAX_OPS, SFT_MIN_OPS, SFT_OPS_DECAY, WARM_START_DIR, sft_optimizer, sft_step
+    from .warm_start import SFT_MAX_OPS, SFT_MIN_OPS, SFT_OPS_DECAY, WARM_START_DIR, pad_batch, sft_optimizer, sft_step
 
     design = design or DESIGN
     steps = steps or DESIGNS[design].build_steps
