@@ -18,7 +18,6 @@ fallible-judge curve of `benchmarks/beyond.py`.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import asdict
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from trl_mintrl.judges.base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
 
-from .warm_start import WARM_START_DIR, sft_batch, sft_optimizer, sft_step
+from .warm_start import WARM_START_DIR, sft_batch, sft_optimizer, sft_step, warmup_cosine_schedule
 
 JUDGE_DIR = Path(__file__).parent / "judge_model"
 JUDGE_TRAIN_SEED, JUDGE_HELDOUT_SEED = 2000, 2001  # transcript problems: seeds no learning run draws from
@@ -165,14 +164,7 @@ def train_judge(
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
     model.train()
     optimizer = sft_optimizer(model, learning_rate)
-    total = epochs * -(-len(examples) // batch_size)
-
-    def lr_at(step: int) -> float:  # the warm start's shape: linear warm-up, cosine decay to 10%
-        if step < 50:
-            return (step + 1) / 50
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 50) / max(1, total - 50)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    scheduler = warmup_cosine_schedule(optimizer, 50, epochs * -(-len(examples) // batch_size))
     losses, start, step = [], time.perf_counter(), 0
     for _ in range(epochs):
         for batch in length_batches(examples, batch_size, rng):

@@ -87,13 +87,7 @@ def build_warm_start(
     model.train()
     optimizer = sft_optimizer(model, learning_rate)
 
-    def lr_at(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    scheduler = warmup_cosine_schedule(optimizer, warmup_steps, steps)
     ops = list(range(min_ops, max_ops + 1))
     ops_weights = [ops_decay**i for i in range(len(ops))]
     start, running = time.time(), None
@@ -108,6 +102,20 @@ def build_warm_start(
             print(f"step {step + 1}/{steps}  loss {running:.4f}  {time.time() - start:.0f}s", flush=True)
     model.eval()
     return save(model, tokenizer, out_dir)
+
+
+def warmup_cosine_schedule(optimizer, warmup_steps: int, steps: int):
+    """The warm start's learning-rate schedule: linear warm-up over `warmup_steps`, then cosine decay to 10% at
+    `steps`."""
+    import torch
+
+    def lr_at(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
 
 
 def sft_optimizer(model, learning_rate: float):

@@ -13,7 +13,6 @@ template and response template).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import time
@@ -46,7 +45,16 @@ def build_tool_warm_start(
 
     from .task import make_problem
     from .tool_task import DESIGN, DESIGNS, REGIMES, draw_tool_problem, sft_example, tool_tokenizer
-    from .warm_start import SFT_MAX_OPS, SFT_MIN_OPS, SFT_OPS_DECAY, WARM_START_DIR, pad_batch, sft_optimizer, sft_step
+    from .warm_start import (
+        SFT_MAX_OPS,
+        SFT_MIN_OPS,
+        SFT_OPS_DECAY,
+        WARM_START_DIR,
+        pad_batch,
+        sft_optimizer,
+        sft_step,
+        warmup_cosine_schedule,
+    )
 
     design = design or DESIGN
     steps = steps or DESIGNS[design].build_steps
@@ -59,13 +67,7 @@ def build_tool_warm_start(
     model.train()
     optimizer = sft_optimizer(model, learning_rate)
 
-    def lr_at(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    scheduler = warmup_cosine_schedule(optimizer, warmup_steps, steps)
     ops = list(range(SFT_MIN_OPS, SFT_MAX_OPS + 1))
     ops_weights = [SFT_OPS_DECAY**i for i in range(len(ops))]
     eos = tokenizer.eos_token_id
