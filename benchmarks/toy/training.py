@@ -206,11 +206,13 @@ def build_trainer(
     reward: Callable = toy_reward,
     planner=None,
     schedule: dict | None = None,
+    environment_factory=None,
 ):
     """A trainer for `method` (`rl_config(method, ...)` as `args`) with the toy's learning-rate schedule
     (`warmup_schedule(trainer, **schedule)`). MInTRL's `judge`: "rule" (the toy rule judge), a `Judge` object, or
     None to build the one `args.judge` names (e.g. the self-judge). `reward`: the regime's (`REGIMES[name].reward`).
-    `planner`: SORT's and MInTRL + SORT's (a `trl_mintrl.sort.Planner`; None: the policy writes the plans)."""
+    `planner`: SORT's and MInTRL + SORT's (a `trl_mintrl.sort.Planner`; None: the policy writes the plans).
+    `environment_factory`: TRL's, for the tool task (`benchmarks.toy.tool_task.RegisterEnv`)."""
     kwargs = dict(
         model=model,
         reward_funcs=reward,
@@ -219,6 +221,8 @@ def build_trainer(
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    if environment_factory is not None:
+        kwargs["environment_factory"] = environment_factory
     return warmup_schedule(_trainer(method, kwargs, judge, planner), **(schedule or {}))
 
 
