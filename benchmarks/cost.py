@@ -2,6 +2,7 @@
 
     python benchmarks/cost.py            # 12 measured steps per variant (~18 min with other jobs on the machine)
     python benchmarks/cost.py --quick    # 4 measured steps per variant
+    python benchmarks/cost.py --tools [reachable]   # tool-calling GRPO vs tool-calling MInTRL (issue 38)
     python benchmarks/cost.py --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
     python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme README.md
 
@@ -32,6 +33,12 @@ generation, log-probs, training) and judge tokens. They come from hooks on the p
 Variants: GRPO; MInTRL with rule-judge interventions; MInTRL after the intervention phase (all rollouts on-policy
 controls); MInTRL with the self-judge (the policy reviews and corrects itself with the reference as privileged
 context); SORT with a repair every step (buffer pre-filled); SORT without repairs.
+
+`--tools [in-band|reachable]` (issue 38): the same measurement on the tool task (`benchmarks.toy.tool_task`, a
+regime's problems, the tool warm start, TRL's `environment_factory=RegisterEnv`, at most 3 tool-calling iterations and
+128 completion tokens): TRL's own tool-calling `GRPOTrainer` against tool-calling MInTRL with the rule judge
+(`tool_judge`, whose corrections are tool calls) and after its intervention phase (`TOOL_VARIANTS`);
+`cost_tools.json` / `.md` (reachable: `cost_tools_reachable.*`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import threading
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -73,6 +81,7 @@ VARIANTS = {
     "sort_repair": ("sort", {}),
     "sort_no_repair": ("sort", {"repair_batch_size": 10**6}),
 }
+TOOL_VARIANTS = ("grpo", "mintrl_interventions", "mintrl_after_phase")  # --tools: these variants on the tool task
 
 
 def _status_kb(field: str) -> int:
@@ -149,8 +158,9 @@ class TokenCounter:
 DATASET_STEPS = 64  # prompts for this many steps: more than any run here takes
 
 
-def build(variant: str, steps: int, rounds_of_repairs: int):
-    """A trainer of `variant` on the warm start with learning rate 0, plus its call counters."""
+def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = None):
+    """A trainer of `variant` on the warm start with learning rate 0, plus its call counters; with `tools` (a regime
+    of the tool task), on the tool task (its warm start, environment, reward and rule judge)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
@@ -159,16 +169,29 @@ def build(variant: str, steps: int, rounds_of_repairs: int):
 
     torch.set_num_threads(1)
     method, overrides = VARIANTS[variant]
-    tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
-    model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
+    warm_start = WARM_START_DIR
+    if tools:
+        from benchmarks.learning_tools import TOOL_FIELDS
+        from benchmarks.toy.tool_task import RegisterEnv, make_tool_dataset, tool_judge, tool_reward
+        from benchmarks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR as warm_start
+    tokenizer = AutoTokenizer.from_pretrained(warm_start)
+    model = AutoModelForCausalLM.from_pretrained(warm_start)
     tokens = TokenCounter(model, tokenizer.pad_token_id)
     generate = CallCounter(model, "generate")
     # a fixed size: the sampler shuffles with a permutation of the dataset's length, so a length that followed
     # `steps` gave each --rounds other prompts at every step (issue 29 compared --rounds 8 with --rounds 6)
-    train = make_dataset(16 * max(steps, DATASET_STEPS), RL_MIN_OPS, RL_MAX_OPS, seed=7)
-    args = rl_config(method, f"/tmp/trl_mintrl_cost/{variant}", steps=steps, learning_rate=0.0, **overrides)
-    judge = None if overrides.get("judge") == "self" else "rule"
-    trainer = build_trainer(method, model, tokenizer, train, args, judge=judge)
+    size = 16 * max(steps, DATASET_STEPS)
+    if tools:
+        train = make_tool_dataset(size, seed=7, regime=tools)
+        args = rl_config(method, f"/tmp/trl_mintrl_cost/tools-{variant}", steps=steps, learning_rate=0.0,
+                         regime="in-band", **TOOL_FIELDS, **overrides)  # fmt: skip
+        trainer = build_trainer(method, model, tokenizer, train, args, judge=tool_judge(), reward=tool_reward,
+                                environment_factory=RegisterEnv)  # fmt: skip
+    else:
+        train = make_dataset(size, RL_MIN_OPS, RL_MAX_OPS, seed=7)
+        args = rl_config(method, f"/tmp/trl_mintrl_cost/{variant}", steps=steps, learning_rate=0.0, **overrides)
+        judge = None if overrides.get("judge") == "self" else "rule"
+        trainer = build_trainer(method, model, tokenizer, train, args, judge=judge)
     trainer.remove_callback(PrinterCallback)
     counters = {"generate": generate, "tokens": tokens}
     if method == "sort" and variant == "sort_repair":
@@ -348,12 +371,13 @@ def measure_time(variants: list[str], warmup: int, rounds: int, build_fn=build) 
     return {"steps": {v: r[warmup:] for v, r in records.items()}, "repairs": repairs}
 
 
-def measure_memory(variant: str, warmup: int, steps: int) -> dict:
-    """Run `variant` alone in this (fresh) process; over the `steps` steps after `warmup` (lazy imports and first-step
-    allocations done): peak RSS, and that peak above the RSS just before them, in MB."""
+def measure_memory(variant: str, warmup: int, steps: int, tools: str | None = None) -> dict:
+    """Run `variant` alone in this (fresh) process (on the tool task with `tools`); over the `steps` steps after
+    `warmup` (lazy imports and first-step allocations done): peak RSS, and that peak above the RSS just before them,
+    in MB."""
     from transformers import TrainerCallback
 
-    trainer, _ = build(variant, warmup + steps, warmup + steps)
+    trainer, _ = build(variant, warmup + steps, warmup + steps, tools)
     before = {}
 
     class ResetPeak(TrainerCallback):
@@ -455,10 +479,11 @@ def readme_block(saved: dict) -> str:
     """The README's cost headline: time per step paired with GRPO's, and the noise-free token counts."""
     steps, prov = saved["time"]["steps"], saved["provenance"]
     grpo = steps["grpo"]
+    name = COST_FILES[saved["settings"].get("task", "reachable")]
     lines = [
         f"Per optimizer step, {saved['settings']['rounds']} interleaved rounds, relative to GRPO (CPU and wall time: "
-        f"paired by round, 95% t-interval). From `benchmarks/results/cost.json` (commit `{prov['commit'][:12]}`; "
-        f"{conditions_text(saved.get('machine'))}); full table with memory in `benchmarks/results/cost.md`.",
+        f"paired by round, 95% t-interval). From `benchmarks/results/{name}.json` (commit `{prov['commit'][:12]}`; "
+        f"{conditions_text(saved.get('machine'))}); full table with memory in `benchmarks/results/{name}.md`.",
         "",
         "| variant | x GRPO CPU time [95% CI] | x GRPO wall time [95% CI] | x GRPO policy tokens generated "
         "| x GRPO forward tokens | judge-token share |",
@@ -828,6 +853,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="re-render cost.md from a cost.json (with --rollout: cost_rollout.md from its JSON)")  # fmt: skip
     parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
     parser.add_argument("--rollout", action="store_true", help="the rollout benchmark (needs vLLM)")
+    parser.add_argument("--tools", nargs="?", const="in-band", default=None, choices=["in-band", "reachable"],
+                        help="tool-calling GRPO and MInTRL on the tool task, this regime (default in-band)")  # fmt: skip
     parser.add_argument("--judge-delay-fraction", type=float, default=0.1,
                         help="--rollout: endpoint judge latency, as a share of a full-length generation")  # fmt: skip
     argv = sys.argv[1:] if argv is None else argv
@@ -835,9 +862,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.rollout:
         rollout_main(args, argv)
         return
+    name = COST_FILES[f"tools-{args.tools}" if args.tools else "reachable"]
     if args.replot:
-        replot(args, "cost.md", render, (README_START, README_END, readme_block))
+        markers_of = markers(f"benchmarks/cost.py --tools {args.tools}", f"{name}-results") if args.tools else (
+            README_START, README_END)  # fmt: skip
+        replot(args, f"{name}.md", render, (*markers_of, readme_block))
         return
+    if args.tools and args.variants == list(VARIANTS):
+        args.variants = list(TOOL_VARIANTS)
+    if args.tools and not set(args.variants) <= set(TOOL_VARIANTS):
+        parser.error(f"--tools measures {', '.join(TOOL_VARIANTS)} (the tool task has no self-judge or SORT variant)")
     if "grpo" not in args.variants:
         args.variants.insert(0, "grpo")
     rounds = args.rounds or (4 if args.quick else 12)
@@ -849,23 +883,29 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     watch = MachineWatch()
-    time_result = measure_time(args.variants, args.warmup, rounds)
+    time_result = measure_time(args.variants, args.warmup, rounds, partial(build, tools=args.tools))
     memory = {}
     context = get_context("spawn")
     for variant in args.variants:  # one at a time: a fresh process each, nothing else running in it
         with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-            memory[variant] = pool.submit(measure_memory, variant, args.warmup, 3).result()
+            memory[variant] = pool.submit(measure_memory, variant, args.warmup, 3, args.tools).result()
     saved = {
         "provenance": provenance("benchmarks/cost.py", argv),
         "machine": watch.stop(),
-        "settings": {"rounds": rounds, "warmup": args.warmup, "variants": args.variants, "turn_order": "williams"},
+        "settings": {
+            "rounds": rounds,
+            "warmup": args.warmup,
+            "variants": args.variants,
+            "turn_order": "williams",
+            "task": f"tools-{args.tools}" if args.tools else "reachable",
+        },  # fmt: skip
         "wall_seconds": time.perf_counter() - start,
         "time": time_result,
         "memory": memory,
     }
-    (out / "cost.json").write_text(json.dumps(saved, indent=1))
+    (out / f"{name}.json").write_text(json.dumps(saved, indent=1))
     text = render(saved)
-    (out / "cost.md").write_text(text + "\n")
+    (out / f"{name}.md").write_text(text + "\n")
     print(text)
 
 
@@ -877,7 +917,7 @@ def render(saved: dict) -> str:
         f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
         f"{' (changed: ' + ', '.join(prov['changed_files_that_matter']) + ')' if prov['changed_files_that_matter'] else ''}."
         f" Machine: {conditions_text(saved.get('machine'))}."
-        f" Reachable-regime toy problems (8-11 operations), 16 prompts x 8 rollouts per step, learning rate 0.\n\n"
+        f" {TASKS[settings.get('task', 'reachable')]}, 16 prompts x 8 rollouts per step, learning rate 0.\n\n"
         + table(saved["time"], saved["memory"])
         + f"\n\n{settings['rounds']} measured steps per variant after {settings['warmup']} warm-up steps, "
         f"interleaved{ORDER_NOTES.get(settings.get('turn_order'), ' in a fixed order')}; SORT repairs done: "
@@ -885,6 +925,16 @@ def render(saved: dict) -> str:
     )
 
 
+TASKS = {
+    "reachable": "Reachable-regime toy problems (8-11 operations)",
+    **{
+        f"tools-{regime}": f"Tool task, {regime} problems (`{verb} ...`, 1-2 registers read with `get`; TRL's tool "
+        "loop, at most 3 tool-calling iterations, 128 completion tokens; MInTRL's corrections are tool calls): TRL's "
+        "tool-calling `GRPOTrainer` is the reference"
+        for regime, verb in (("in-band", "Compute"), ("reachable", "Evaluate"))
+    },
+}
+COST_FILES = {"reachable": "cost", "tools-in-band": "cost_tools", "tools-reachable": "cost_tools_reachable"}
 ORDER_NOTES = {
     "williams": " in a balanced order that changes every round (a Williams design: over a cycle of n rounds, 2n "
     "for an odd n, every variant takes every position once and follows every other equally often). CPU time: "

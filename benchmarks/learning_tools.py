@@ -100,8 +100,8 @@ MODES = {
         final_prompts=2,
         curve_prompts=2,
         curve_points=1,
-        plan={"in-band": ["grpo", "mintrl-const"]},
-    ),  # fmt: skip
+        plan={"in-band": ["grpo", "mintrl-const", "sft-grpo", "sort"]},
+    ),
 }
 TOOL_LOGGED = (*LOGGED, "tools/call_frequency", "tools/failure_frequency")
 README_START, README_END = markers("benchmarks/learning_tools.py", "learning-tools")
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, every arm on in-band")
-    parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 2 arms (the test)")
+    parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 4 arms (the test)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
     parser.add_argument("--replot", type=Path, default=None, help="re-render the tables and plot from a JSON")
