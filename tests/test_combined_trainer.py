@@ -285,8 +285,11 @@ def imported_packages(package: str) -> set[str]:
 
 
 @pytest.mark.parametrize("name", ["tools", "environment_factory"])
-def test_tools_are_refused_before_the_model_loads(model_without_weights, cpu_args, toy_dataset, name):
-    """Not tested together yet: refused with both trainers that take them named (the model never loads)."""
+def test_tools_reach_the_rollout_and_the_repair(tiny_model_path, cpu_args, toy_dataset, name):
+    """Taken as `GRPOTrainer` takes them (trained in tests/test_combined_tools.py): the intervention rollout's tools
+    are the trainer's, and the repair's prompts show them."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_chat_template
 
     def get(name: str) -> str:
         """Read a register.
@@ -297,6 +300,9 @@ def test_tools_are_refused_before_the_model_loads(model_without_weights, cpu_arg
         return name
 
     class Env:
+        def reset(self, **row):
+            return None
+
         def get(self, name: str) -> str:
             """Read a register.
 
@@ -305,10 +311,16 @@ def test_tools_are_refused_before_the_model_loads(model_without_weights, cpu_arg
             """
             return name
 
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    tokenizer.chat_template = qwen3_chat_template  # TRL refuses tools with a template that cannot render them
     value = [get] if name == "tools" else Env
-    with pytest.raises(ValueError, match=rf"does not take {name}=.*MInTRLTrainer.*SORTTrainer"):
-        MInTRLSORTTrainer(model_without_weights, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                          args=combined_args(cpu_args), train_dataset=toy_dataset, **{name: value})  # fmt: skip
+    trainer = MInTRLSORTTrainer(tiny_model_path, reward_funcs=RescueReward(), args=combined_args(cpu_args),
+                                train_dataset=toy_dataset, processing_class=tokenizer, judge=revise_first_step_judge(),
+                                **{name: value})  # fmt: skip
+    assert [tool.__name__ for tool in trainer.tools] == ["get"]
+    assert [tool.__name__ for tool in trainer.repair.renderer.tools_of(None)] == ["get"]
+    (ids,) = trainer.repair.renderer.base_prompt_ids([toy_dataset[0]["prompt"]])
+    assert '"name": "get"' in tokenizer.decode(ids)
 
 
 def test_mintrl_and_sort_packages_do_not_import_each_other():

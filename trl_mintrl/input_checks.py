@@ -210,9 +210,9 @@ def _check_references(values: list, column: str, conversations: bool = False) ->
     if not conversations and any(is_reference_conversation(value) for value in values):
         rows = [i for i, value in enumerate(values) if is_reference_conversation(value)]
         raise InputError(
-            f"Column {column!r} (reference_column) holds conversations in {named_rows(rows)}; only SORTTrainer (in "
-            "Python, with tools= or environment_factory=) learns from reference conversations, this run reads "
-            "references as text. Give the reference solutions as strings."
+            f"Column {column!r} (reference_column) holds conversations in {named_rows(rows)}; only SORTTrainer and "
+            "MInTRLSORTTrainer (in Python, with tools= or environment_factory=) learn from reference conversations, "
+            "this run reads references as text. Give the reference solutions as strings."
         )
     problems = [(i, reference_conversation_problem(v)) for i, v in enumerate(values) if is_reference_conversation(v)]
     problems = [(i, problem) for i, problem in problems if problem is not None]

@@ -27,6 +27,8 @@ class MInTRLSORTConfig(MInTRLConfig, SORTConfig):
       repair only when none of them is correct (SORT's all-wrong rule, with `correctness_reward_funcs` and
       `correct_threshold`).
     - `reference_column`: one column serves both, as the judge's privileged context and as the repair's reference.
+      With `tools=` / `environment_factory=` it may hold tool-calling conversations, as in SORT: the repair learns
+      their assistant turns, the judge reads them as a transcript (`MInTRLSORTTrainer.judge_reference`).
     - `vllm_importance_sampling_correction`: `False`, as in MInTRL (the regression uses no importance sampling);
       `True` is refused.
 

@@ -4,7 +4,7 @@ Backends behind one batched interface: `FunctionJudge` (Python callables), `Gene
 second model, through a generation engine) and `EndpointJudge` (an OpenAI-compatible HTTP endpoint).
 """
 
-from .base import Correction, CorrectionRequest, Judge, ReviewRequest, TransportStatus, Verdict
+from .base import Correction, CorrectionRequest, Judge, ReviewRequest, TransportStatus, Verdict, conversation_text
 from .endpoint import EndpointJudge
 from .function import FunctionJudge
 from .generating import GeneratingJudge
@@ -34,6 +34,7 @@ __all__ = [
     "TransportStatus",
     "Verdict",
     "clean_correction",
+    "conversation_text",
     "parse_correction",
     "parse_verdict",
     "resolve_template",

@@ -51,24 +51,86 @@ class CorrectionRequest:
     conversation: list[dict] = field(default_factory=list)
 
 
-def conversation_text(conversation: list[dict], prefix: str) -> str:
+# the parsed message's reasoning field: `reasoning_content` (Qwen3, GLM-4, DeepSeek-R1, Nemotron 3, Gemma 4), `thinking`
+# (gpt-oss, LFM2.5); TRL's response templates name one or the other
+_REASONING_KEYS = ("reasoning_content", "thinking")
+
+
+def conversation_text(conversation: list[dict], prefix: str, reasoning: bool = True) -> str:
     """A rollout's earlier turns and tool results, then the current turn's `prefix`, as a plain transcript for a
-    judge prompt; `prefix` alone without a conversation (single-turn rollouts)."""
+    judge prompt; `prefix` alone without a conversation (single-turn rollouts).
+
+    The messages are TRL's parsed turns (`parse_response`: `content`, the reasoning under `reasoning_content` or
+    `thinking`, `tool_calls`) and tool results (`{"role": "tool", "name", "content"}`). Each earlier turn is an
+    `[assistant]` block (its content, then one `[tool call] name(arguments)` line per call, the arguments as JSON
+    whether the parser gave a dict or a JSON string), after an `[assistant reasoning]` block when the turn has
+    reasoning; each result is a `[tool result: name]` block; content given as a list of parts shows its text parts.
+    A turn whose parse failed (a malformed tool call: TRL keeps the raw text as `content`) has its `<think>` block
+    split off as Qwen3's template splits it.
+
+    Earlier turns' reasoning is shown by default (`reasoning=False` leaves it out): the policy wrote the current turn
+    with it in its context (the rollout appends tokens, nothing is re-rendered), and Qwen3's template keeps the
+    reasoning of every assistant turn after the last user message, which is all of a tool-calling rollout (it drops
+    only the reasoning of turns before a user message). A step of the current turn may build on it, and the judge
+    sees the current turn's own reasoning anyway.
+
+    The current turn's `prefix` is shown verbatim, as the policy wrote it after the generation prompt: the review's
+    steps are cut from the same text and a correction is appended to it as is. For a thinking policy it starts with
+    the policy's `<think>` (Qwen3 with thinking on), or inside the block without the tag when the chat template
+    opens it in the generation prompt (Qwen3-Thinking-2507, DeepSeek-R1), and has no block when thinking is off (the
+    template's empty block is in the prompt). A judge that ends the thinking to call a tool writes `</think>` first:
+    a `<tool_call>` inside an open block is parsed as reasoning and not run.
+    """
     if not conversation:
         return prefix
-    lines = []
+    blocks = []
     for message in conversation:
-        if message["role"] == "tool":
-            lines.append(f"[tool result: {message.get('name', '')}]\n{message['content']}")
+        role = message.get("role") or "assistant"
+        content = _content_text(message.get("content"))
+        if role == "tool":
+            name = message.get("name")
+            blocks.append(f"[tool result{f': {name}' if name else ''}]\n{content}")
             continue
-        calls = "".join(
-            f"\n[tool call] {call['function']['name']}({json.dumps(call['function']['arguments'])})"
+        thought = next((message[k] for k in _REASONING_KEYS if isinstance(message.get(k), str)), None)
+        if thought is None and "</think>" in content:  # raw text: split as Qwen3's template does
+            thought = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+            content = content.split("</think>")[-1].lstrip("\n")
+        thought = (thought or "").strip("\n")
+        if reasoning and thought.strip():
+            blocks.append(f"[{role} reasoning]\n{thought}")
+        calls = [
+            f"[tool call] {call['function']['name']}({_arguments_text(call['function'].get('arguments'))})"
             for call in message.get("tool_calls") or []
-            if call.get("type") == "function"
+            if call.get("type", "function") == "function" and call.get("function")
+        ]
+        blocks.append("\n".join([f"[{role}]", *([content] if content else []), *calls]))
+    blocks.append(f"[assistant, current turn]\n{prefix}")
+    return "\n\n".join(blocks)
+
+
+def _content_text(content) -> str:
+    """A message's content as text: a string as is, a list of parts as its text parts (other parts as `[type]`)."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = [part if isinstance(part, dict) else {"type": "text", "text": part} for part in content]
+        return "\n".join(
+            str(part.get("text", "")) if part.get("type", "text") == "text" else f"[{part['type']}]" for part in parts
         )
-        lines.append(f"[assistant]\n{message.get('content', '')}{calls}")
-    lines.append(f"[assistant, current turn]\n{prefix}")
-    return "\n\n".join(lines)
+    return str(content)
+
+
+def _arguments_text(arguments) -> str:
+    """Tool-call arguments as JSON: a dict encoded, a JSON string (what some parsers return) decoded first so that
+    it is not encoded twice, and a string that is not JSON (a malformed call) as it is."""
+    if arguments is None:
+        return "{}"
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return json.dumps(arguments, ensure_ascii=False)
 
 
 @dataclass

@@ -133,7 +133,7 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
             Trajectory(
                 prompt_ids=list(ids),
                 question=question_text(prompt),
-                reference=row.get(args.reference_column),
+                reference=self.judge_reference(row),
                 review_budget=0 if control else args.max_reviews,
                 environment=TRLToolEnvironment(self, i) if self.tools else None,
             )
@@ -169,6 +169,12 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
         if not self.tools:  # with tools, TRL takes its tool_mask from `_tool_call_loop` instead
             output["env_mask"] = [t.env_mask for t in trajectories]
         return output
+
+    def judge_reference(self, row: dict) -> str | None:
+        """The reference solution the judge reads for a dataset row (its privileged context): the row's
+        `reference_column` value. A subclass whose references are not text (`MInTRLSORTTrainer`'s reference
+        conversations) renders them here."""
+        return row.get(self.args.reference_column)
 
     def rollout_groups(self, rows: list[dict]) -> RolloutBatch:
         """One rollout of a group per dataset row (controls and intervened, in TRL's order), exactly as the rollout

@@ -145,7 +145,7 @@ class ReferenceRenderer:
         writes it after the generation prompt (through its end-of-turn EOS), learnt; each run of tool results as the
         tokens TRL appends for them (`_get_tool_suffix_ids`: the results in the template's format, then the next
         generation prompt), not learnt. The planner reads the decoded tokens, without special tokens."""
-        messages = [_as_written(message) for message in messages]
+        messages = [as_written(message) for message in messages]
         ids, learned, start = [], [], 0
         while start < len(messages):
             if messages[start]["role"] == "assistant":
@@ -243,9 +243,10 @@ class ReferenceRenderer:
         return lengths
 
 
-def _as_written(message: dict) -> dict:
+def as_written(message: dict) -> dict:
     """A reference message as TRL's tool loop holds the policy's: tool-call arguments parsed from JSON strings (the
-    way to store them in a `datasets` column), keys that hold None (filled in by such a column) left out."""
+    way to store them in a `datasets` column), keys that hold None (filled in by such a column) left out. Public: the
+    combined trainer's judge reads reference conversations in this form too."""
     message = {key: value for key, value in message.items() if value is not None}
     if message.get("tool_calls"):
         message["tool_calls"] = [
