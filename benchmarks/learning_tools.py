@@ -144,18 +144,12 @@ def sft_on_transcripts(model, tokenizer, problems, *, batch_size: int, learning_
     import random
 
     from benchmarks.toy.tool_task import sft_example
-    from benchmarks.toy.warm_start import pad_batch, sft_optimizer, sft_step
+    from benchmarks.toy.warm_start import pad_batch, sft_epoch
 
     rng = random.Random(seed)
-    model.train()
-    optimizer = sft_optimizer(model, learning_rate)
     rows = [sft_example(tokenizer, p, True, rng) for p in problems]
-    steps = 0
-    for start in range(0, len(rows), batch_size):
-        sft_step(model, optimizer, pad_batch(tokenizer, rows[start : start + batch_size]))
-        steps += 1
-    model.eval()
-    return steps
+    batches = (pad_batch(tokenizer, rows[start : start + batch_size]) for start in range(0, len(rows), batch_size))
+    return sft_epoch(model, batches, learning_rate)
 
 
 def train_dataset(problems):

@@ -142,12 +142,19 @@ def sft_on_references(model, tokenizer, dataset, *, batch_size: int, learning_ra
     `batch_size` rows a step, with the warm start's optimiser at a constant `learning_rate`: what a user with
     reference solutions does before RL (the paper's SFT+GRPO baseline). Trains `model` in place on one CPU thread
     and leaves it in eval mode; returns the optimizer steps taken."""
+    rows = list(zip(dataset["prompt"], dataset["solution"], strict=True))
+    batches = (sft_batch(tokenizer, rows[start : start + batch_size]) for start in range(0, len(rows), batch_size))
+    return sft_epoch(model, batches, learning_rate)
+
+
+def sft_epoch(model, batches, learning_rate: float) -> int:
+    """One pass of `sft_step` over `batches` with the warm start's optimiser at a constant `learning_rate`; leaves
+    `model` in eval mode and returns the optimizer steps taken."""
     model.train()
     optimizer = sft_optimizer(model, learning_rate)
-    rows = list(zip(dataset["prompt"], dataset["solution"], strict=True))
     steps = 0
-    for start in range(0, len(rows), batch_size):
-        sft_step(model, optimizer, sft_batch(tokenizer, rows[start : start + batch_size]))
+    for batch in batches:
+        sft_step(model, optimizer, batch)
         steps += 1
     model.eval()
     return steps
