@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from trl.chat_template_utils import qwen3_chat_template
 
 from trl_mintrl.engines.base import Generation
-from trl_mintrl.judges import FunctionJudge
+from trl_mintrl.judges import CorrectionRequest, FunctionJudge, ReviewRequest
 from trl_mintrl.losses import advantage_regression_loss, mintrl_anchors, regression_token_masks
 from trl_mintrl.mintrl import trainer as mintrl_trainer
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
@@ -336,3 +336,27 @@ def test_judge_prompts_show_the_conversation_so_far():
     expected = f"[assistant]\nLet me look.\n[tool call] get({json.dumps({'name': 'a'})})\n\n[tool result: get]\n7"
     assert expected + "\n\n[assistant, current turn]\nSo a" in prompt
     assert "[assistant" not in JudgeTemplates().render_review(ReviewRequest("q", "So a", ["=7"]))
+
+
+def test_the_docs_feedback_judge_writes_its_correction_from_a_tool_error():
+    """docs/tools.md's example judge, run as the page shows it: after a failed call it flags a turn that does not
+    retry, and writes the call the question needs; after a good result, or on a retrying turn, it keeps."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tools.md").read_text()
+    [block] = [b for b in re.findall(r"^```python\n(.*?)^```", page, flags=re.M | re.S) if "def last_error" in b]
+    namespace: dict = {}
+    exec(compile(block, "docs/tools.md", "exec"), namespace)
+    judge = namespace["judge"]
+    failed = [{"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+               "function": {"name": "get", "arguments": {"name": "z"}}}]},
+              {"role": "tool", "name": "get", "content": str({"error": "no register 'z'"})}]  # fmt: skip
+    question = "What is a + 2 ?"
+    guess = ReviewRequest(question=question, prefix="", steps=["a is 3, so 5."], conversation=failed)
+    retry = ReviewRequest(question=question, prefix="", steps=["<tool_call>"], conversation=failed)
+    read = ReviewRequest(question=question, prefix="", steps=["a is 3, so 5."],
+                         conversation=[failed[0], {"role": "tool", "name": "get", "content": "3"}])  # fmt: skip
+    verdicts = judge.review([guess, retry, read])
+    assert [v.wrong_step for v in verdicts] == [0, None, None]
+    [correction] = judge.correct([CorrectionRequest(question=question, prefix="", conversation=failed)])
+    assert correction.text == '<tool_call>\n{"name": "get", "arguments": {"name": "a"}}\n</tool_call>'

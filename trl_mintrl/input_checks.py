@@ -76,9 +76,11 @@ def check_train_dataset(
     tokenize: Callable[[list], list[list[int]]] | None = None,
     max_prompt_tokens: int | None = None,
     context: str = "",
+    environment_observations: bool = False,
 ) -> None:
     """Raise `InputError` for a missing `reference_column` when `reference_required`, and for rows a run cannot
-    use: an empty prompt; a prompt of more than `max_prompt_tokens`
+    use: an empty prompt (allowed with `environment_observations`: TRL appends an `environment_factory`'s `reset()`
+    text to the last user message, so a row may leave it empty); a prompt of more than `max_prompt_tokens`
     tokens (as `tokenize` counts them); a `reference_column` value that is not a string (or None); a reference
     column that is empty in every row. Rows with an empty reference only warn (SORT counts and skips them, MInTRL's
     judge then sees no reference). `reference_conversations`: a reference may also be a conversation (SORT), checked
@@ -92,7 +94,7 @@ def check_train_dataset(
         raise InputError(f"The train dataset has no 'prompt' column (columns: {columns}); TRL trains on it.")
     prompts = list(dataset["prompt"])
     empty = [i for i, prompt in enumerate(prompts) if _prompt_is_empty(prompt)]
-    if empty:
+    if empty and not environment_observations:
         raise InputError(
             f"The train dataset has {len(empty)} empty prompt(s) ({named_rows(empty)}): the model would be asked "
             "nothing. Remove them, e.g. dataset.filter(lambda row: <the prompt has text>)."
@@ -371,6 +373,7 @@ def check_trainer_inputs(trainer) -> None:
         tokenize=None if getattr(trainer, "environment_factories", None) else trainer.tokenize_prompts,
         max_prompt_tokens=limit,
         context=context,
+        environment_observations=bool(getattr(trainer, "environment_factories", None)),
     )
     check_code_sandbox(trainer.reward_funcs)
     for i, func in enumerate(trainer.reward_funcs):
