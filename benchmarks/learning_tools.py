@@ -2,6 +2,7 @@
 
     python benchmarks/learning_tools.py            # full run (5 seeds, both regimes; needs free cores)
     python benchmarks/learning_tools.py --quick    # 1 seed, 4 steps, in-band, every arm (minutes)
+    python benchmarks/learning_tools.py --fresh    # the in-band headline on fresh seeds 5-9 (H5)
     python benchmarks/learning_tools.py --replot benchmarks/results/learning_tools.json [--readme README.md]
 
 The task (`benchmarks.toy.tool_task`, issue 38): `Compute 4+a-b+2 =` where the registers' values are only in the
@@ -35,6 +36,9 @@ Hypotheses (written before the full run, from the calibration):
   calls on every training prompt); sort ends between grpo and sft-grpo.
 - H4: mintrl-const's judge-token share starts near the calibration's ~33% and falls during the intervention phase as
   the policy calls by itself, and the judge tokens' NLL falls with it (else the ~10-nat correction is not absorbed).
+- H5 (written after 11 of the full run's 40 runs had finished, before its tables): on fresh seeds 5-9 (`--fresh`:
+  in-band grpo, mintrl-const, sft-grpo) each difference to GRPO has the sign it has on seeds 0-4, and is resolved
+  on the fresh seeds if it is on seeds 0-4.
 """
 
 from __future__ import annotations
@@ -83,6 +87,17 @@ MODES = {
             "in-band": ["grpo", "grpo-2x", "mintrl-const", "sft-grpo", "sort"],
             "reachable": ["grpo", "grpo-2x", "mintrl-const"],
         },
+    ),  # fmt: skip
+    # the headline on fresh seeds (written before the full run's results were seen): seeds 5-9, the in-band regime's
+    # GRPO, MInTRL and SFT arms, the full mode's settings
+    "fresh": dict(
+        steps=48,
+        seeds=[5, 6, 7, 8, 9],
+        prompts_per_step=8,
+        final_prompts=96,
+        curve_prompts=32,
+        curve_points=4,
+        plan={"in-band": ["grpo", "mintrl-const", "sft-grpo"]},
     ),  # fmt: skip
     "quick": dict(
         steps=4,
@@ -338,15 +353,20 @@ def plot(results: dict, out: Path) -> list[Path]:
         ax.set_ylabel("held-out pass@1 (%), curve set")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out / "learning_tools.png"
+    path = out / f"{file_name(results)}.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return [path]
 
 
+def file_name(results: dict) -> str:
+    """learning_tools, or learning_tools_fresh for the fresh-seed mode's files."""
+    return "learning_tools_fresh" if results["settings"]["mode"] == "fresh" else "learning_tools"
+
+
 def render(results: dict, out: Path, plots: bool = True) -> str:
     text = report(results)
-    (out / "learning_tools.md").write_text(text)
+    (out / f"{file_name(results)}.md").write_text(text)
     if plots and results["runs"]:
         plot(results, out)
     return text
@@ -374,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, every arm on in-band")
     parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 4 arms (the test)")
+    parser.add_argument("--fresh", action="store_true", help="the in-band headline on fresh seeds 5-9")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
     parser.add_argument("--replot", type=Path, default=None, help="re-render the tables and plot from a JSON")
@@ -382,13 +403,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.replot:
         replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    out = args.out or (RESULTS if mode == "full" else RESULTS / "quick")
+    mode = "smoke" if args.smoke else "quick" if args.quick else "fresh" if args.fresh else "full"
+    out = args.out or (RESULTS if mode in ("full", "fresh") else RESULTS / "quick")
     out.mkdir(parents=True, exist_ok=True)
     settings = {"mode": mode, **MODES[mode]}
     results = {"provenance": provenance("benchmarks/learning_tools.py", argv), "settings": settings,
                "baselines": [], "runs": []}  # fmt: skip
-    execute(results, out, "learning_tools.json", render, [], run_job, plan_jobs(settings), args.workers)
+    execute(results, out, f"{file_name(results)}.json", render, [], run_job, plan_jobs(settings), args.workers)
 
 
 if __name__ == "__main__":
