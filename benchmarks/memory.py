@@ -463,8 +463,8 @@ def prepared_micro_batch(output: dict, rows: int, completion_tokens: int, vocab:
 def warm_optimizer(trainer) -> bool:
     """Create the trainer's optimizer and its state (AdamW's moments) with a zero-gradient step, as the first training
     step would, so that no measured phase allocates optimizer state; the same for the repair's own optimizer state
-    (`repair_optimizer="own"`), through the repair's `_repair_optimizer()` context. Returns whether the repair's
-    state was warmed that way (False: this version has no such seam)."""
+    (`repair_optimizer="own"`), stepped as the separate repair steps step it (`repair.optimizer.stepping()`).
+    Returns whether a repair state of its own was warmed (False with `repair_optimizer="shared"`)."""
     import torch
 
     def zero_step():
@@ -476,12 +476,25 @@ def warm_optimizer(trainer) -> bool:
 
     trainer.create_optimizer_and_scheduler(num_training_steps=trainer.args.max_steps)
     zero_step()
-    repair_optimizer = getattr(getattr(trainer, "repair", None), "_repair_optimizer", None)
-    if repair_optimizer is None:
+    if trainer.repair.optimizer.own_state is None:
         return False
-    with repair_optimizer():
+    with trainer.repair.optimizer.stepping():
         zero_step()
     return True
+
+
+def enable_checkpointing(model, args) -> bool:
+    """Turn activation checkpointing on as `Trainer.train` does when `args.gradient_checkpointing` is set (the phases
+    run the trainers' code without `train()`, which is where transformers turns it on); returns whether it is on.
+    transformers 5.18+ names it `activation_checkpointing_enable`, earlier versions `gradient_checkpointing_enable`."""
+    if not args.gradient_checkpointing:
+        return False
+    kwargs = args.gradient_checkpointing_kwargs or None
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        return model.is_activation_checkpointing
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model.is_gradient_checkpointing
 
 
 def measure_phases(sort, mintrl, model, tokenizer, settings: dict, config: dict, meter: PhaseMeter) -> dict:
@@ -490,6 +503,7 @@ def measure_phases(sort, mintrl, model, tokenizer, settings: dict, config: dict,
 
     facts = {}
     model.train()
+    facts["activation_checkpointing"] = enable_checkpointing(model, sort.args)
     for trainer in (sort, mintrl):
         if trainer is not None and not getattr(trainer, "current_gradient_accumulation_steps", None):
             trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
@@ -649,6 +663,20 @@ def _rows_cell(record: dict | None) -> str:
     return f"{grad if grad is not None else '-'} / {no_grad if no_grad is not None else '-'} ({tokens:,})"
 
 
+def checkpointing_state(asked: bool, runs: list[dict]) -> str:
+    """Whether the runs measured with activation checkpointing, as their facts record it: runs before that fact was
+    recorded asked for it but never turned it on (`Trainer.train` does, and the phases run without it)."""
+    if not asked:
+        return "off"
+    if runs and all(r["facts"].get("activation_checkpointing") for r in runs):
+        return "on"
+    return (
+        "asked for but NOT on in these runs (they predate `enable_checkpointing`: `Trainer.train` turns it on and the "
+        "phases run without `train()`, so every layer's activations were kept; rerun the script for checkpointed "
+        "numbers)"
+    )
+
+
 def render(saved: dict) -> str:
     prov, settings, runs = saved["provenance"], saved["settings"], saved["runs"]
     model = settings["model"]
@@ -668,7 +696,7 @@ def render(saved: dict) -> str:
         f"Model: random Qwen3 ({model['layers']} layers, hidden {model['hidden']}, MLP {model['intermediate']}, "
         f"{model['heads']} heads / {model['kv_heads']} KV heads of {model['head_dim']}, tied embeddings; {params}: "
         "the package's tiny tokenizer, so the logits are a small share of the memory), fp32 on the CPU, "
-        f"gradient checkpointing {'on' if settings['gradient_checkpointing'] else 'off'} (TRL's default is on). "
+        f"gradient checkpointing {checkpointing_state(settings['gradient_checkpointing'], ok)} (TRL's default is on). "
         f"References of {settings['reference_tokens']:,} tokens, plans of up to {settings['plan_tokens']} tokens; "
         f"loss micro-batches of {settings['completion_tokens']:,}-token completions; generation batch "
         f"{settings['generation_batch']} rollouts x {settings['generation_tokens']} tokens.",

@@ -212,6 +212,8 @@ def table(runs: list[dict]) -> str:
 
 
 def render(saved: dict) -> str:
+    from benchmarks.memory import checkpointing_state
+
     s = saved["settings"]
     lines = [
         f"# GPU check on {saved['device_name']} ({'CPU dry run, tiny shapes' if saved['cpu_dry_run'] else 'bf16'})",
@@ -220,7 +222,8 @@ def render(saved: dict) -> str:
         "",
         f"Random Qwen3 ({s['model']['layers']} layers, hidden {s['model']['hidden']}, vocabulary "
         f"{s['model']['vocab']:,}; {saved['result']['parameters'] / 1e9:.3f}B parameters, "
-        f"{saved['result']['dtype']}), gradient checkpointing {'on' if s['gradient_checkpointing'] else 'off'}; "
+        f"{saved['result']['dtype']}), gradient checkpointing "
+        f"{checkpointing_state(s['gradient_checkpointing'], saved['result']['runs'])}; "
         f"losses on {s['completion_tokens']:,}-token completions, repairs of {s['reference_tokens']:,}-token "
         f"references with plans of up to {s['plan_tokens']} tokens, generation batch {s['generation_batch']} x "
         f"{s['generation_tokens']} tokens.",

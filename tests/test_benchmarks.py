@@ -596,6 +596,10 @@ def test_memory_benchmark_quick_writes_phase_table(tmp_path):
         assert phases["GRPO loss"]["max_rows_grad"] == micro_batch  # the prepared micro-batch reached the loss
         assert phases["repair: base pass"]["max_rows_grad"] >= 1
         assert runs[name]["facts"]["repairs"] == 1
+        # measured as training runs: activations checkpointed (TRL's default, turned on by `Trainer.train`) and the
+        # repair's own optimizer state allocated before the phases
+        assert runs[name]["facts"]["activation_checkpointing"] is True
+        assert runs[name]["facts"]["repair_optimizer_warmed"] is True
     table = (tmp_path / "memory.md").read_text()
     assert table.startswith("# Memory per phase") and "Hypotheses (written before the run)" in table
     assert "| mb2-r4 | 2 | 4 | 4 |" in table and "| micro-batch 1 -> 2 (4 references) |" in table
