@@ -17,11 +17,14 @@
 #    then give_back. Results come back as $OUT/gpu_check.{md,json,log}.
 # On a CPU (to prove the code paths, tiny shapes, ~1-2 minutes):  scripts/gpu_check.sh --cpu-dry-run
 #
-# Run so far: only --cpu-dry-run, on the 2-core CPU machine, with torch 2.13 + transformers 5.24 (the venv) and with
-# transformers 5.17 + huggingface_hub 1.33 + accelerate 1.15 (the H200 image's versions) shadowing the venv's.
-# NOT run on a GPU yet: the CUDA path (bf16 model built on the device, the 16k/4k shapes, torch.cuda peak counters),
-# the wheel install on that machine's python 3.12 with its own pyarrow/fsspec/huggingface_hub (datasets 4.8.5 asks for
-# pyarrow >= 21 and fsspec <= 2026.2.0; pip --no-deps does not check them; gpu_check.py's import check names any package that fails), the timings.
+# Run so far (2026-12-04, on the lent H200; torch 2.11, transformers 5.17, python 3.12, the carried wheels installed
+# and imported as listed): results in benchmarks/results/gpu_check_h200/ (what the run printed and wrote, as it came
+# back). The first run (at a761adf) stopped with CUDA out of memory in the first GRPO loss (mb4: 4 x 16,384 tokens,
+# 138 GiB allocated): the check never turned gradient checkpointing on, since `Trainer.train` does that and the phases
+# run without it (benchmarks/memory.enable_checkpointing now does it as train() would). The second run (a761adf plus
+# that fix) finished all three configurations in 446 s. Its "repair update" rows include the first allocation of the
+# repair's own AdamW state (repair_optimizer_warmed: false; the warm-up looked for a seam since renamed, fixed after
+# the run), which a rerun would leave out. Not run there yet: anything with vLLM (scripts/gpu_smoke.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
