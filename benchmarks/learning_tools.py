@@ -373,8 +373,16 @@ def render(results: dict, out: Path, plots: bool = True) -> str:
 
 
 def readme_block(results: dict) -> str:
-    """The README's lines: each arm against GRPO per regime, paired 95% intervals."""
-    lines = []
+    """The README's lines: where they come from, then each arm against GRPO per regime, paired 95% intervals."""
+    s = results["settings"]
+    lines = [
+        f"{s['steps']} optimizer steps x {s['prompts_per_step']} prompts, seeds {s['seeds']}; held-out pass@1 and "
+        f"pass@8 in % ({s['final_prompts']} problems x 8 samples, tool loop on); differences paired by seed with 95% "
+        f"t-intervals. From `benchmarks/results/{file_name(results)}.json` (commit "
+        f"`{results['provenance']['commit'][:12]}`); every arm, the judge tokens and each seed in "
+        f"`benchmarks/results/{file_name(results)}.md`.",
+        "",
+    ]
     for regime, labels in results["settings"]["plan"].items():
         grpo = runs_of(results, regime, "grpo")
         cells = []
