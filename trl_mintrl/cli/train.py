@@ -88,7 +88,7 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
 
 
 def _prepare_model(recipe: Recipe) -> None:
-    """Build the tiny model if the recipe asks for it and it is missing; pass ModelConfig's loading options on."""
+    """Build the tiny model or prepare SmolLM2 if the recipe asks for it and it is missing; pass ModelConfig's loading options on."""
     from accelerate import PartialState
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
@@ -100,6 +100,11 @@ def _prepare_model(recipe: Recipe) -> None:
                 from ..tiny import build_tiny_model
 
                 build_tiny_model(model_args.model_name_or_path)
+    if script_args.prepare_smollm2:
+        with PartialState().main_process_first():
+            from ..smollm2 import prepare_smollm2
+
+            prepare_smollm2(model_args.model_name_or_path)
 
     # as TRL's scripts do: ModelConfig's loading options reach the trainer through model_init_kwargs
     training_args.model_init_kwargs = {
