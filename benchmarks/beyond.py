@@ -315,8 +315,8 @@ README_START, README_END = markers("benchmarks/beyond.py", "beyond-results")
 
 
 def readme_block(results: dict) -> str:
-    """The README's summary, one row per arm: its pass@1 and the paired differences to GRPO and to the arm without
-    its feature; every other number is in the .md."""
+    """The summary block (docs/benchmarks.md), one row per arm: its pass@1 and the paired differences to GRPO and to
+    the arm without its feature; every other number is in the .md."""
     settings, prov = results["settings"], results["provenance"]
     lines = [
         "Beyond the papers (`benchmarks/beyond.py`: fallible judges, voting judges, the judge-token budget "
@@ -542,7 +542,9 @@ def main(argv: list[str] | None = None) -> None:
         "--out", type=Path, default=None, help="output folder (with --replot: default the JSON's folder)"
     )
     parser.add_argument("--replot", type=Path, default=None, help="re-render beyond.md and the plot from a JSON")
-    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
+    )
     args = parser.parse_args(argv)
     if args.replot:
         replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)

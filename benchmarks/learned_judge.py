@@ -262,7 +262,8 @@ def report(results: dict) -> str:
 
 
 def readme_block(results: dict) -> str:
-    """The README's lines: the judge's accuracy and error rates, and MInTRL with it against GRPO and the rule judge."""
+    """The summary block's lines: the judge's accuracy and error rates, and MInTRL with it against GRPO and the
+    rule judge."""
     acc = results["judge"]["accuracy"]
     grpo, rule, learned = (_by_seed(results, label) for label in (GRPO, RULE, LEARNED))
     rates = ", ".join(f"{kind.replace('_', ' ')} {_pct(acc[kind])}" for kind in JUDGE_ERRORS)
@@ -312,7 +313,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--beyond", type=Path, default=RESULTS / "beyond.json", help="the fallible judges' runs")
     parser.add_argument("--replot", type=Path, default=None, help="re-render learned_judge.md from a JSON")
-    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's block")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
+    )
     args = parser.parse_args(argv)
     if args.replot:
         replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)

@@ -755,15 +755,15 @@ def report(results: dict) -> str:
 README_START, README_END = markers("benchmarks/learning.py", "learning-results")
 
 
-README_REGIMES = ["in-band", "out-of-reach", "reachable", "sort-hint"]  # the README's columns; distance: one line
-# the README's rows (the retention and notation variants are in learning.md), those with runs
+README_REGIMES = ["in-band", "out-of-reach", "reachable", "sort-hint"]  # summary block's columns; distance: a line
+# the summary block's rows (the retention and notation variants are in learning.md), those with runs
 README_LABELS = ["grpo", "grpo-2x", "mintrl-const", "mintrl-const-full", "mintrl-const-near", "mintrl-const-far",
                  "mintrl-proxy", "mintrl-off", "sort", "sort-uniform", "sort-shared", "sort-beta0", "sort-beta1"]  # fmt: skip
 
 
 def readme_block(results: dict) -> str:
-    """The README's headline, compact: per main regime, each method's pass@1 difference to GRPO; the calibrations,
-    the judge's distance and the intensity sweep in a line each. The full tables: learning.md."""
+    """The summary block (docs/benchmarks.md), compact: per main regime, each method's pass@1 difference to GRPO;
+    the calibrations, the judge's distance and the intensity sweep in a line each. The full tables: learning.md."""
     results = normalise(results)
     settings = results["settings"]
     regimes = [r for r in README_REGIMES if r in settings["plan"] and runs_of(results, r, "grpo")]
@@ -1231,7 +1231,9 @@ def main(argv: list[str] | None = None) -> None:
         "pass@1 / pass@8 with the recorded ones (writes learning_recheck.json; exit status 1 if any differs)",
     )
     parser.add_argument("--replot", type=Path, default=None, help="re-render learning.md and plots from a JSON")
-    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's table")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
+    )
     args = parser.parse_args(argv)
     if args.replot:
         load = lambda path: normalise(json.loads(path.read_text()))  # noqa: E731

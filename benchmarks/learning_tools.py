@@ -3,7 +3,7 @@
     python benchmarks/learning_tools.py            # full run (5 seeds, both regimes; needs free cores)
     python benchmarks/learning_tools.py --quick    # 1 seed, 4 steps, in-band, every arm (minutes)
     python benchmarks/learning_tools.py --fresh    # the in-band headline on fresh seeds 5-9 (H5)
-    python benchmarks/learning_tools.py --replot benchmarks/results/learning_tools.json [--readme README.md]
+    python benchmarks/learning_tools.py --replot benchmarks/results/learning_tools.json [--readme docs/benchmarks.md]
 
 The task (`benchmarks.toy.tool_task`, issue 38): `Compute 4+a-b+2 =` where the registers' values are only in the
 environment (`RegisterEnv`, TRL's `environment_factory`); the reward (`tool_reward`) is 1 for the right answer with
@@ -373,7 +373,7 @@ def render(results: dict, out: Path, plots: bool = True) -> str:
 
 
 def readme_block(results: dict) -> str:
-    """The README's lines: where they come from, then each arm against GRPO per regime, paired 95% intervals."""
+    """The summary block's lines: where they come from, then each arm against GRPO per regime, paired 95% intervals."""
     s = results["settings"]
     lines = [
         f"{s['steps']} optimizer steps x {s['prompts_per_step']} prompts, seeds {s['seeds']}; held-out pass@1 and "
@@ -406,7 +406,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
     parser.add_argument("--replot", type=Path, default=None, help="re-render the tables and plot from a JSON")
-    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's block")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
+    )
     args = parser.parse_args(argv)
     if args.replot:
         replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)

@@ -1,4 +1,8 @@
-"""The README's result tables are written by the benchmark scripts, between marker lines, never by hand."""
+"""The benchmarks' summary tables are written by the benchmark scripts between marker lines, never by hand.
+
+They live in docs/benchmarks.md (section "Summary tables"; the README's Results section points there and quotes a few
+of their numbers): each script's `--readme` argument takes that page, `--replot JSON --readme docs/benchmarks.md`.
+The argument keeps its name; any Markdown file with the two marker lines works (the tests use a temporary one)."""
 
 from __future__ import annotations
 
@@ -6,9 +10,10 @@ from pathlib import Path
 
 
 def markers(script: str, name: str) -> tuple[str, str]:
-    """The start and end marker lines of `name`'s block, written by `script --replot ... --readme README.md`."""
+    """The start and end marker lines of `name`'s block, written by `script --replot ... --readme
+    docs/benchmarks.md`."""
     return (
-        f"<!-- {name}:start: written by `python {script} --replot ... --readme README.md` -->",
+        f"<!-- {name}:start: written by `python {script} --replot ... --readme docs/benchmarks.md` -->",
         f"<!-- {name}:end -->",
     )
 
@@ -25,7 +30,8 @@ def update_readme(path: Path, start: str, end: str, block: str) -> None:
 
 def replot(path: Path, out: Path | None, render, readme: Path | None, start: str, end: str, block, load=None) -> None:
     """A benchmark's `--replot`: re-render its tables and plots from the JSON at `path` into `out` (default: the
-    JSON's folder) and, with `readme`, rewrite that README's block between `start` and `end` with `block(results)`.
+    JSON's folder) and, with `readme` (docs/benchmarks.md), rewrite that page's block between `start` and `end` with
+    `block(results)`.
     `load` reads the JSON (default: as it is)."""
     import json
 

@@ -195,7 +195,7 @@ def report(results: dict) -> str:
 
 
 def readme_block(results: dict) -> str:
-    """The README's lines: per style, the reference arms' pass@1 - GRPO and MInTRL-const - arm."""
+    """The summary block's lines: per style, the reference arms' pass@1 - GRPO and MInTRL-const - arm."""
     lines = [
         "References rewritten farther from the student (`benchmarks/references.py`, in-band, "
         f"{len(results['settings']['seeds'])} seeds, pass@1 points, paired 95% t-intervals; MInTRL-const's judge "
@@ -276,7 +276,9 @@ def main(argv: list[str] | None = None) -> None:
         help="recorded runs to reuse where the job is the same",
     )
     parser.add_argument("--replot", type=Path, default=None, help="re-render references.md and the plot from a JSON")
-    parser.add_argument("--readme", type=Path, default=None, help="with --replot: also rewrite this README's block")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
+    )
     args = parser.parse_args(argv)
     if args.replot:
         replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)

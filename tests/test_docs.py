@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 import re
 import shutil
@@ -191,3 +192,73 @@ def test_readme_says_what_the_python_quick_start_needs_on_cpu(tmp_path):
         with pytest.raises(ValueError, match="Your setup doesn't support bf16/gpu"):
             SORTConfig(str(tmp_path), num_generations=8)
         assert "Your setup doesn't support bf16/gpu" in readme
+
+
+README_MAX_LINES = 250  # the front page: install, quick starts, a short Results section; the tables are in the docs
+
+
+def test_readme_is_at_most_250_lines():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES})"
+
+
+def _summary_blocks() -> dict[str, tuple[str, str, object, str]]:
+    """Every script-written block of docs/benchmarks.md: name -> (start marker, end marker, the script's block
+    function, the committed JSON it reads)."""
+    from benchmarks import beyond, cost, cost_async, learned_judge, learning, learning_tools, references
+    from benchmarks.readme import markers
+
+    tools = cost.COST_FILES["tools-in-band"]
+    return {
+        "learning": (learning.README_START, learning.README_END, learning.readme_block, "learning.json"),
+        "cost": (cost.README_START, cost.README_END, cost.readme_block, "cost.json"),
+        "cost-rollout": (cost.ROLLOUT_START, cost.ROLLOUT_END, cost.rollout_readme_block, "cost_rollout.json"),
+        "cost-async": (cost_async.README_START, cost_async.README_END, cost_async.readme_block, "cost_async.json"),
+        "beyond": (beyond.README_START, beyond.README_END, beyond.readme_block, "beyond.json"),
+        "learned-judge": (
+            learned_judge.README_START, learned_judge.README_END, learned_judge.readme_block, "learned_judge.json"
+        ),
+        "references": (references.README_START, references.README_END, references.readme_block, "references.json"),
+        "learning-tools": (
+            learning_tools.README_START, learning_tools.README_END, learning_tools.readme_block, "learning_tools.json"
+        ),
+        "cost-tools": (
+            *markers("benchmarks/cost.py --tools in-band", f"{tools}-results"), cost.readme_block, f"{tools}.json"
+        ),
+    }  # fmt: skip
+
+
+SUMMARY_BLOCKS = ["learning", "cost", "cost-rollout", "cost-async", "beyond", "learned-judge", "references",
+                  "learning-tools", "cost-tools"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SUMMARY_BLOCKS)
+def test_summary_block_lives_in_docs_benchmarks_and_is_what_its_script_writes(name):
+    """The scripts' `--replot JSON --readme docs/benchmarks.md` rewrite their block there (the README holds none):
+    each block's markers are in docs/benchmarks.md once, and the text between them is what the script writes from
+    the committed JSON (the marker line says so)."""
+    start, end, block, json_name = _summary_blocks()[name]
+    assert "--readme docs/benchmarks.md`" in start
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    assert page.count(start) == 1 and page.count(end) == 1, f"docs/benchmarks.md: markers of {name}"
+    assert start not in (REPO / "README.md").read_text()
+    written = page.split(start, 1)[1].split(end, 1)[0]
+    saved = json.loads((REPO / "benchmarks" / "results" / json_name).read_text())
+    assert written == f"\n{block(saved)}\n", f"docs/benchmarks.md's {name} block is not what its script writes"
+
+
+def test_readme_holds_no_script_written_block_and_its_results_come_from_the_docs_blocks():
+    """The README's Results section is short and quotes only intervals that a script writes into docs/benchmarks.md
+    (its summary blocks, or the results files that page includes), so the numbers follow the committed JSON."""
+    readme = (REPO / "README.md").read_text()
+    assert not re.search(r"<!-- [\w-]+:start", readme), "README.md holds a script-written block"
+    results = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    assert "\n### Real pretrained model (SmolLM2-135M-Instruct)\n" in results
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    sources = [b.split(":end -->", 1)[0] for b in re.split(r"<!-- [\w-]+:start", page)[1:]]
+    included = re.findall(r'^--8<-- "(benchmarks/results/[\w.]+\.md)', page, flags=re.M)
+    sources += [(REPO / path).read_text() for path in included]
+    quoted = re.findall(r"[+-]?\d+\.\d+ \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\]", results)
+    assert len(quoted) >= 10, quoted
+    unsourced = [q for q in quoted if not any(q in s for s in sources)]
+    assert not unsourced, f"README's Results quote intervals no script-written table holds: {unsourced}"

@@ -1,0 +1,86 @@
+"""Measurements on the real model shared by the calibration and the comparison: sampling through the package's
+`TransformersEngine`, NLL of a target after a context, and the chat conversations' NLL (what a method keeps of the
+chat model)."""
+
+from __future__ import annotations
+
+
+def sample(
+    model, tokenizer, prompts: list[list[int]], max_new_tokens: int, *, seed: int, batch_size: int = 32, on_batch=None
+):
+    """One completion per token-id prompt at temperature 1 (top-p 1, no top-k: TRL's GRPO defaults), in order, as
+    `Generation`s (token ids, ending with EOS when the model stopped), and the seconds each batch took. Batches hold
+    prompts of similar length (less padding); reproducible for a seed. `on_batch(index, batches, seconds, rows)` is
+    called after each batch (progress, a first-batch estimate)."""
+    import time
+
+    import torch
+    from transformers import GenerationConfig
+
+    from trl_mintrl.engines import TransformersEngine
+
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
+    engine = TransformersEngine(
+        model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id], generation_config=config
+    )
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out, seconds = [None] * len(prompts), []
+    model.eval()
+    torch.manual_seed(seed)
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        began = time.perf_counter()
+        with torch.no_grad():
+            generations = engine.generate([prompts[i] for i in batch], max_new_tokens)
+        seconds.append(time.perf_counter() - began)
+        if on_batch is not None:
+            on_batch(len(seconds) - 1, -(-len(order) // batch_size), seconds[-1], len(batch))
+        for i, generation in zip(batch, generations, strict=True):
+            out[i] = generation
+    return out, seconds
+
+
+def sequence_nll(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 16) -> list[float]:
+    """-sum log p(target | context) in nats per (context ids, target ids) pair; right-padded batches, no gradient."""
+    import torch
+
+    out = []
+    for start in range(0, len(pairs), batch_size):
+        batch = pairs[start : start + batch_size]
+        width = max(len(c) + len(t) for c, t in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, (context, target) in enumerate(batch):
+            ids[row, : len(context) + len(target)] = torch.tensor(context + target)
+            mask[row, : len(context) + len(target)] = 1
+        with torch.no_grad():
+            logps = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        for row, (context, target) in enumerate(batch):
+            positions = torch.arange(len(context) - 1, len(context) + len(target) - 1)
+            out.append(-logps[row, positions, torch.tensor(target)].sum().item())
+    return out
+
+
+def token_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+def chat_nll(model, tokenizer, dataset) -> dict:
+    """NLL of each conversation's answer (the assistant turn's content, then the end-of-turn token) after its prompt
+    through the chat template: `nats_per_token` (over all answer tokens), `mean_nats_per_answer`, `answers`,
+    `tokens`."""
+    from trl_mintrl.text import prompt_token_ids
+
+    pairs = []
+    for row in dataset:
+        context = prompt_token_ids(tokenizer, row["prompt"])
+        target = token_ids(tokenizer, row["completion"][-1]["content"]) + [tokenizer.eos_token_id]
+        pairs.append((context, target))
+    nats = sequence_nll(model, pairs)
+    tokens = sum(len(t) for _, t in pairs)
+    return {
+        "nats_per_token": sum(nats) / tokens,
+        "mean_nats_per_answer": sum(nats) / len(nats),
+        "answers": len(nats),
+        "tokens": tokens,
+    }
