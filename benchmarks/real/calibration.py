@@ -20,7 +20,8 @@ template with its default system prompt:
 - once: the NLL of the handwritten chat answers (`task.CHAT`), the chat model's baseline.
 
 Results go to `--out`.json/.md (default benchmarks/results/real_calibration) after each difficulty, with the command,
-commit, machine and timings; a rerun with the same sizes keeps the difficulties already measured (`--fresh` redoes
+commit, machine and timings, and the sampled completions to `--out`.samples.json (`--rescore` scores them again, no
+model: the math reward at a later commit); a rerun with the same sizes keeps the difficulties already measured (`--fresh` redoes
 them). Each batch's time is printed as it ends, the first with an estimate for the whole run.
 """
 
@@ -65,6 +66,9 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(OUT), help="path without suffix: writes .json and .md")
     parser.add_argument("--fresh", action="store_true", help="redo difficulties already in --out.json")
+    parser.add_argument(
+        "--rescore", action="store_true", help="only score --out.samples.json again (math reward at this commit)"
+    )
     return parser.parse_args(argv)
 
 
@@ -171,8 +175,7 @@ def reference_pairs(tokenizer, problems, prompts_by_problem) -> tuple[list, list
     return steps, whole
 
 
-def calibrate_difficulty(model, tokenizer, num_steps: int, args) -> dict:
-    from trl_mintrl.rewards import math_reward
+def calibrate_difficulty(model, tokenizer, num_steps: int, args) -> tuple[dict, dict]:
     from trl_mintrl.text import prompt_token_ids
 
     watch = MachineWatch()
@@ -193,22 +196,16 @@ def calibrate_difficulty(model, tokenizer, num_steps: int, args) -> dict:
     texts = tokenizer.batch_decode([g.token_ids for g in generations], skip_special_tokens=True)
     golds = [p.solution for p in problems for _ in range(args.samples)]
     answers = [p.answer for p in problems for _ in range(args.samples)]
-    rewards = math_reward(texts, solution=golds)
     judged, (own_pairs, examples) = judge_samples(tokenizer, problems, prompts, generations, texts, args.samples)
     step_pairs, whole_pairs = reference_pairs(tokenizer, problems, by_problem)
     scoring_began = time.perf_counter()
     own, ref_steps, whole = (sequence_nll(model, pairs) for pairs in (own_pairs, step_pairs, whole_pairs))
     scored = time.perf_counter() - scoring_began
-    readers = {
-        "math_reward": [r == 1.0 for r in rewards],
-        "hash_reader": [hash_answer(t) == a for t, a in zip(texts, answers, strict=True)],
-        "answer_line": [line_answer(t) == a for t, a in zip(texts, answers, strict=True)],
-        "last_integer": [last_int(t) == a for t, a in zip(texts, answers, strict=True)],
-    }
+    readers = answer_readers(texts, answers, golds)
     eos = tokenizer.eos_token_id
     capped = [not g.token_ids or g.token_ids[-1] != eos for g in generations]
     n_tokens = sum(g.num_tokens for g in generations)
-    return {
+    record = {
         "num_steps": num_steps,
         "problems": len(problems),
         "samples_per_problem": args.samples,
@@ -230,6 +227,34 @@ def calibrate_difficulty(model, tokenizer, num_steps: int, args) -> dict:
         "machine": watch.stop(),
         "examples": examples,
     }
+    return record, {"completions": texts, "capped": capped, "answers": answers, "solutions": golds}
+
+
+def answer_readers(texts: list[str], answers: list[int], golds: list[str]) -> dict[str, list[bool]]:
+    """Per sample, right by each reader: the package's math reward, the last `#### N`, the last answer line, the
+    last integer."""
+    from trl_mintrl.rewards import math_reward
+
+    return {
+        "math_reward": [r == 1.0 for r in math_reward(texts, solution=golds)],
+        "hash_reader": [hash_answer(t) == a for t, a in zip(texts, answers, strict=True)],
+        "answer_line": [line_answer(t) == a for t, a in zip(texts, answers, strict=True)],
+        "last_integer": [last_int(t) == a for t, a in zip(texts, answers, strict=True)],
+    }
+
+
+def rescore(out: Path, argv: list[str]) -> dict:
+    """Score the stored samples again (no model): the answer readers' pass@k with the math reward at this commit."""
+    results = json.loads(out.with_suffix(".json").read_text())
+    stored = json.loads(out.with_suffix(".samples.json").read_text())
+    for key, record in results["difficulties"].items():
+        samples = stored[key]
+        readers = answer_readers(samples["completions"], samples["answers"], samples["solutions"])
+        record["pass"] = {name: _pass(flags, record["samples_per_problem"]) for name, flags in readers.items()}
+    results["math_reward_reads_hash"] = math_reward_reads_hash()
+    results["rescored"] = provenance("-m benchmarks.real.calibration", argv)
+    write(results, out)
+    return results
 
 
 def _pass(flags: list[bool], samples: int) -> dict:
@@ -262,11 +287,13 @@ def load_previous(path: Path, config: dict, fresh: bool) -> dict:
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    out = Path(args.out)
+    if args.rescore:
+        return rescore(out, argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
-    out = Path(args.out)
     config = config_of(args)
     results = {
         "provenance": provenance("-m benchmarks.real.calibration", argv),
@@ -278,11 +305,16 @@ def main(argv=None) -> dict:
     }
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    samples_path = out.with_suffix(".samples.json")
+    stored = json.loads(samples_path.read_text()) if samples_path.is_file() and results["difficulties"] else {}
     for num_steps in args.steps:
         if str(num_steps) in results["difficulties"]:
             print(f"num_steps={num_steps}: kept from {out.with_suffix('.json')}", flush=True)
             continue
-        results["difficulties"][str(num_steps)] = calibrate_difficulty(model, tokenizer, num_steps, args)
+        record, samples = calibrate_difficulty(model, tokenizer, num_steps, args)
+        results["difficulties"][str(num_steps)] = record
+        stored[str(num_steps)] = samples
+        out.with_suffix(".samples.json").write_text(json.dumps(stored) + "\n")
         results["chat"] = results.get("chat") or chat_nll(model, tokenizer, chat_dataset())
         write(results, out)
         print(table(results), flush=True)

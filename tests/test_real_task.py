@@ -1,0 +1,284 @@
+"""The real-model task (benchmarks/real/task.py) and its rule judge (benchmarks/real/judge.py): generation, splits,
+datasets, and the judge's rules on handwritten chunks. No model needed."""
+
+import random
+import re
+
+import pytest
+
+from benchmarks.real.judge import RuleJudge, correct_step, review_chunk, rule_judge
+from benchmarks.real.task import (
+    CHAT,
+    INSTRUCTION,
+    THEMES,
+    Problem,
+    apply,
+    calibration_problems,
+    make_datasets,
+    make_problem,
+    make_problems,
+    make_splits,
+)
+from trl_mintrl.judges.base import CorrectionRequest, ReviewRequest
+from trl_mintrl.judges.function import FunctionJudge
+from trl_mintrl.mintrl.steps import split_steps
+
+# Jack: 28 - 12 = 16, then 16 + 5 = 21
+JACK = Problem(
+    "people",
+    "Jack has 28 stickers. He gives 12 stickers to his sister. He finds 5 more stickers. "
+    "How many stickers does Jack have now?",
+    ("Jack has 28 - 12 = 16 stickers left.", "Jack has 16 + 5 = 21 stickers."),
+    ((28, "-", 12, 16), (16, "+", 5, 21)),
+)
+# a baker: 6 * 8 = 48, then 48 - 15 = 33
+BAKER = Problem(
+    "shop",
+    "The bakery gets 6 boxes of cookies with 8 cookies in each box. The bakery sells 15 cookies. "
+    "How many cookies does the bakery have now?",
+    ("The bakery has 6 * 8 = 48 cookies.", "The bakery has 48 - 15 = 33 cookies left."),
+    ((6, "*", 8, 48), (48, "-", 15, 33)),
+)
+
+
+def question(problem: Problem) -> str:
+    return problem.prompt[0]["content"]
+
+
+def review(problem: Problem, chunk: str, prefix: str = "", complete: bool = True, steps=None) -> int | None:
+    steps = steps if steps is not None else chunk.splitlines(keepends=True)
+    return review_chunk(question(problem), prefix, steps, problem.solution, last_step_complete=complete)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the task
+
+
+def test_reference_solution_is_written_the_models_way():
+    assert JACK.solution == "Jack has 28 - 12 = 16 stickers left.\nJack has 16 + 5 = 21 stickers.\n#### 21"
+    assert JACK.answer == 21 and JACK.num_steps == 2
+    for num_steps in (1, 2, 3, 4, 6):
+        for problem in make_problems(60, num_steps, seed=3):
+            lines = problem.solution.split("\n")
+            assert len(lines) == num_steps + 1 and lines[-1] == f"#### {problem.answer}"
+            value = None
+            for line, (a, op, b, c) in zip(lines[:-1], problem.computations, strict=True):
+                assert f"{a} {op} {b} = {c}" in line and apply(a, op, b) == c
+                assert value is None or a == value  # a chain on one running quantity
+                assert 2 <= c <= 200 and (op != "/" or a == b * c)
+                assert len(line) <= 64  # a correction is one such sentence: far under 64 tokens
+                value = c
+            # every operand the question gives is written in it as digits; one computation per sentence
+            numbers = set(re.findall(r"\d+", problem.question))
+            first = problem.computations[0]
+            assert {str(first[0]), str(first[2])} <= numbers
+            assert all(str(b) in numbers for _, _, b, _ in problem.computations)
+            assert problem.question.endswith("?") and "?" not in problem.question[:-1]
+
+
+def test_generation_is_deterministic_and_the_difficulty_is_the_number_of_steps():
+    assert make_problems(40, (1, 2, 3), seed=1) == make_problems(40, (1, 2, 3), seed=1)
+    assert make_problems(40, (1, 2, 3), seed=1) != make_problems(40, (1, 2, 3), seed=2)
+    assert [p.num_steps for p in make_problems(6, (1, 2, 3), seed=1)] == [1, 2, 3, 1, 2, 3]
+    assert calibration_problems(3, 10) == calibration_problems(3, 10)
+    drawn = make_problems(400, (1, 2, 3, 4), seed=0)
+    assert {p.theme for p in drawn} == {t.name for t in THEMES}
+    assert {op for p in drawn for _, op, _, _ in p.computations} == {"+", "-", "*", "/"}
+    assert len({p.key for p in drawn}) == len(drawn)  # make_problems never repeats a problem
+    with pytest.raises(ValueError):
+        make_problem(random.Random(0), 0)
+
+
+def test_a_division_that_changes_what_is_counted_is_only_the_last_step():
+    for problem in make_problems(300, (2, 3, 4), seed=5):
+        if problem.theme != "people":
+            assert all(op != "/" for _, op, _, _ in problem.computations[:-1])
+        if problem.computations[-1][1] == "/" and problem.theme != "people":
+            assert "each" in problem.question.rsplit(".", 1)[-1]
+
+
+def test_splits_share_no_problem_and_are_deterministic():
+    splits = make_splits(train_steps=(1, 2), longer_steps=(3, 4), n_train=600, n_heldout=150, n_longer=100, seed=0)
+    assert {k: len(v) for k, v in splits.items()} == {"heldout": 150, "heldout_longer": 100, "train": 600}
+    keys = {name: {p.key for p in problems} for name, problems in splits.items()}
+    questions = {name: {p.question for p in problems} for name, problems in splits.items()}
+    names = list(splits)
+    for i, a in enumerate(names):
+        assert len(keys[a]) == len(splits[a])
+        for b in names[i + 1 :]:
+            assert not keys[a] & keys[b], (a, b)
+            assert not questions[a] & questions[b], (a, b)
+    assert {p.num_steps for p in splits["train"]} == {1, 2} == {p.num_steps for p in splits["heldout"]}
+    assert {p.num_steps for p in splits["heldout_longer"]} == {3, 4}
+    again = make_splits(train_steps=(1, 2), longer_steps=(3, 4), n_train=600, n_heldout=150, n_longer=100, seed=0)
+    assert again == splits
+    # the held-out sets do not depend on the training set's size
+    small = make_splits(train_steps=(1, 2), longer_steps=(3, 4), n_train=10, n_heldout=150, n_longer=100, seed=0)
+    assert small["heldout"] == splits["heldout"] and small["heldout_longer"] == splits["heldout_longer"]
+    assert make_splits(seed=1)["heldout"] != make_splits(seed=0)["heldout"]
+    with pytest.raises(ValueError, match="longer_steps"):
+        make_splits(train_steps=(1, 3), longer_steps=(3,))
+
+
+def test_datasets_have_the_columns_the_trainers_use():
+    data = make_datasets(n_train=8, n_heldout=4, n_longer=4)
+    assert set(data) == {"train", "heldout", "heldout_longer", "chat"}
+    for name in ("train", "heldout", "heldout_longer"):
+        assert set(data[name].column_names) == {"prompt", "solution", "answer", "num_steps", "theme"}
+    row = data["train"][0]
+    assert row["prompt"][0]["role"] == "user" and len(row["prompt"]) == 1
+    assert row["prompt"][0]["content"].endswith(INSTRUCTION)
+    assert row["solution"].endswith(f"\n#### {row['answer']}")
+    assert "one step per line" in INSTRUCTION and "####" in INSTRUCTION
+    assert not re.search(r"\d", INSTRUCTION)  # the judge reads the question's numbers from the whole prompt
+    chat = data["chat"]
+    assert set(chat.column_names) == {"prompt", "completion"} and len(chat) == len(CHAT) >= 20
+    assert len({q for q, _ in CHAT}) == len(CHAT)
+    assert chat[0]["prompt"][0]["role"] == "user" and chat[0]["completion"][0]["role"] == "assistant"
+    assert not any("=" in q + a or "####" in a for q, a in CHAT)  # not maths
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the rule judge: review
+
+
+def test_the_reference_itself_is_kept_wherever_it_is_cut():
+    """Every prefix/chunk cut of the reference, the chunk's end unfinished unless it is the end: KEEP. Covers cuts in
+    the middle of a number (`= 1` of 16), of `####` and at the prefix/chunk boundary."""
+    problems = [JACK, BAKER, *make_problems(12, (1, 2, 3), seed=11)]
+    for problem in problems:
+        text = problem.solution
+        for i in range(0, len(text), 3):
+            for j in range(i + 1, len(text) + 1, 4):
+                assert review(problem, text[i:j], prefix=text[:i], complete=j == len(text)) is None, (text, i, j)
+
+
+def test_correct_steps_are_kept_in_the_models_own_phrasings():
+    chunks = [
+        "Jack has 28 stickers.\nHe gives away 12, so 28 - 12 = 16.\n16 + 5 = 21\n#### 21",
+        "28-12=16\n5 + 16 = 21 stickers\nThe answer is: 21",
+        "Jack has 28 - 12 = 16 stickers left.\nJack has 16 + 5 = 21 stickers.\n\\boxed{21}",
+        "Jack has x stickers now.\n28 stickers - 12 stickers = 16 stickers\n",  # unit words between numbers
+        "28 - 12 + 5 = 21\n#### 21",  # two reference steps in one computation
+    ]
+    for chunk in chunks:
+        assert review(JACK, chunk) is None, chunk
+    for chunk in (
+        "6 x 8 = 48\n",
+        "6*8 = 48 cookies\n",
+        "There are 6 boxes x 8 cookies = 48 cookies.\n",
+        "8 × 6 = 48\n",
+    ):
+        assert review(BAKER, chunk) is None, chunk
+
+
+def test_wrong_arithmetic_is_flagged_at_its_step():
+    assert review(JACK, "Jack has 28 - 12 = 15 stickers left.\n") == 0
+    assert review(JACK, "Jack has 28 - 12 = 16 stickers left.\nJack has 16 + 5 = 20 stickers.\n#### 20") == 1
+    # the model's own sample: a false product (28 x 12 is 336)
+    assert review(JACK, "Jack has x stickers now.\nThere are 28 stickers x 12 = 308 stickers\n#### 308") == 1
+    assert review(BAKER, "The bakery has 48 / 5 = 9 cookies.\n") == 0  # not exact
+    # a true computation that is not the problem's (the question subtracts)
+    assert review(JACK, "Jack has 28 stickers.\nSo 28 + 12 = 40\n") == 1
+    # a wrong final answer, with no computation wrong before it
+    assert review(JACK, "28 - 12 = 16\n16 + 5 = 21\nThe answer is: 20") == 2
+    assert review(JACK, "28 - 12 = 16\n#### 16") == 1
+
+
+def test_a_step_copying_a_wrong_number_is_flagged():
+    # the wrong number was accepted earlier (reviews ran out): the step that uses it is wrong though true
+    prefix = "Jack has 28 - 12 = 15 stickers left.\n"
+    assert review(JACK, "Jack has 15 + 5 = 20 stickers.\n", prefix=prefix) == 0
+    # a wrong number written in prose is not flagged there, but the computation that uses it is
+    assert review(JACK, "So Jack has 15 stickers left.\n15 + 5 = 20\n") == 1
+    # a number the question does not give (its digits misread)
+    assert review(JACK, "Jack has 29 - 13 = 16 stickers left.\n") == 0
+
+
+def test_an_unfinished_step_is_not_flagged_for_being_incomplete():
+    for chunk in ("Jack has 28 - 12 = 1", "Jack has 28 - 12 = ", "Jack has 28 - 1", "Jack has 28 - 12 = 16\n#### 2"):
+        assert review(JACK, chunk, complete=False) is None, chunk
+    # the same text complete (the chunk ended with EOS) is judged as written
+    assert review(JACK, "Jack has 28 - 12 = 1", complete=True) == 0
+    assert review(JACK, "Jack has 28 - 12 = 16\n#### 2", complete=True) == 1
+    # what is already wrong in an unfinished step is flagged: 15 cannot become 16, 2 of `#### 2` not 21
+    assert review(JACK, "Jack has 28 - 12 = 15", complete=False) == 0
+    assert review(JACK, "Jack has 28 - 12 = 16\n#### 3", complete=False) == 1
+    assert review(JACK, "Jack has 28 - 12 = 15 sti", complete=False) == 0
+    # an unfinished number completed wrongly in the next chunk: the straddling line is the chunk's first step
+    assert review(JACK, "5 stickers left.\nJack has 15 + 5 = 20 stickers.\n", prefix="Jack has 28 - 12 = 1") == 0
+    assert review(JACK, "6 stickers left.\nJack has 16 + 5 = 20 stickers.\n", prefix="Jack has 28 - 12 = 1") == 1
+
+
+def test_the_flagged_index_is_the_step_holding_the_wrong_line_whatever_the_split():
+    chunk = "Jack has 28 - 12 = 16 stickers left.\nSo far so good.\n\nJack has 16 + 5 = 22 stickers.\n#### 22"
+    by_line = chunk.splitlines(keepends=True)
+    assert review(JACK, chunk, steps=by_line) == 3  # the blank line is a step of its own here
+    by_block = ["Jack has 28 - 12 = 16 stickers left.\nSo far so good.\n\n", "Jack has 16 + 5 = 22 stickers.\n#### 22"]
+    assert review(JACK, chunk, steps=by_block) == 1
+    steps = split_steps(chunk)  # the package's splitter, whichever boundaries it uses
+    index = review(JACK, chunk, steps=steps)
+    assert "16 + 5 = 22" in steps[index] and "16 + 5 = 22" not in "".join(steps[:index])
+    assert review(JACK, chunk, steps=[chunk]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the rule judge: correction
+
+
+def test_the_correction_is_the_next_missing_reference_step():
+    q = question(JACK)
+    assert correct_step(q, "", JACK.solution) == "Jack has 28 - 12 = 16 stickers left.\n"
+    assert correct_step(q, "Jack has 28 stickers.\n", JACK.solution) == "Jack has 28 - 12 = 16 stickers left.\n"
+    # the first step done in the model's own words: the next one
+    assert correct_step(q, "He has 28 - 12 = 16 now.\n", JACK.solution) == "Jack has 16 + 5 = 21 stickers.\n"
+    # a wrong step in the prefix does not count as done
+    assert correct_step(q, "28 - 12 = 15\n", JACK.solution) == "Jack has 28 - 12 = 16 stickers left.\n"
+    # every step there: the answer line
+    assert correct_step(q, "28 - 12 = 16\n16 + 5 = 21\n", JACK.solution) == "#### 21\n"
+    # a prefix cut inside the line that the step starts with is completed; another partial line gets a new line
+    assert correct_step(q, "Jack has 28 - 12 = ", JACK.solution) == "16 stickers left.\n"
+    assert correct_step(q, "So, Jack", JACK.solution) == "\nJack has 28 - 12 = 16 stickers left.\n"
+
+
+def test_a_result_the_reference_computes_twice_is_done_only_when_computed_twice():
+    twice = Problem(
+        "people",
+        "Mia has 10 beads. She buys 5 more beads. She trades each of her beads for 2 new ones. She gives away 15 "
+        "beads. How many beads does Mia have now?",
+        ("Mia has 10 + 5 = 15 beads.", "Mia has 15 * 2 = 30 beads.", "Mia has 30 - 15 = 15 beads left."),
+        ((10, "+", 5, 15), (15, "*", 2, 30), (30, "-", 15, 15)),
+    )
+    q = question(twice)
+    assert correct_step(q, "10 + 5 = 15\n15 * 2 = 30\n", twice.solution) == "Mia has 30 - 15 = 15 beads left.\n"
+    assert correct_step(q, "10 + 5 = 15\n15 * 2 = 30\n30 - 15 = 15\n", twice.solution) == "#### 15\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the rule judge through the package's judge interface
+
+
+def test_rule_judge_is_a_function_judge_that_reads_last_step_complete():
+    judge = rule_judge()
+    assert isinstance(judge, RuleJudge) and isinstance(judge, FunctionJudge)
+    q, ref = question(JACK), JACK.solution
+    verdicts = judge.review(
+        [
+            ReviewRequest(q, "", ["Jack has 28 - 12 = 1"], ref, last_step_complete=False),
+            ReviewRequest(q, "", ["Jack has 28 - 12 = 1"], ref, last_step_complete=True),
+            ReviewRequest(q, "", ["Jack has 28 - 12 = 16 stickers left.\n", "16 + 5 = 20\n"], ref),
+            ReviewRequest(q, "", ["28 - 12 = 16\n"], ref, last_step_complete=False),
+            ReviewRequest(q, "", ["28 - 12 = 16\n"], None),  # no reference: the judge cannot answer (KEEP)
+        ]
+    )
+    assert [(v.wrong_step, v.failed) for v in verdicts] == [
+        (None, False),
+        (0, False),
+        (1, False),
+        (None, False),
+        (None, True),
+    ]
+    corrections = judge.correct([CorrectionRequest(q, "28 - 12 = 16\n", ref), CorrectionRequest(q, "", None)])
+    assert corrections[0].text == "Jack has 16 + 5 = 21 stickers.\n" and not corrections[0].failed
+    assert corrections[1].failed
+    assert judge.review([]) == []
