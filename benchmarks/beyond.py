@@ -52,20 +52,22 @@ point, half-width ~3), those between two MInTRL arms are not (sd ~2.6 per arm ov
 
 from __future__ import annotations
 
-import argparse
-import os
+import functools
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from benchmarks import harness  # noqa: E402
+
+harness.quiet_environment()  # before torch is imported
 
 from benchmarks import learning  # noqa: E402
-from benchmarks.provenance import provenance  # noqa: E402
-from benchmarks.readme import markers, replot  # noqa: E402
-from benchmarks.stats import format_interval, format_mean_std, format_ratio, mean_interval, paired_difference  # noqa: E402
+from benchmarks.harness import verdict_cell, versus  # noqa: E402
+from benchmarks.readme import markers  # noqa: E402
+from benchmarks.stats import format_interval, format_mean_std, format_ratio, mean_interval  # noqa: E402
 from benchmarks.toy.task import JUDGE_ERRORS  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -153,10 +155,8 @@ def settings_for(mode: str) -> dict:
     return {"mode": mode, "regime": REGIME, **MODES[mode], "plan": [list(arm) for arm in MODES[mode]["plan"]]}
 
 
-def run_beyond_job(job: dict) -> dict:
-    """learning.py's `run_job`, keeping the vote and budget metrics in the run's logs too."""
-    learning.LOGGED = tuple(dict.fromkeys((*learning.LOGGED, *EXTRA_LOGGED)))
-    return learning.run_job(job)
+# learning.py's `run_job`, keeping the vote and budget metrics in the run's logs too
+run_beyond_job = functools.partial(learning.run_job, logged=tuple(dict.fromkeys((*learning.LOGGED, *EXTRA_LOGGED))))
 
 
 def plan_jobs(settings: dict) -> list[dict]:
@@ -235,7 +235,7 @@ def _diff(results: dict, runs: list[dict], other: tuple | None, key: str = "pass
     """`runs` - the runs of arm `other` (label, kind, rate), paired by seed; None without `other` or its runs."""
     if other is None:
         return None
-    return paired_difference(learning.final_by_seed(runs, key), learning.final_by_seed(runs_of(results, *other), key))
+    return versus(runs, runs_of(results, *other), key)
 
 
 def _arms(settings: dict, labels: tuple[str, ...]) -> list[tuple[str, str | None, float]]:
@@ -291,8 +291,8 @@ def report(results: dict) -> str:
             f"| {label} | {error} | {rate:g} | {len(runs)} "
             f"| {format_mean_std([r['final']['pass@1'] for r in runs])} "
             f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(vs_grpo[0])} "
-            f"| {learning.verdict_cell(vs_grpo[0])} | {format_interval(vs_grpo[1])} | {format_interval(vs_plain[0])} "
-            f"| {learning.verdict_cell(vs_plain[0])} | {format_interval(vs_plain[1])} "
+            f"| {verdict_cell(vs_grpo[0])} | {format_interval(vs_grpo[1])} | {format_interval(vs_plain[0])} "
+            f"| {verdict_cell(vs_plain[0])} | {format_interval(vs_plain[1])} "
             f"| {_phase_means(runs, 'mintrl/intervention_rate') if judged else '-'} "
             f"| {_phase_means(runs, 'mintrl/judge_token_frac') if judged else '-'} |"
         )
@@ -379,7 +379,7 @@ def _votes_section(results: dict, settings: dict) -> list[str]:
             f"| {error} | {rate:g} | {len(votes)} | {format_mean_std(_mean_of_runs(votes, 'mintrl/vote_agreement'))} "
             f"| {format_mean_std(_mean_of_runs(votes, 'mintrl/vetoed_revisions'), scale=1)} "
             f"| {_phase_means(votes, 'mintrl/intervention_rate')} | {_phase_means(single, 'mintrl/intervention_rate')} "
-            f"| {format_interval(diff[0])} | {learning.verdict_cell(diff[0])} | {format_interval(diff[1])} |"
+            f"| {format_interval(diff[0])} | {verdict_cell(diff[0])} | {format_interval(diff[1])} |"
         )
     return lines
 
@@ -420,7 +420,7 @@ def _budget_section(results: dict, settings: dict) -> list[str]:
             f"| {format_mean_std(reviewing)} | {format_mean_std(active, scale=1)} "
             f"| {format_mean_std(share) if share else '-'} | {format_mean_std([r['final']['pass@1'] for r in runs])} "
             f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(vs_grpo)} "
-            f"| {learning.verdict_cell(vs_grpo)} |"
+            f"| {verdict_cell(vs_grpo)} |"
         )
     if budget and fixed:
         tokens = {r["seed"]: total_judge_tokens(r) for r in budget}
@@ -431,7 +431,7 @@ def _budget_section(results: dict, settings: dict) -> list[str]:
         lines += [
             "",
             f"Controller - fixed, paired by seed: pass@1 {format_interval(diff[0])} "
-            f"({learning.verdict_cell(diff[0])}), pass@8 {format_interval(diff[1])}; judge tokens controller / fixed "
+            f"({verdict_cell(diff[0])}), pass@8 {format_interval(diff[1])}; judge tokens controller / fixed "
             f"{format_ratio(ratio)}.",
         ]
     return lines
@@ -449,8 +449,8 @@ def _mintrl_sort_section(results: dict, settings: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
         f"| mintrl-sort | {len(runs)} | {format_mean_std([r['final']['pass@1'] for r in runs])} "
         f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(diffs[0])} "
-        f"| {learning.verdict_cell(diffs[0])} | {format_interval(diffs[1])} | {format_interval(diffs[2])} "
-        f"| {learning.verdict_cell(diffs[2])} | {format_interval(diffs[3])} |",
+        f"| {verdict_cell(diffs[0])} | {format_interval(diffs[1])} | {format_interval(diffs[2])} "
+        f"| {verdict_cell(diffs[2])} | {format_interval(diffs[3])} |",
     ]
 
 
@@ -525,49 +525,28 @@ def plot(results: dict, out: Path) -> Path:
 
 def render(results: dict, out: Path, plots: bool = True) -> str:
     """Write beyond.md (and the PNG) from `results`, the content of beyond.json."""
-    table = report(results)
-    (out / "beyond.md").write_text(table)
-    if plots:
-        plot(results, out)
-    return table
+    return harness.write_report(results, out, "beyond.md", report, plot, plots)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, GRPO, each kind at 0.3, votes, budget")
-    parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 6 runs per seed (the test)")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
-    parser.add_argument(
-        "--out", type=Path, default=None, help="output folder (with --replot: default the JSON's folder)"
-    )
-    parser.add_argument("--replot", type=Path, default=None, help="re-render beyond.md and the plot from a JSON")
-    parser.add_argument(
-        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
-    )
+    modes = {
+        "smoke": "1 step, 2 prompts, 2 seeds, 6 runs per seed (the test)",
+        "quick": "1 seed, 4 steps, GRPO, each kind at 0.3, votes, budget",
+    }
+    parser = harness.study_parser(__doc__, modes, replot_help="re-render beyond.md and the plot from a JSON")
     args = parser.parse_args(argv)
-    if args.replot:
-        replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)
+    if harness.replot_from(args, render, readme_block, (README_START, README_END)):
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mode = harness.mode_of(args, modes)
     out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
     out.mkdir(parents=True, exist_ok=True)
     settings = settings_for(mode)
-    results = {
-        "provenance": provenance("benchmarks/beyond.py", argv),
-        "settings": settings,
-        "baselines": [],
-        "runs": [],
-    }
-    jobs = plan_jobs(settings)
-    base_job = {
-        "regime": REGIME,
-        "final_prompts": settings["final_prompts"],
-        "curve_prompts": settings["curve_prompts"],
-    }
-    learning.execute(
-        results, out, "beyond.json", render, [(learning.baseline, base_job)], run_beyond_job, jobs, args.workers
-    )
+    results = harness.new_results("benchmarks/beyond.py", argv, settings)
+    base_job = {k: settings[k] for k in ("final_prompts", "curve_prompts")}
+    baselines = [(learning.baseline, {"regime": REGIME, **base_job})]
+    learning.execute(results, out, "beyond.json", render, baselines, run_beyond_job, plan_jobs(settings),
+                     args.workers, args.resume)  # fmt: skip
 
 
 if __name__ == "__main__":

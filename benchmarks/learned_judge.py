@@ -19,9 +19,7 @@ Hypotheses, written after the judge's held-out accuracy was measured and before 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,11 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from benchmarks import harness  # noqa: E402
+
+harness.quiet_environment()  # before torch is imported
 
 from benchmarks import learning  # noqa: E402
 from benchmarks.provenance import command_line, provenance  # noqa: E402
-from benchmarks.readme import markers, replot  # noqa: E402
+from benchmarks.readme import markers  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
 from benchmarks.toy.learned_judge import JUDGE_DIR  # noqa: E402
 from benchmarks.toy.task import JUDGE_ERRORS  # noqa: E402
@@ -124,7 +125,7 @@ def planned_jobs(settings: dict) -> list[dict]:
 
 
 def _by_seed(results: dict, label: str, key: str = "pass@1") -> dict[int, float]:
-    return {r["seed"]: r["final"][key] for r in results["runs"] if r["label"] == label}
+    return harness.by_seed(harness.select(results["runs"], label=label), key)
 
 
 def _phase_mean(run: dict, key: str) -> float | None:
@@ -291,20 +292,15 @@ def readme_block(results: dict) -> str:
 
 def render(results: dict, out: Path, plots: bool = True) -> str:
     """Write learned_judge.md from `results`, the content of learned_judge.json."""
-    table = report(results)
-    (out / "learned_judge.md").write_text(table)
-    return table
+    return harness.write_report(results, out, "learned_judge.md", report)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    modes = {"smoke": "1 seed, 1 step, 2 prompts (the test)", "quick": "1 seed, learning.py's quick jobs"}
+    parser = harness.study_parser(__doc__, modes, replot_help="re-render learned_judge.md from a JSON")
     parser.add_argument("--build", action="store_true", help="collect transcripts, train and measure the judge")
     parser.add_argument("--judge-dir", type=Path, default=JUDGE_DIR, help="where --build writes the judge")
-    parser.add_argument("--quick", action="store_true", help="1 seed, learning.py's quick jobs")
-    parser.add_argument("--smoke", action="store_true", help="1 seed, 1 step, 2 prompts (the test)")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (with --replot: default the JSON's)")
     parser.add_argument(
         "--learning",
         type=Path,
@@ -312,35 +308,30 @@ def main(argv: list[str] | None = None) -> None:
         help="recorded runs to reuse where the job is the same",
     )
     parser.add_argument("--beyond", type=Path, default=RESULTS / "beyond.json", help="the fallible judges' runs")
-    parser.add_argument("--replot", type=Path, default=None, help="re-render learned_judge.md from a JSON")
-    parser.add_argument(
-        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
-    )
     args = parser.parse_args(argv)
-    if args.replot:
-        replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)
+    if harness.replot_from(args, render, readme_block, (README_START, README_END)):
         return
     if args.build:
         record = build_judge(args.judge_dir, argv, **BUILD)
         print("\n".join(accuracy_lines(record)))
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mode = harness.mode_of(args, modes)
     out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"mode": mode, **MODES[mode], "hypotheses": HYPOTHESES}
     recorded_file = json.loads(args.learning.read_text()) if args.learning.exists() else None
     jobs, recorded, recorded_prov = learning.split_recorded(planned_jobs(settings), recorded_file)
     beyond = json.loads(args.beyond.read_text()) if args.beyond.exists() else None
-    results = {
-        "provenance": provenance("benchmarks/learned_judge.py", argv),
-        "settings": settings,
-        "judge": json.loads((JUDGE_DIR / "build.json").read_text()),
-        "beyond": beyond_scores(beyond) if beyond else None,
-        "baselines": [],
-        "runs": recorded,
-        "recorded_provenance": recorded_prov,
-    }
-    learning.execute(results, out, "learned_judge.json", render, [], learning.run_job, jobs, args.workers)
+    results = harness.new_results(
+        "benchmarks/learned_judge.py",
+        argv,
+        settings,
+        judge=json.loads((JUDGE_DIR / "build.json").read_text()),
+        beyond=beyond_scores(beyond) if beyond else None,
+        runs=recorded,
+        recorded_provenance=recorded_prov,
+    )
+    learning.execute(results, out, "learned_judge.json", render, [], learning.run_job, jobs, args.workers, args.resume)
 
 
 if __name__ == "__main__":

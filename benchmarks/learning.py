@@ -28,31 +28,27 @@ per-step logs), and is rewritten after every run; `learning.md` and the PNGs are
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+from benchmarks import harness  # noqa: E402
+
+harness.quiet_environment()  # before torch is imported
+
+from benchmarks.harness import by_seed, find_record, record_provenance, select, step_logs, verdict_cell  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
-from benchmarks.readme import markers, replot  # noqa: E402
+from benchmarks.readme import markers  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference  # noqa: E402
-from benchmarks.toy.training import DISTANCE_REGIMES  # noqa: E402
+from benchmarks.toy.training import DISTANCE_REGIMES, HELDOUT_SEED, TRAIN_SEED, VALIDATION_SEED  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
-TRAIN_SEED, HELDOUT_SEED, VALIDATION_SEED = 1000, 999, 998
 
 # label -> (method of benchmarks.toy.training, config overrides); keys starting with "_" are job settings, not config
 # fields: `_batch_factor` (grpo-2x: twice the rollouts for the same prompts), `_judge_notation` (the rule judge's
@@ -205,11 +201,11 @@ MODES = {
 }
 
 
-def run_job(job: dict) -> dict:
-    """Train one (regime, label, seed) run in this process; return its curve, final scores and logs, its held-out
-    scores at the end of the intervention phase (`phase_end`, every arm alike) and at the step a validation set
-    selects (`selected`: weights kept in memory at every curve point and the phase end, the best validation pass@1
-    chosen, never the held-out set; ties go to the later step)."""
+def run_job(job: dict, logged: tuple[str, ...] = LOGGED) -> dict:
+    """Train one (regime, label, seed) run in this process; return its curve, final scores and logs (the `logged`
+    metrics), its held-out scores at the end of the intervention phase (`phase_end`, every arm alike) and at the step
+    a validation set selects (`selected`: weights kept in memory at every curve point and the phase end, the best
+    validation pass@1 chosen, never the held-out set; ties go to the later step)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
@@ -307,11 +303,7 @@ def run_job(job: dict) -> dict:
     else:
         trainer.model.load_state_dict(snapshots[best])
         selected = curve_point(evaluate(trainer.model, tokenizer, final_problems, 8))
-    logs = [
-        {"step": entry["step"], **{k: entry[k] for k in LOGGED if k in entry}}
-        for entry in trainer.state.log_history
-        if "reward" in entry
-    ]
+    logs = step_logs(trainer.state.log_history, logged)
     return {
         **job,
         "final": final,
@@ -531,21 +523,16 @@ def split_recorded(jobs: list[dict], learning_results: dict | None) -> tuple[lis
         return jobs, [], {}
     to_run, recorded, prov = [], [], {}
     for job in jobs:
-        match = [
-            r
-            for r in runs_of(learning_results, job["regime"], job["label"])
-            if all(r.get(k) == v for k, v in job.items())
-        ]
-        if match:
-            recorded.append(match[0])
-            prov[arm_key(match[0])] = arm_provenance(learning_results, job["regime"], job["label"])
+        match = find_record(job, runs_of(learning_results, job["regime"], job["label"]))
+        if match is not None:
+            recorded.append(match)
+            prov[arm_key(match)] = arm_provenance(learning_results, job["regime"], job["label"])
         else:
             to_run.append(job)
     return to_run, recorded, prov
 
 
-def final_by_seed(runs: list[dict], key: str = "pass@1") -> dict[int, float]:
-    return {r["seed"]: r["final"][key] for r in runs}
+final_by_seed = by_seed  # seed -> final score: final_by_seed(runs, "pass@8")
 
 
 def log_mean(run: dict, key: str, intervention_phase: bool = False) -> float | None:
@@ -577,9 +564,7 @@ def arm_provenance(results: dict, regime: str, label: str) -> dict:
 
 
 def runs_of(results: dict, regime: str, label: str) -> list[dict]:
-    return sorted(
-        (r for r in results["runs"] if r["regime"] == regime and r["label"] == label), key=lambda r: r["seed"]
-    )
+    return select(results["runs"], regime=regime, label=label)
 
 
 def sweep_runs(results: dict, point: str) -> list[dict]:
@@ -644,8 +629,8 @@ def _provenance_text(prov: dict) -> str:
 
 def run_provenance(results: dict, run: dict) -> dict:
     """The command and commit that wrote `run`: its own (a run merged from `benchmarks/reproduce.py` at a fresh
-    seed), else its arm's."""
-    return run.get("provenance") or arm_provenance(results, run["regime"], run["label"])
+    seed, or any run the harness recorded), else its arm's."""
+    return run.get("provenance") or record_provenance(run) or arm_provenance(results, run["regime"], run["label"])
 
 
 def provenance_lines(results: dict) -> list[str]:
@@ -1009,16 +994,6 @@ def _mean_curve(runs: list[dict], base: dict | None) -> str:
     return ", ".join(points)
 
 
-def verdict_cell(diff) -> str:
-    """Whether a paired difference's interval resolves it: `-` without an interval, `no`, or `**yes, better**` /
-    `**yes, worse**` (a table cell)."""
-    if diff is None or diff.low is None:
-        return "-"
-    if not diff.resolved:
-        return "no"
-    return "**yes, better**" if diff.mean > 0 else "**yes, worse**"
-
-
 def sweep_table(results: dict) -> list[dict]:
     regime = sweep_settings(results)["regime"]
     if regime not in results["settings"]["plan"]:
@@ -1192,28 +1167,19 @@ def _mean_band(ax, xs, per_x, color, label, style, scale=100):
 
 def render(results: dict, out: Path, plots: bool = True) -> str:
     """Write learning.md (and the PNGs) from `results`, the content of learning.json (either version's records)."""
-    results = normalise(results)
-    table = report(results)
-    (out / "learning.md").write_text(table)
-    if plots:
-        plot(results, out)
-    return table
+    return harness.write_report(normalise(results), out, "learning.md", report, plot, plots)
+
+
+CLI_MODES = {  # the flags of the modes besides full, the first given wins
+    "smoke": "1 step, 2 prompts, 2 seeds, 2 methods (the test)",
+    "quick": "1 seed, 6 steps, 4 arms on in-band, no sweep (~1.5 min on 2 idle cores)",
+    "horizon": "GRPO alone, 96 steps, 3 seeds, every regime: when its curve flattens",
+}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--quick", action="store_true", help="1 seed, 6 steps, 4 arms on in-band, no sweep (~1.5 min on 2 idle cores)"
-    )
-    parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 2 methods (the test)")
-    parser.add_argument(
-        "--horizon", action="store_true", help="GRPO alone, 96 steps, 3 seeds, every regime: when its curve flattens"
-    )
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
-    parser.add_argument(
-        "--out", type=Path, default=None, help="output folder (with --replot: default the JSON's folder)"
-    )
+    parser = harness.study_parser(__doc__, CLI_MODES, replot_help="re-render learning.md and plots from a JSON")
     parser.add_argument(
         "--part",
         nargs="+",
@@ -1230,36 +1196,27 @@ def main(argv: list[str] | None = None) -> None:
         help="rerun these runs of the output folder's learning.json at this checkout and compare their final "
         "pass@1 / pass@8 with the recorded ones (writes learning_recheck.json; exit status 1 if any differs)",
     )
-    parser.add_argument("--replot", type=Path, default=None, help="re-render learning.md and plots from a JSON")
-    parser.add_argument(
-        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
-    )
     args = parser.parse_args(argv)
-    if args.replot:
-        load = lambda path: normalise(json.loads(path.read_text()))  # noqa: E731
-        replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block, load)
+    load = lambda path: normalise(json.loads(path.read_text()))  # noqa: E731
+    if harness.replot_from(args, render, readme_block, (README_START, README_END), load):
         return
     if args.recheck:
         sys.exit(0 if recheck(args.recheck, args.out or RESULTS, argv, args.workers) else 1)
-    mode = "smoke" if args.smoke else "quick" if args.quick else "horizon" if args.horizon else "full"
+    mode = harness.mode_of(args, CLI_MODES)
     out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"mode": mode, **MODES[mode]}
-    results = {
-        "provenance": provenance("benchmarks/learning.py", argv),
-        "settings": settings,
-        "baselines": [],
-        "runs": [],
-    }
+    results = harness.new_results("benchmarks/learning.py", argv, settings)
     parts = args.part if mode == "full" else None
     if parts and (out / "learning.json").exists():
-        results = merge_previous(results, normalise(json.loads((out / "learning.json").read_text())), parts)
+        results = merge_previous(results, load(out / "learning.json"), parts)
     jobs = plan_jobs(settings, parts)
     base_jobs = [
         {"regime": r, **{k: settings[k] for k in ("final_prompts", "curve_prompts", "calibration_samples")}}
         for r in _part_scope(settings, parts)[0]
     ]
-    execute(results, out, "learning.json", render, [(baseline, job) for job in base_jobs], run_job, jobs, args.workers)
+    baselines = [(baseline, job) for job in base_jobs]
+    execute(results, out, "learning.json", render, baselines, run_job, jobs, args.workers, args.resume)
 
 
 def recheck(keys: list[str], out: Path, argv: list[str], workers: int) -> bool:
@@ -1275,10 +1232,13 @@ def recheck(keys: list[str], out: Path, argv: list[str], workers: int) -> bool:
         if tuple(key.rsplit(":", 2)) not in plan:
             raise SystemExit(f"--recheck {key}: not a run of {out / 'learning.json'}'s plan (regime:label:seed)")
         jobs.append(plan[tuple(key.rsplit(":", 2))])
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
-        reruns = list(pool.map(run_job, jobs))
+    tasks = [harness.Task(run_job, job) for job in jobs]
+    outcomes = {outcome.task: outcome for outcome in harness.run_tasks(tasks, max(1, workers))}
     rows = []
-    for job, rerun in zip(jobs, reruns, strict=True):
+    for task in tasks:
+        job, rerun = task.job, outcomes[task].record
+        if rerun is None:
+            raise harness.JobsFailed(f"--recheck {job['name']}:\n{outcomes[task].error}")
         [recorded] = [r for r in runs_of(results, job["regime"], job["label"]) if r["seed"] == job["seed"]]
         scores = {k: (recorded["final"][k], rerun["final"][k]) for k in ("pass@1", "pass@8")}
         rows.append(
@@ -1302,44 +1262,27 @@ def recheck(keys: list[str], out: Path, argv: list[str], workers: int) -> bool:
     return all(row["same"] for row in rows)
 
 
-def execute(results: dict, out: Path, json_name: str, render_fn, baseline_jobs, run_fn, jobs, workers: int) -> None:
-    """Run the baselines (`(function, job)` pairs) and `run_fn` on every job, inline (`workers` 0) or in spawned
-    processes; after each result rewrite `out/json_name` and the tables (partial runs count), then render all."""
-    print(f"{len(jobs)} runs on {workers or 1} worker(s) -> {out}", flush=True)
-    start = time.perf_counter()
-
-    def record(kind: str, result: dict) -> None:
-        results[kind].append(_json_round_trip(result))
-        if kind == "runs":
-            results.setdefault("arm_provenance", {})[arm_key(result)] = results["provenance"]
-        results["wall_seconds"] = time.perf_counter() - start
-        (out / json_name).write_text(json.dumps(results, indent=1))
-        render_fn(results, out, plots=False)
-        if kind == "runs":
-            print(
-                f"{result['name']}: pass@1 {100 * result['final']['pass@1']:.1f} pass@8 "
-                f"{100 * result['final']['pass@8']:.1f} ({result['train_seconds']:.0f}s train)",
-                flush=True,
-            )
-
-    if workers == 0:
-        for function, job in baseline_jobs:
-            record("baselines", function(job))
-        for job in jobs:
-            record("runs", run_fn(job))
-    else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(function, job): "baselines" for function, job in baseline_jobs}
-            futures |= {pool.submit(run_fn, job): "runs" for job in jobs}
-            for future in as_completed(futures):
-                record(futures[future], future.result())
-    print(render_fn(results, out))
-    print("wrote", out, flush=True)
+def execute(
+    results: dict, out: Path, json_name: str, render_fn, baseline_jobs, run_fn, jobs, workers: int, resume=False
+) -> None:
+    """The toy studies' runner: `harness.execute` of the baselines (`(function, job)` pairs) and `run_fn` on every
+    job, with each arm's provenance (`arm_provenance`) kept and a line per finished run."""
+    harness.execute(results, out, json_name, jobs, run_fn, workers=workers, baselines=baseline_jobs,
+                    render=render_fn, describe=describe_run, on_record=note_arm, resume=resume)  # fmt: skip
 
 
-def _json_round_trip(result: dict) -> dict:
-    """The run as the JSON holds it (string curve keys), so rendering now and from the file agree."""
-    return json.loads(json.dumps(result))
+def note_arm(results: dict, collection: str, record: dict) -> None:
+    """A run's arm (regime and label) was last written by the command and commit that recorded the run."""
+    if collection == "runs":
+        prov = record_provenance(record) or results["provenance"]
+        results.setdefault("arm_provenance", {})[arm_key(record)] = prov
+
+
+def describe_run(run: dict) -> str:
+    return (
+        f"{run['name']}: pass@1 {100 * run['final']['pass@1']:.1f} pass@8 {100 * run['final']['pass@8']:.1f} "
+        f"({run['train_seconds']:.0f}s train)"
+    )
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.*
 
 # cost_async sets the process environment (threads, offline) before torch is imported
+from benchmarks import harness  # noqa: E402  (imports no torch)
 from benchmarks.cost_async import (  # noqa: E402
     HTTP_TIMEOUT_S,
     Server,
@@ -166,11 +167,7 @@ def run(arm: str, seed: int, settings: dict, log=print) -> dict:
         final = scores_of(problems, completions, ks=(1, 8))
         # the curve set is a prefix of the held-out set: its last point comes from the final samples
         curve.points[settings["steps"]] = curve_point(scores_of(curve.problems, completions[: len(curve.problems)]))
-        logs = [
-            {"step": entry["step"], **{k: entry[k] for k in KEPT_LOGS if k in entry}}
-            for entry in trainer.state.log_history
-            if "reward" in entry
-        ]
+        logs = harness.step_logs(trainer.state.log_history, KEPT_LOGS)
         staleness = collections.Counter()
         for record in recorder.per_step if recorder is not None else []:
             staleness.update(record["staleness"])
@@ -184,6 +181,11 @@ def run(arm: str, seed: int, settings: dict, log=print) -> dict:
         "staleness": {str(k): v for k, v in sorted(staleness.items())} if recorder is not None else None,
         "logs": logs,
     }
+
+
+def run_job(job: dict) -> dict:
+    """The harness's job: one `run` of `job["arm"]` at `job["seed"]` with `job["settings"]`."""
+    return run(job["arm"], job["seed"], job["settings"])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -309,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--replot", type=Path, default=None, help="re-render learning_async.md from its JSON")
+    harness.add_resume_argument(parser)
     args = parser.parse_args(argv)
     if args.replot is not None:
         saved = json.loads(args.replot.read_text())
@@ -322,20 +325,25 @@ def main(argv: list[str] | None = None) -> None:
     settings = {**MODES[mode], "mode": mode, "arms": args.arms}
     saved = {"provenance": provenance("benchmarks/learning_async.py", sys.argv[1:] if argv is None else argv),
              "settings": settings, "runs": []}  # fmt: skip
+    # one run at a time, in this process: each starts its own vLLM server; a job's key leaves out the arms run beside it
+    run_settings = {k: v for k, v in settings.items() if k != "arms"}
+    jobs = [{"arm": arm, "seed": seed, "settings": run_settings} for seed in settings["seeds"] for arm in args.arms]
     started = time.perf_counter()
-    for seed in settings["seeds"]:
-        for arm in args.arms:
-            result = run(arm, seed, settings)
-            saved["runs"].append(result)
-            (out / "learning_async.json").write_text(json.dumps(saved, indent=1))
-            print(
-                f"{arm} seed {seed}: pass@1 {result['final']['pass@1']:.3f} pass@8 {result['final']['pass@8']:.3f} "
-                f"staleness {result['staleness']} ({result['train_seconds'] / 60:.1f} min; "
-                f"{(time.perf_counter() - started) / 60:.1f} min so far)",
-                flush=True,
-            )
-    (out / "learning_async.md").write_text(render(saved))
-    print(render(saved))
+
+    def describe(result: dict) -> str:
+        return (
+            f"{result['arm']} seed {result['seed']}: pass@1 {result['final']['pass@1']:.3f} pass@8 "
+            f"{result['final']['pass@8']:.3f} staleness {result['staleness']} ({result['train_seconds'] / 60:.1f} "
+            f"min; {(time.perf_counter() - started) / 60:.1f} min so far)"
+        )
+
+    def write_report(results: dict, out: Path, plots: bool = True) -> str:
+        text = render(results)
+        (out / "learning_async.md").write_text(text)
+        return text
+
+    harness.execute(saved, out, "learning_async.json", jobs, run_job, render=write_report, describe=describe,
+                    resume=args.resume)  # fmt: skip
 
 
 if __name__ == "__main__":

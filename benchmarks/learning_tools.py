@@ -43,8 +43,6 @@ Hypotheses (written before the full run, from the calibration):
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import time
@@ -52,15 +50,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+from benchmarks import harness  # noqa: E402
+
+harness.quiet_environment()  # before torch is imported
+
+from benchmarks.harness import select, step_logs, versus  # noqa: E402
 from benchmarks.learning import LOGGED, execute  # noqa: E402
-from benchmarks.provenance import command_line, provenance  # noqa: E402
-from benchmarks.readme import markers, replot  # noqa: E402
-from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
+from benchmarks.provenance import command_line  # noqa: E402
+from benchmarks.readme import markers  # noqa: E402
+from benchmarks.stats import format_interval, format_mean_std  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 TRAIN_SEED, HELDOUT_SEED = 1000, 999  # held out: the calibration's problems
@@ -222,11 +221,7 @@ def run_job(job: dict) -> dict:
     train_seconds = time.perf_counter() - start - eval_seconds + sft_seconds
     final = held_out_scores(trainer.model, tokenizer, final_problems)
     curve[job["steps"]] = held_out_scores(trainer.model, tokenizer, curve_problems)
-    logs = [
-        {"step": entry["step"], **{k: entry[k] for k in TOOL_LOGGED if k in entry}}
-        for entry in trainer.state.log_history
-        if "reward" in entry
-    ]
+    logs = step_logs(trainer.state.log_history, TOOL_LOGGED)
     return {
         **job,
         "final": final,
@@ -241,13 +236,7 @@ def run_job(job: dict) -> dict:
 
 
 def runs_of(results: dict, regime: str, label: str) -> list[dict]:
-    return sorted(
-        (r for r in results["runs"] if r["regime"] == regime and r["label"] == label), key=lambda r: r["seed"]
-    )
-
-
-def by_seed(runs: list[dict], key: str, where: str = "final") -> dict[int, float]:
-    return {r["seed"]: r[where][key] for r in runs if where in r}
+    return select(results["runs"], regime=regime, label=label)
 
 
 def phase_means(run: dict, key: str) -> tuple[float | None, float | None]:
@@ -270,7 +259,7 @@ def score_rows(results: dict) -> list[str]:
                 continue
             cells = [format_mean_std([r["final"][k] for r in runs]) for k in ("pass@1", "pass@8", "read_all")]
             for k in ("pass@1", "pass@8"):
-                diff = None if label == "grpo" else paired_difference(by_seed(runs, k), by_seed(grpo, k))
+                diff = None if label == "grpo" else versus(runs, grpo, k)
                 cells.append(format_interval(diff))
             cells.append(f"{statistics.fmean(r['train_seconds'] for r in runs):.0f}")
             lines.append(f"| {regime} | {label} | {len(runs)} | " + " | ".join(cells) + " |")
@@ -286,9 +275,7 @@ def pair_rows(results: dict) -> list[str]:
             runs = runs_of(results, regime, label)
             if label == "mintrl-const" or not runs or not mintrl:
                 continue
-            cells = [
-                format_interval(paired_difference(by_seed(mintrl, k), by_seed(runs, k))) for k in ("pass@1", "pass@8")
-            ]
+            cells = [format_interval(versus(mintrl, runs, k)) for k in ("pass@1", "pass@8")]
             lines.append(f"| {regime} | mintrl-const - {label} | " + " | ".join(cells) + " |")
         sft = [r for r in runs_of(results, regime, "sft-grpo") if "sft_end" in r]
         if sft:
@@ -365,11 +352,8 @@ def file_name(results: dict) -> str:
 
 
 def render(results: dict, out: Path, plots: bool = True) -> str:
-    text = report(results)
-    (out / f"{file_name(results)}.md").write_text(text)
-    if plots and results["runs"]:
-        plot(results, out)
-    return text
+    return harness.write_report(results, out, f"{file_name(results)}.md", report, plot if results["runs"] else None,
+                                plots)  # fmt: skip
 
 
 def readme_block(results: dict) -> str:
@@ -388,38 +372,33 @@ def readme_block(results: dict) -> str:
         cells = []
         for label in labels[1:]:
             runs = runs_of(results, regime, label)
-            diffs = [
-                format_interval(paired_difference(by_seed(runs, k), by_seed(grpo, k))) for k in ("pass@1", "pass@8")
-            ]
+            diffs = [format_interval(versus(runs, grpo, k)) for k in ("pass@1", "pass@8")]
             cells.append(f"{label} − GRPO {diffs[0]} pass@1, {diffs[1]} pass@8")
         grpo_mean = format_mean_std([r["final"]["pass@1"] for r in grpo])
         lines.append(f"- {regime} (GRPO pass@1 {grpo_mean}): " + "; ".join(cells) + ".")
     return "\n".join(lines)
 
 
+CLI_MODES = {  # the flags of the modes besides full, the first given wins
+    "smoke": "1 step, 2 prompts, 2 seeds, 4 arms (the test)",
+    "quick": "1 seed, 4 steps, every arm on in-band",
+    "fresh": "the in-band headline on fresh seeds 5-9",
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, every arm on in-band")
-    parser.add_argument("--smoke", action="store_true", help="1 step, 2 prompts, 2 seeds, 4 arms (the test)")
-    parser.add_argument("--fresh", action="store_true", help="the in-band headline on fresh seeds 5-9")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
-    parser.add_argument("--out", type=Path, default=None, help="output folder")
-    parser.add_argument("--replot", type=Path, default=None, help="re-render the tables and plot from a JSON")
-    parser.add_argument(
-        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
-    )
+    parser = harness.study_parser(__doc__, CLI_MODES, replot_help="re-render the tables and plot from a JSON")
     args = parser.parse_args(argv)
-    if args.replot:
-        replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)
+    if harness.replot_from(args, render, readme_block, (README_START, README_END)):
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "fresh" if args.fresh else "full"
+    mode = harness.mode_of(args, CLI_MODES)
     out = args.out or (RESULTS if mode in ("full", "fresh") else RESULTS / "quick")
     out.mkdir(parents=True, exist_ok=True)
     settings = {"mode": mode, **MODES[mode]}
-    results = {"provenance": provenance("benchmarks/learning_tools.py", argv), "settings": settings,
-               "baselines": [], "runs": []}  # fmt: skip
-    execute(results, out, f"{file_name(results)}.json", render, [], run_job, plan_jobs(settings), args.workers)
+    results = harness.new_results("benchmarks/learning_tools.py", argv, settings)
+    execute(results, out, f"{file_name(results)}.json", render, [], run_job, plan_jobs(settings), args.workers,
+            args.resume)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the results depend on differed from that commit; and, for timings, the machine's
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import threading
 from pathlib import Path
@@ -72,6 +73,19 @@ class MachineWatch:
             "load_during_mean": round(sum(during) / len(during), 2),
             "load_during_max": round(max(during), 2),
         }
+
+
+def machine() -> dict:
+    """The machine a run finished on, as each harness record keeps it: the CPU model, the logical CPUs and those the
+    process may use, the 1-minute load average at that moment, the platform and Python's version."""
+    return {
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "load_1min": round(os.getloadavg()[0], 2),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def cpu_model() -> str:

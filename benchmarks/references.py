@@ -23,20 +23,21 @@ finds unlikely, loses less of its gain with distance than the uniform weighting 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.toy
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from benchmarks import harness  # noqa: E402
+
+harness.quiet_environment()  # before torch is imported
 
 from benchmarks import learning  # noqa: E402
-from benchmarks.provenance import command_line, provenance  # noqa: E402
-from benchmarks.readme import markers, replot  # noqa: E402
+from benchmarks.provenance import command_line  # noqa: E402
+from benchmarks.readme import markers  # noqa: E402
 from benchmarks.stats import format_interval, format_mean_std, paired_difference  # noqa: E402
 from benchmarks.toy.reference_styles import STYLES  # noqa: E402
 
@@ -110,7 +111,7 @@ def reference_distance(job: dict) -> dict:
 
 
 def _by_seed(results: dict, label: str, key: str = "pass@1", where: str = "final") -> dict[int, float]:
-    return {r["seed"]: r[where][key] for r in results["runs"] if r["label"] == label and where in r}
+    return harness.by_seed(harness.select(results["runs"], label=label), key, where)
 
 
 def _distance(results: dict) -> dict:
@@ -255,55 +256,38 @@ def render(results: dict, out: Path, plots: bool = True) -> str:
     """Write references.md (and the PNG) from `results`, the content of references.json."""
     if not any(b.get("kind") == "reference_distance" for b in results["baselines"]):
         return ""  # the distance is measured first; nothing to render before it
-    table = report(results)
-    (out / "references.md").write_text(table)
-    if plots:
-        plot(results, out)
-    return table
+    return harness.write_report(results, out, "references.md", report, plot, plots)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, learning.py's quick jobs")
-    parser.add_argument("--smoke", action="store_true", help="1 seed, 1 step, 2 prompts (the test)")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (with --replot: default the JSON's)")
+    modes = {"smoke": "1 seed, 1 step, 2 prompts (the test)", "quick": "1 seed, learning.py's quick jobs"}
+    parser = harness.study_parser(__doc__, modes, replot_help="re-render references.md and the plot from a JSON")
     parser.add_argument(
         "--learning",
         type=Path,
         default=RESULTS / "learning.json",
         help="recorded runs to reuse where the job is the same",
     )
-    parser.add_argument("--replot", type=Path, default=None, help="re-render references.md and the plot from a JSON")
-    parser.add_argument(
-        "--readme", type=Path, default=None, help="with --replot: rewrite its block in this page (docs/benchmarks.md)"
-    )
     args = parser.parse_args(argv)
-    if args.replot:
-        replot(args.replot, args.out, render, args.readme, README_START, README_END, readme_block)
+    if harness.replot_from(args, render, readme_block, (README_START, README_END)):
         return
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mode = harness.mode_of(args, modes)
     out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"mode": mode, **MODES[mode]}
     recorded_file = json.loads(args.learning.read_text()) if args.learning.exists() else None
     jobs, recorded, recorded_prov = learning.split_recorded(planned_jobs(settings), recorded_file)
-    results = {
-        "provenance": provenance("benchmarks/references.py", argv),
-        "settings": settings,
-        "baselines": [],
-        "runs": recorded,
-        "recorded_provenance": recorded_prov,
-    }
+    results = harness.new_results(
+        "benchmarks/references.py", argv, settings, runs=recorded, recorded_provenance=recorded_prov
+    )
     base_job = {
         "regime": REGIME,
         "final_prompts": learning.MODES[settings["learning_mode"]]["final_prompts"],
         "styles": settings["styles"],
     }
-    learning.execute(
-        results, out, "references.json", render, [(reference_distance, base_job)], learning.run_job, jobs, args.workers
-    )
+    learning.execute(results, out, "references.json", render, [(reference_distance, base_job)], learning.run_job,
+                     jobs, args.workers, args.resume)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -194,6 +194,12 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     assert "## The judge's distance" in table
     for png in ("learning_curves.png", "learning_interventions.png"):
         assert (tmp_path / png).stat().st_size > 0
+    # every record says what wrote it (benchmarks/harness.py); a rerun with --resume keeps them and runs nothing
+    assert all(len(r["recorded"]["commit"]) == 40 and r["recorded"]["machine"] for r in results["runs"])
+    done = subprocess.run([*command, "--resume"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
+    assert "5 finished jobs kept, 0 to run" in done.stdout
+    resumed = json.loads((tmp_path / "learning.json").read_text())
+    assert resumed["runs"] == results["runs"] and resumed["baselines"] == results["baselines"]
 
     for run in results["runs"]:  # MInTRL +50 points on seed 0, +30 on seed 1; GRPO 0
         bump = {("mintrl-const", 0): 0.5, ("mintrl-const", 1): 0.3}.get((run["label"], run["seed"]), 0.0)

@@ -1,7 +1,8 @@
 """The package's structure, drawn from its code's imports (in the spirit of tests/test_trl_guard.py): dependencies
 between trl_mintrl's modules run one way (no circle, lazy imports included), nothing private crosses a module
 border (an imported name, or another module's private attribute reached on an object), no function is over 60
-lines, and a module over 500 lines is one concern, named in LONG_MODULES."""
+lines, and a module over 500 lines is one concern, named in LONG_MODULES. The benchmarks' imports run one way too:
+no circle, the toy task imports no study script, and the harness imports no task."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ LONG_MODULES = {
 }
 # private module names another module may import from: a leaf holding only `__version__`, the conventional name
 PRIVATE_MODULES_ALLOWED = {"trl_mintrl._version"}
+BENCHMARKS = REPO / "benchmarks"
+# benchmarks/'s library: what the shared harness may import (never the toy task or a study), and toy/ too
+LIBRARY = {"benchmarks", "benchmarks.provenance", "benchmarks.readme", "benchmarks.stats"}
+# beyond the library and the harness, what toy/ may import outside itself: the demos end with the committed results
+TOY_MAY_IMPORT = LIBRARY | {"benchmarks.harness", "benchmarks.demo_claim"}
 
 
 def module_name(path: Path) -> str:
@@ -30,31 +36,34 @@ def module_name(path: Path) -> str:
 
 
 class Package:
-    """Modules by dotted name: their parsed source and whether each is a package's `__init__`."""
+    """Modules by dotted name: their parsed source and whether each is a package's `__init__` (`prefix`: the
+    top-level package whose imports count)."""
 
-    def __init__(self, sources: dict[str, tuple[str, bool]]):
+    def __init__(self, sources: dict[str, tuple[str, bool]], prefix: str = "trl_mintrl"):
         self.trees = {name: ast.parse(source) for name, (source, _) in sources.items()}
         self.is_init = {name: is_init for name, (_, is_init) in sources.items()}
+        self.prefix = prefix
 
     @classmethod
     def of(cls, root: Path) -> Package:
-        return cls({module_name(p): (p.read_text(), p.name == "__init__.py") for p in sorted(root.rglob("*.py"))})
+        sources = {module_name(p): (p.read_text(), p.name == "__init__.py") for p in sorted(root.rglob("*.py"))}
+        return cls(sources, prefix=root.name)
 
     def imports(self, module: str) -> list[tuple[str, str | None, int]]:
-        """(imported module, imported name or None, line) of every import of a trl_mintrl module in `module`, lazy
+        """(imported module, imported name or None, line) of every import of a `prefix` module in `module`, lazy
         ones (inside functions) included; `from package import submodule` names the submodule."""
         package = module if self.is_init[module] else module.rpartition(".")[0]
         found = []
         for node in ast.walk(self.trees[module]):
             if isinstance(node, ast.Import):
-                found += [(a.name, None, node.lineno) for a in node.names if a.name.startswith("trl_mintrl")]
+                found += [(a.name, None, node.lineno) for a in node.names if _under(a.name, self.prefix)]
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
-                if not target.startswith("trl_mintrl"):
+                if not _under(target, self.prefix):
                     continue
                 for alias in node.names:
                     sub = f"{target}.{alias.name}"
@@ -153,6 +162,10 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
 def _on_self(node: ast.Attribute) -> bool:
     return isinstance(node.value, ast.Name) and node.value.id == "self"
 
@@ -179,6 +192,11 @@ def is_private(name: str) -> bool:
 @cache
 def package() -> Package:
     return Package.of(PACKAGE)
+
+
+@cache
+def benchmarks() -> Package:
+    return Package.of(BENCHMARKS)
 
 
 def test_module_dependencies_run_one_way():
@@ -226,3 +244,33 @@ def test_the_checks_see_a_circle_a_private_import_a_private_reach_and_a_long_fun
     assert made_up.private_imports() == ["trl_mintrl.a:1 imports the private name _helper from trl_mintrl.b"]
     assert made_up.private_members_reached() == ["trl_mintrl.c:3 reaches _internal of trl_mintrl.b"]
     assert made_up.long_functions() == [f"trl_mintrl.d:1 long has {MAX_FUNCTION_LINES + 1} lines"]
+
+
+def test_benchmark_imports_run_one_way():
+    """No circle among benchmarks/'s modules, lazy imports (inside functions) included: the studies import the toy
+    task and the harness, never the other way round."""
+    found = circles(benchmarks().import_graph())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_toy_task_imports_no_study_and_the_harness_no_task():
+    graph = benchmarks().import_graph()
+    toy = {m for m in graph if _under(m, "benchmarks.toy")}
+    outside = {f"{m} imports {t}" for m in toy for t in graph[m] - toy - TOY_MAY_IMPORT}
+    assert not outside, sorted(outside)
+    assert graph["benchmarks.harness"] <= LIBRARY, graph["benchmarks.harness"] - LIBRARY
+
+
+def test_the_benchmark_checks_see_a_lazy_circle():
+    """A study and a toy module importing each other inside functions (the circle learning.py and
+    toy/learned_judge.py had) is found."""
+    made_up = Package(
+        {
+            "benchmarks": ("", True),
+            "benchmarks.toy": ("", True),
+            "benchmarks.study": ("def run():\n    from benchmarks.toy.judge import fields\n", False),
+            "benchmarks.toy.judge": ("def excluded():\n    from benchmarks.study import SEED\n", False),
+        },
+        prefix="benchmarks",
+    )
+    assert circles(made_up.import_graph()) == [["benchmarks.study", "benchmarks.toy.judge"]]

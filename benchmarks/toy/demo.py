@@ -21,9 +21,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, T
 from transformers.utils import logging as hf_logging
 
 from benchmarks.demo_claim import committed_comparison, load_results
-from benchmarks.learning import HELDOUT_SEED, TRAIN_SEED
 from benchmarks.toy import evaluate
-from benchmarks.toy.training import REGIMES, build_trainer, rl_config
+from benchmarks.toy.training import HELDOUT_SEED, REGIMES, TRAIN_SEED, build_trainer, rl_config
 
 NAMES = {"mintrl-const": "MInTRL", "sort": "SORT", "grpo": "GRPO"}
 

@@ -70,9 +70,7 @@ class RecordingJudge(Judge):
 def excluded_questions(n: int = 96) -> set[str]:
     """The questions of the learning benchmark's held-out and validation sets (`n` each, its largest), which no
     transcript may hold."""
-    from benchmarks.learning import HELDOUT_SEED, VALIDATION_SEED
-
-    from .training import REGIMES
+    from .training import HELDOUT_SEED, REGIMES, VALIDATION_SEED
 
     regime = REGIMES["in-band"]
     return {p.question for seed in (HELDOUT_SEED, VALIDATION_SEED) for p in regime.problems(n, seed)}

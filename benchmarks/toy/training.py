@@ -25,6 +25,8 @@ METHODS = ("grpo", "mintrl-const", "mintrl-proxy", "sort", "mintrl-sort")
 SORT_REPAIR = dict(reference_column="solution", repair_batch_size=8, max_plan_tokens=64)
 RL_MIN_OPS, RL_MAX_OPS = 8, 11
 WARMUP_STEPS = 3
+# the learning benchmarks' problem seeds: training prompts (plus the run's seed), held-out and validation problems
+TRAIN_SEED, HELDOUT_SEED, VALIDATION_SEED = 1000, 999, 998
 
 
 @dataclass(frozen=True)
