@@ -117,6 +117,7 @@ def test_mintrl_recipes_carry_table_6():
         )
         assert (args.intervention_steps, args.max_reviews, args.max_correction_tokens) == (200, 4, 64)
         assert args.chunk_size == {"math": 512, "code": 128}[task]
+        assert args.step_split == "blank_line"  # the paper's steps; the package's default splits at lines
         assert args.kappa == {"math": -0.2, "code": -0.1}[task]
         assert args.regression_beta == 1e-3 and args.beta == 0.0
         assert recipe.script_args.reward_funcs == [task]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from trl_mintrl.rewards import MathVerifier, completion_text, last_boxed, make_math_reward
+from trl_mintrl.rewards import MathVerifier, completion_text, last_boxed, make_math_reward, math_reward
 
 TIMEOUT = 2.0
 
@@ -117,3 +120,71 @@ def test_bad_arguments_fail_clearly(reward):
         MathVerifier(num_workers=0)
     with pytest.raises(ValueError, match="2 completions but 1 gold"):
         reward(["a", "b"], solution=["1"])
+
+
+# ----- GSM8K's `#### N` and the answers a real chat model writes -----
+
+SAMPLES_FILE = Path(__file__).resolve().parent / "data" / "smollm2_samples.json"
+
+
+def smollm2_samples() -> tuple[list[str], list[str]]:
+    """SmolLM2-135M-Instruct's own samples (scripts/smollm2_samples.py) and each one's gold answer."""
+    record = json.loads(SAMPLES_FILE.read_text())
+    golds = [record["problems"][sample["problem"]]["gold"] for sample in record["samples"]]
+    return [sample["text"] for sample in record["samples"]], golds
+
+
+GSM8K_LINES = [
+    ("16", "Jack has 28 - 12 = 16 stickers left.\n#### 16", 1.0),
+    ("308", "#### 308\n#### 12 + 28 = 30 = total", 1.0),  # the first `####` line is the answer ...
+    ("30", "#### 308\n#### 12 + 28 = 30 = total", 0.0),  # ... not what the model wrote after it
+    ("4", "#### 4\n#### 5", 1.0),  # of two answer lines, the first
+    ("5", "#### 4\n#### 5", 0.0),
+    ("12", "#### 12 + 28 = 30 = total", 0.0),  # an expression after `####` is no answer line
+    ("316", "The answer is: 316.", 1.0),  # MetaMathQA's answer line (SmolLM2 was tuned on it)
+    ("316", "So she has 316 stamps.\n#### 316\nThe answer is: 316", 1.0),
+    ("1234", "Total: 1,000 + 234.\n#### 1,234", 1.0),
+    ("16", "#### $16", 1.0),
+    ("16", "#### 16 apples.", 1.0),
+    ("-2.5", "#### -2.5", 1.0),
+    ("16", "16 - 1 = 15 so 15 is left\n#### 16", 1.0),  # `####` beats the last number
+    ("16", "#### 15\nNo: \\boxed{16}", 1.0),  # a box keeps priority
+    ("15", "#### 15\nNo: \\boxed{16}", 0.0),
+    ("5", "#### Step 1\n2 + 3 = 5\n#### 5", 1.0),  # a Markdown heading is no answer line
+    ("1", "#### 1. Add the costs\n3 + 4 = 7\n#### 7", 0.0),  # ... nor a numbered heading: the answer is 7
+    ("72", "#### 72", 1.0),
+]
+
+
+def test_gsm8k_answer_lines_are_read_first_marker_wins():
+    scores = math_reward([text for _, text, _ in GSM8K_LINES], solution=[gold for gold, _, _ in GSM8K_LINES])
+    assert scores == [expected for _, _, expected in GSM8K_LINES]
+
+
+def test_gsm8k_worked_solution_as_gold():
+    """A GSM8K `answer` column (worked solution with calculator annotations, then `#### N`) is a gold answer."""
+    gold = (
+        "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips in all.\n#### 72"
+    )
+    assert math_reward(["#### 72", "The answer is 72.", "#### 24"], solution=[gold] * 3) == [1.0, 1.0, 0.0]
+
+
+def test_smollm2_samples_are_read_as_the_model_wrote_them():
+    """SmolLM2-135M-Instruct's samples at temperature 1 (24: 6 word problems, bare and with the benchmark's
+    `#### <answer>` instruction): none has the gold answer (by the reward or by its last integer) and none writes
+    `\\boxed{}`; two write a `####` answer line, read as their first one (not their last integer), and two an
+    answer line in words. A `####` glued to other text with an expression after it is no answer."""
+    texts, golds = smollm2_samples()
+    assert len(texts) == 24
+    assert math_reward(texts, solution=golds) == [0.0] * 24
+    assert not any(re.findall(r"\d+", text.replace(",", ""))[-1:] == [gold] for text, gold in zip(texts, golds))
+    assert not any(last_boxed(text) for text in texts)
+    assert [i for i, text in enumerate(texts) if "####" in text] == [12, 15, 22]
+    # sample 12: "Lisa reads 20 pages in 2 weeks.\n#### 2\n..." then more text ending "6 pages yesterday"
+    # sample 15: "#### 9", "#### 10", ... "#### 13": the first is the answer
+    # sample 22: "$12/H * 60####  4 * 1 = $24": no answer line
+    # sample 2: "Tom's answer is 60 + 20 = 80"; sample 18: "Answer: Day 135"
+    cases = [(12, "2", 1.0), (12, "6", 0.0), (15, "9", 1.0), (15, "13", 0.0), (22, "4", 0.0), (22, "24", 0.0)]
+    cases += [(2, "80", 1.0), (18, "135", 1.0)]
+    scores = math_reward([texts[i] for i, _, _ in cases], solution=[gold for _, gold, _ in cases])
+    assert scores == [expected for _, _, expected in cases]

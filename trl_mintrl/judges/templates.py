@@ -39,9 +39,10 @@ CODE_REVIEW_TEMPLATE = (
     "{reference}"
     "## Solution so far (already checked; do not review it)\n{prefix}\n\n"
     "## New steps to review\n{steps}\n\n"
-    "The new text is split into steps at blank lines and at code-fence lines (```): a code block can span several "
-    "steps (its opening fence line starts a step, its closing fence line ends one), and a step can continue a code "
-    "block opened earlier. Read the code across steps as one program, but judge each step by its own lines.\n\n"
+    "The new text is split into steps at line breaks or blank lines in prose, and at code-fence lines (```) and blank "
+    "lines in code: a code block can span several steps (its opening fence line starts a step, its closing fence "
+    "line ends one), and a step can continue a code block opened earlier. Read the code across steps as one program, "
+    "but judge each step by its own lines.\n\n"
     "Check the new steps in order. A step is wrong if it misreads the problem or the input/output format, has a "
     "logic or off-by-one error, mishandles an edge case, is too slow for the constraints, or does not run. Do not "
     "flag a step for style, naming or a different but valid approach. {unfinished_note}\n\n" + _VERDICT_INSTRUCTIONS

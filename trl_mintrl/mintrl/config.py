@@ -11,6 +11,7 @@ from trl import GRPOConfig
 from ..judges.templates import resolve_template
 from ..losses import ANCHORS as ANCHOR_VARIANTS
 from ..text import NO_THINKING, chat_template_kwargs_field
+from .steps import STEP_SPLITS
 
 ANCHORS = tuple(ANCHOR_VARIANTS)  # the variant table in losses.py
 JUDGE_BACKENDS = ("self", "base", "model", "endpoint")
@@ -119,6 +120,16 @@ class MInTRLFields:
         default=4, metadata={"help": "Reviews per intervened rollout; afterwards the rest is generated unreviewed."}
     )
     max_correction_tokens: int = field(default=64, metadata={"help": "Cap on a judge correction, in policy tokens."})
+    step_split: str = field(
+        default="line",
+        metadata={
+            "help": "Where a reviewed chunk splits into the steps the judge numbers: 'line' at every line break, "
+            "'blank_line' at blank lines only (the paper's), 'auto' at blank lines when the chunk has one between "
+            "two lines of text, else at lines. Code blocks split at their fence lines and the blank lines inside "
+            "them in every mode.",
+            "choices": list(STEP_SPLITS),
+        },
+    )
     intervention_steps: int = field(
         default=200,
         metadata={
@@ -328,6 +339,7 @@ class MInTRLFields:
             ("judge", JUDGE_BACKENDS),
             ("judge_outage_policy", JUDGE_OUTAGE_POLICIES),
             ("rollout_schedule", ROLLOUT_SCHEDULES),
+            ("step_split", STEP_SPLITS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {choices}.")
@@ -491,6 +503,15 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
             Reviews per intervened rollout; afterwards the rest is generated unreviewed.
         max_correction_tokens (`int`, *optional*, defaults to `64`):
             Cap on a judge correction, in policy tokens.
+        step_split (`str`, *optional*, defaults to `"line"`):
+            Where a reviewed chunk splits into the steps the judge numbers (a REVISE keeps the steps before the
+            flagged one): `"line"` at every line break (blank lines stay with the step before them), `"blank_line"`
+            at blank lines only (the paper's steps), `"auto"` at blank lines when the chunk has a blank line between
+            two lines of text, else at lines. Code blocks split at their fence lines and at blank lines inside them in
+            every mode, never at each line of code. `"line"` by default: chat models often write one step per line
+            with no blank line, and the paper's split then makes the whole chunk one step, so any REVISE drops all
+            of it; for a model that writes paragraphs `"line"` only splits further where a paragraph itself has line
+            breaks (docs/mintrl.md).
         intervention_steps (`int`, *optional*, defaults to `200`):
             Optimizer steps with interventions (paper: 200 of 500); afterwards every rollout is an on-policy control.
             `0` never intervenes.

@@ -28,7 +28,7 @@ from enum import Enum
 
 from ..engines.base import Generation, GenerationEngine
 from ..judges.base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict, tally_votes
-from .steps import cut_point, split_steps
+from .steps import STEP_SPLITS, cut_point, split_steps
 from .tools import ToolEnvironment
 
 
@@ -46,7 +46,8 @@ class RolloutSettings:
     """Chunking and budgets: `chunk_size` policy tokens per reviewed chunk, `max_reviews` reviews per trajectory,
     corrections capped at `max_correction_tokens` policy tokens, completions at `max_completion_length` tokens.
     Each chunk gets `judge_votes` reviews (in the same judge call) and is cut only where `judge_min_agree` agree.
-    A trajectory with tools runs them after at most `max_tool_calling_iterations` turns (None: no limit)."""
+    A trajectory with tools runs them after at most `max_tool_calling_iterations` turns (None: no limit).
+    `step_split` says where a chunk splits into steps (`split_steps`'s mode; `MInTRLConfig.step_split`)."""
 
     chunk_size: int
     max_reviews: int
@@ -55,6 +56,11 @@ class RolloutSettings:
     judge_votes: int = 1
     judge_min_agree: int = 1
     max_tool_calling_iterations: int | None = None
+    step_split: str = "line"
+
+    def __post_init__(self):
+        if self.step_split not in STEP_SPLITS:
+            raise ValueError(f"step_split={self.step_split!r} is not one of {STEP_SPLITS}.")
 
 
 @dataclass
@@ -221,7 +227,10 @@ class InterventionRollout:
     def take_chunk(self, t: Trajectory, chunk: Generation) -> PendingReview | None:
         """A chunk to review, or None when it was accepted at once (no reviews left, or no text: only EOS)."""
         # the accepted prefix says whether the chunk starts inside a code block
-        steps = split_steps(self._decode(chunk.token_ids), self._turn_text(t)) if self._reviewable(t) else []
+        if not self._reviewable(t):
+            steps = []
+        else:
+            steps = split_steps(self._decode(chunk.token_ids), self._turn_text(t), self.settings.step_split)
         if steps:
             return PendingReview(t, chunk, steps)
         self._accept(t, chunk)

@@ -35,39 +35,90 @@ def open_fence_at_end(text: str) -> str | None:
     return fence
 
 
-def split_steps(text: str, prefix: str = "") -> list[str]:
-    """Split a chunk into steps at blank lines and at code-fence lines (the MInTRL paper's steps).
+# Where a chunk splits into steps (`MInTRLConfig.step_split`). "blank_line": the paper's steps, paragraphs ended by
+# a blank line; "line": every line is a step (models that write one step per line); "auto": the paper's steps when
+# the chunk has a blank line between two of its lines, else lines. In every mode code blocks split at their fence
+# lines and at blank lines inside them, never at each line of code.
+STEP_SPLITS = ("line", "blank_line", "auto")
+
+
+def split_steps(text: str, prefix: str = "", mode: str = "blank_line") -> list[str]:
+    """Split a chunk into steps: at blank lines and code-fence lines (the MInTRL paper's steps), or at every line.
 
     A fence line that opens a code block starts a step; one that closes it ends the step. Inside a code block blank
-    lines split too, so a judge can keep one correct function and revise the next. Separators stay attached to the
-    step they end, so `"".join(split_steps(text)) == text` and a step index maps back to a character offset. A
-    trailing unfinished step (the chunk was cut mid-step) is the last step; a chunk with no boundary is one step.
+    lines split too, so a judge can keep one correct function and revise the next; lines of code never do. Outside
+    code, `mode` says where a step ends:
+
+    - "blank_line" (the paper's): at a blank line; a chunk with no boundary is one step.
+    - "line": at every line break; blank lines stay with the step before them.
+    - "auto": "blank_line" when the chunk has a blank line with text before and after it (outside code), else
+      "line": a model that writes paragraphs gets the paper's steps, one that writes one step per line gets lines.
+
+    Separators stay attached to the step they end, so `"".join(split_steps(text, prefix, mode)) == text` and a step
+    index maps back to a character offset. A trailing unfinished step (the chunk was cut mid-step) is the last step.
 
     Args:
         text: the chunk to split.
         prefix: the completion accepted before the chunk: it says whether the chunk starts inside a code block, and
             an unfinished last line of it continues into the chunk's first line.
+        mode: one of `STEP_SPLITS`. The default is the paper's; the trainers use `MInTRLConfig.step_split`.
     """
+    if mode not in STEP_SPLITS:
+        raise ValueError(f"split_steps(mode={mode!r}): mode must be one of {STEP_SPLITS}")
+    if mode == "auto":
+        mode = "blank_line" if _has_paragraph_break(text, prefix) else "line"
+    return _split(text, prefix, by_line=mode == "line")
+
+
+def _lines(text: str, prefix: str):
+    """(line, its fence marks or None, the fence open after it) for each line of `text`, continuing `prefix`."""
     fence = open_fence_at_end(prefix)
     carried = "" if not prefix or prefix.endswith("\n") else prefix.rsplit("\n", 1)[-1]
+    for line in text.splitlines(keepends=True):
+        marks = _fence_marks(carried + line, fence)
+        carried = ""
+        if marks is not None:
+            fence = marks or None
+        yield line, marks, fence
+
+
+def _has_paragraph_break(text: str, prefix: str) -> bool:
+    """Whether `text` has a blank line outside code with a non-blank line before it and one after it."""
+    seen_text = pending_break = False
+    for line, marks, fence in _lines(text, prefix):
+        if marks is not None or fence is not None:  # a fence line or code: not a paragraph break
+            pending_break = False
+            seen_text = marks == ""  # a closing fence line ends text before a possible blank line
+            continue
+        if not line.strip():
+            pending_break = pending_break or seen_text
+        elif pending_break:
+            return True
+        else:
+            seen_text = True
+    return False
+
+
+def _split(text: str, prefix: str, by_line: bool) -> list[str]:
     steps: list[str] = []
     current: list[str] = []
     step_has_content = False
-    step_closed = False  # a blank line or a closing fence ended the step; more blank lines still belong to it
-    for line in text.splitlines(keepends=True):
+    step_closed = False  # a boundary ended the step; more blank lines still belong to it
+    fence = open_fence_at_end(prefix)
+    for line, marks, fence_after in _lines(text, prefix):
         blank = not line.strip()
-        marks = _fence_marks(carried + line, fence)
-        carried = ""
         opens = marks is not None and fence is None
+        fence = fence_after
         if current and ((opens and step_has_content) or (not blank and step_closed)):
             steps.append("".join(current))
             current, step_has_content, step_closed = [], False, False
         current.append(line)
         if marks is not None:
-            fence = marks or None
             step_closed = not opens
         elif blank and step_has_content:
             step_closed = True
+        elif by_line and not blank and fence is None and line.endswith(("\n", "\r")):
+            step_closed = True  # a whole line of text outside code
         step_has_content = step_has_content or not blank
     if current:
         steps.append("".join(current))

@@ -8,6 +8,10 @@ stall training forever. Here every check runs in a pool of worker processes (see
 - the caller waits at most `timeout + 1` seconds for the answer; a worker stuck where signals cannot reach it
   (long C code) is killed and replaced. The caller can be any thread.
 
+What counts as the final answer, in this order (completions and gold answers alike): the last `\\boxed{}`; else GSM8K's
+answer line `#### N` (`gsm8k_answer`); else an answer line ("The final answer is 12", "The answer is: 316.",
+"Answer: $3$").
+
 Workers parse each distinct gold answer once (GRPO repeats it for every completion of a prompt) and exit when
 their stdin closes, so they never outlive the trainer.
 """
@@ -28,7 +32,25 @@ from concurrent.futures import ThreadPoolExecutor
 from ..text import content_text, last_boxed
 
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")  # a word that is not a LaTeX command
+# GSM8K's answer line: "#### " then the number, alone on its line but for a "$" before it, a unit word or a full stop
+# after it ("#### 1,234", "#### $16", "#### 16 apples.", "#### -2.5", "#### 3/4").
+_GSM8K_LINE = re.compile(
+    r"####[^\S\n]*\$?[^\S\n]*(?P<number>-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+|/\d+)?)"
+    r"[^\S\n]*(?:[a-zA-Z%][a-zA-Z% ]*)?\.?[^\S\n]*(?:\n|$)"
+)
 _WORKER = "from trl_mintrl.rewards.math import _serve; _serve()"
+
+
+def gsm8k_answer(text: str) -> str | None:
+    """The number of the first GSM8K answer line (`#### 16`, commas dropped: "1,234" -> "1234"), or None.
+
+    GSM8K ends each worked solution with `#### <answer>`, and what follows the marker is the final answer. Only the
+    first such line counts: a model that keeps writing after its answer ("#### 308\\n#### 12 + 28 = 30 = total")
+    has answered 308. A `####` line that is not a number (a Markdown heading such as `#### Step 1` or `#### 1. Add
+    the costs`, or an expression) is not an answer line and is skipped.
+    """
+    match = _GSM8K_LINE.search(text)
+    return None if match is None else match.group("number").replace(",", "")
 
 
 def completion_text(completion: str | list[dict]) -> str:
@@ -164,10 +186,11 @@ def _default() -> MathVerifier:
 
 
 def math_reward(completions: list, solution: list[str], **kwargs) -> list[float | None]:
-    """Reward 1.0 when the completion's final answer (its last `\\boxed{}`, otherwise its answer line, e.g.
-    "The final answer is 12") equals `solution`'s per `math-verify`; 0.0 otherwise; None when the gold answer does
-    not parse or its parsing raises (e.g. a gold that is not a string): such a row carries no signal. `solution`
-    may be a bare answer or a worked solution ending in `\\boxed{answer}`. Completions may be strings or
+    """Reward 1.0 when the completion's final answer (its last `\\boxed{}`; otherwise its first GSM8K answer line
+    `#### 16`, see `gsm8k_answer`; otherwise its answer line, e.g. "The final answer is 12", "The answer is: 316.")
+    equals `solution`'s per `math-verify`; 0.0 otherwise; None when the gold answer does not parse or its parsing
+    raises (e.g. a gold that is not a string): such a row carries no signal. `solution` may be a bare answer or a
+    worked solution ending in `\\boxed{answer}` or in GSM8K's `#### answer`. Completions may be strings or
     conversations. TRL reward-function convention; works from any thread (10 s bound per item)."""
     return _default().score(list(solution), [completion_text(c) for c in completions])
 
@@ -212,11 +235,15 @@ def _serve() -> None:
     anywhere = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
 
     def parse_answer(text: str, gold: bool) -> list:
-        """The last boxed answer if any; otherwise an answer line ("the final answer is ...", "Answer: ...").
-        A gold answer may also be a bare expression (`\\frac12`, `(1,2)`): without prose it is read as LaTeX."""
+        """The last boxed answer if any; otherwise the first GSM8K answer line (`#### 16`); otherwise an answer
+        line ("the final answer is ...", "Answer: ..."). A gold answer may also be a bare expression (`\\frac12`,
+        `(1,2)`): without prose it is read as LaTeX."""
         boxed = last_boxed(text)
         if boxed is not None:
             return parse(f"${boxed}$", anywhere, parsing_timeout=None)
+        number = gsm8k_answer(text)
+        if number is not None:
+            return parse(f"${number}$", anywhere, parsing_timeout=None)
         if not gold:
             return parse(text, anchored, extraction_mode="first_match", parsing_timeout=None)
         parsed = parse(text, anywhere, parsing_timeout=None)

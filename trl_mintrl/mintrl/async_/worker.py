@@ -85,8 +85,8 @@ class MInTRLRolloutWorker(InterventionSchedule):
 
     Args:
         args: the config: MInTRL's fields under `MInTRLConfig`'s names (`num_generations` and its split
-            `num_control_generations`, `chunk_size`, `max_reviews`, `max_correction_tokens`, `judge_votes`,
-            `judge_min_agree`, `intervention_steps`, `intervention_stop_gap`, `intervention_gap_ema`,
+            `num_control_generations`, `chunk_size`, `max_reviews`, `max_correction_tokens`, `step_split`,
+            `judge_votes`, `judge_min_agree`, `intervention_steps`, `intervention_stop_gap`, `intervention_gap_ema`,
             `judge_token_target`, `reference_column`, `rollout_schedule`, `speculative_chunks`, the judge-outage
             fields) and `AsyncGRPOConfig`'s (`max_completion_length`, `per_device_train_batch_size`,
             `gradient_accumulation_steps`, `max_staleness`, `weight_sync_steps`, `chat_template_kwargs`), plus
