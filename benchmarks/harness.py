@@ -1,5 +1,5 @@
 """The harness every learning study runs on: jobs, worker processes, records, resuming, paired statistics, the CLI
-flags and the README block. Task-agnostic: it imports nothing of `benchmarks.toy` nor of any study; a study hands it
+flags and the summary block. Task-agnostic: it imports nothing of `benchmarks.toy` nor of any study; a study hands it
 its jobs and its own top-level function that runs one.
 
 A job is a plain JSON-serialisable dict (an arm, a regime, a seed and whatever the study's function reads); its key
@@ -277,7 +277,7 @@ def verdict_cell(diff: Interval | None) -> str:
     return "**yes, better**" if diff.mean > 0 else "**yes, worse**"
 
 
-# ---------------------------------------------------------------------------------- CLI, the report and the README
+# ------------------------------------------------------------------------- CLI, the report and the summary block
 
 
 def study_parser(doc: str, modes: dict[str, str], replot_help: str) -> argparse.ArgumentParser:
@@ -327,8 +327,9 @@ def add_resume_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def replot_from(args: argparse.Namespace, render: Callable[..., str], block=None, markers=None, load=None) -> bool:
-    """`--replot JSON [--out DIR] [--readme README]` (`readme.replot`): re-render the study's tables and plots from
-    the JSON and rewrite the README's block between `markers` with `block(results)`. False when not asked."""
+    """`--replot JSON [--out DIR] [--readme docs/benchmarks.md]` (`readme.replot`): re-render the study's tables and
+    plots from the JSON and rewrite the page's summary block between `markers` with `block(results)`. False when not
+    asked."""
     if args.replot is None:
         return False
     start, end = markers if markers is not None else (None, None)
