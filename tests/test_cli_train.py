@@ -177,7 +177,7 @@ def test_environment_is_checked_before_loading(flags, message):
 def test_push_without_token_fails_up_front(monkeypatch):
     import huggingface_hub
 
-    monkeypatch.setattr("trl_mintrl.cli.recipe._hub_offline", lambda: False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
     recipe = parse_recipe(["grpo", "--config", CPU_RECIPES["grpo"], "--push_to_hub", "true", "--hub_model_id", "me/x"])
     with pytest.raises(RecipeError, match="needs a Hugging Face token"):

@@ -184,3 +184,17 @@ def test_docs_table_lists_every_recipe_and_only_real_ones():
     for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         mentioned = set(re.findall(r"recipes/[\w./-]+\.yaml", page.read_text()))
         assert mentioned <= on_disk, f"{page.name} names recipes that do not exist: {sorted(mentioned - on_disk)}"
+
+
+def test_word_problem_data_is_what_the_real_task_generates():
+    """recipes/cpu/data/word_problems.jsonl (the smollm2-*.yaml recipes' data) is the first 64 training problems
+    of benchmarks/real/task.py at seed 0, as the recipes say."""
+    import json
+
+    from benchmarks.real.task import make_splits
+
+    shipped = [
+        json.loads(line) for line in (RECIPES / "cpu" / "data" / "word_problems.jsonl").read_text().splitlines()
+    ]
+    assert shipped == [p.row() for p in make_splits(seed=0)["train"][:64]]
+    assert {row["num_steps"] for row in shipped} == {1, 2}

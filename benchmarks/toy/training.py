@@ -169,6 +169,7 @@ def rl_fields(
         intervention_steps=max(1, int(0.4 * steps)),  # paper: 200 of 500
         anchor="proxy" if method == "mintrl-proxy" else "const",
         reference_column="solution",
+        step_split="blank_line",  # the toy writes its steps as paragraphs; its committed runs split at blank lines
     )
     if method == "mintrl-sort":
         return {**common, **mintrl, **sort_repair, **overrides}

