@@ -3,6 +3,7 @@ datasets, and the judge's rules on handwritten chunks. No model needed."""
 
 import random
 import re
+from fractions import Fraction
 
 import pytest
 
@@ -170,6 +171,24 @@ def test_correct_steps_are_kept_in_the_models_own_phrasings():
         "8 × 6 = 48\n",
     ):
         assert review(BAKER, chunk) is None, chunk
+    # a computation never spans a line break: "x" on its own line is a variable here, not a product
+    assert review(JACK, "Jack has 28 - 12 = 16 stickers left.\nx + 5 = 21\n") is None
+
+
+def test_computations_are_read_as_written():
+    from benchmarks.real.judge import COMPUTATION, evaluate, parse_expr
+
+    def read(text):
+        return [(parse_expr(m.group("expr")), evaluate(m.group("expr"))) for m in COMPUTATION.finditer(text)]
+
+    assert read("28 stickers x 12 = 308 stickers") == [((["28", "12"], ["x"]), 336)]
+    assert read("$9 * 9 = $84") == [((["$9", "9"], ["*"]), 81)]
+    assert read("So 28 - 12 + 5 = 21 and 2x3=6") == [((["28", "12", "5"], ["-", "+"]), 21), ((["2", "3"], ["x"]), 6)]
+    assert read("6 + 4 * 2 = 14, 48 / 5 = 9.6") == [
+        ((["6", "4", "2"], ["+", "*"]), 14),
+        ((["48", "5"], ["/"]), Fraction(48, 5)),
+    ]
+    assert read("9\nx + 1 = 9") == [] and read("x = 16") == [] and read("a 35-dollar deck = 5") == []
 
 
 def test_wrong_arithmetic_is_flagged_at_its_step():

@@ -42,7 +42,7 @@ from pathlib import Path  # noqa: E402
 
 from benchmarks.provenance import MachineWatch, provenance  # noqa: E402
 
-from .judge import ANSWER, correct_step, review_chunk  # noqa: E402
+from .judge import ANSWER, COMPUTATION, correct_step, evaluate, number, review_chunk  # noqa: E402
 from .scoring import chat_nll, sample, sequence_nll, token_ids  # noqa: E402
 from .task import calibration_problems, chat_dataset  # noqa: E402
 
@@ -62,6 +62,8 @@ def parse_args(argv=None):
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max_new_tokens", type=int, default=96)
     parser.add_argument("--batch_size", type=int, default=32, help="sampled rows per generate call")
+    parser.add_argument("--temperature", type=float, default=1.0, help="1.0: TRL's GRPO default")
+    parser.add_argument("--top_k", type=int, default=0, help="0: no top-k, TRL's GRPO default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(OUT), help="path without suffix: writes .json and .md")
@@ -133,17 +135,17 @@ def summary(nats: list[float], tokens: list[int]) -> dict:
     }
 
 
-def judge_samples(tokenizer, problems, prompts, generations, texts, samples: int) -> tuple[dict, list]:
-    """The rule judge on each whole sample; the (context, correction) token pairs at its first flagged line."""
+def judge_samples(tokenizer, problems, prompts, generations, texts, samples: int) -> tuple[dict, list, list]:
+    """Where the rule judge would insert its first correction in each sample it flags (the cut token, its line), the
+    (context, correction) token pairs there, and a few examples."""
     eos = tokenizer.eos_token_id
-    kept, indices, pairs, starts, examples = [], [], [], [], []
+    indices, pairs, starts, examples = [], [], [], []
     for row, (generation, text) in enumerate(zip(generations, texts, strict=True)):
         problem = problems[row // samples]
         question, reference = problem.prompt[0]["content"], problem.solution
         steps = text.splitlines(keepends=True) or [text]
         finished = bool(generation.token_ids) and generation.token_ids[-1] == eos
         index = review_chunk(question, "", steps, reference, last_step_complete=finished)
-        kept.append(index is None)
         correction = None
         if index is not None:
             indices.append(index)
@@ -157,11 +159,45 @@ def judge_samples(tokenizer, problems, prompts, generations, texts, samples: int
             examples.append({"question": problem.question, "completion": text, "flagged_line": index,
                              "correction": correction})  # fmt: skip
     stats = {
-        "kept_whole": statistics.fmean(kept),
         "mean_flagged_line": statistics.fmean(indices) if indices else None,
         "mean_cut_token": statistics.fmean(starts) if starts else None,
     }
-    return {"stats": stats, "kept": kept}, (pairs, examples)
+    return stats, pairs, examples
+
+
+def text_stats(problems, texts: list[str], capped: list[bool], samples: int) -> dict:
+    """What the samples' text says (no model: `--rescore` recomputes it): pass@k by each answer reader, the shares
+    that write `####`, an answer line, a computation, that hit the cap; the computations' truth; the rule judge's
+    whole-sample verdicts."""
+    rows = [problems[i // samples] for i in range(len(texts))]
+    questions = [p.prompt[0]["content"] for p in rows]
+    readers = answer_readers(texts, [p.answer for p in rows], [p.solution for p in rows])
+    finished = [not c for c in capped]
+    kept = [
+        review_chunk(q, "", t.splitlines(keepends=True) or [t], p.solution, last_step_complete=f) is None
+        for q, t, p, f in zip(questions, texts, rows, finished, strict=True)
+    ]
+    found = [list(COMPUTATION.finditer(t)) for t in texts]
+    computations = [m for ms in found for m in ms]
+    true = [evaluate(m.group("expr")) == number(m.group("result")) for m in computations]
+    return {
+        "pass": {name: _pass(flags, samples) for name, flags in readers.items()},
+        "writes_hash": statistics.fmean("####" in t for t in texts),
+        "writes_answer_line": statistics.fmean(line_answer(t) is not None for t in texts),
+        "writes_computation": statistics.fmean(bool(ms) for ms in found),
+        "computations_per_sample": len(computations) / len(texts),
+        "computations_true": statistics.fmean(true) if true else None,
+        "capped": statistics.fmean(capped),
+        "judge": {
+            "kept_whole": statistics.fmean(kept),
+            "kept_whole_with_computation": _share([k for k, ms in zip(kept, found, strict=True) if ms]),
+            **_agreement(kept, readers["hash_reader"], capped),
+        },
+    }
+
+
+def _share(flags: list[bool]) -> float | None:
+    return statistics.fmean(flags) if flags else None
 
 
 def reference_pairs(tokenizer, problems, prompts_by_problem) -> tuple[list, list]:
@@ -190,18 +226,19 @@ def calibrate_difficulty(model, tokenizer, num_steps: int, args) -> tuple[dict, 
         args.max_new_tokens,
         seed=args.seed * 1000 + num_steps,
         batch_size=args.batch_size,
+        temperature=args.temperature,
+        top_k=args.top_k,
         on_batch=_progress(num_steps, len(args.steps)),
     )
     generated = time.perf_counter() - began
     texts = tokenizer.batch_decode([g.token_ids for g in generations], skip_special_tokens=True)
     golds = [p.solution for p in problems for _ in range(args.samples)]
     answers = [p.answer for p in problems for _ in range(args.samples)]
-    judged, (own_pairs, examples) = judge_samples(tokenizer, problems, prompts, generations, texts, args.samples)
+    judged, own_pairs, examples = judge_samples(tokenizer, problems, prompts, generations, texts, args.samples)
     step_pairs, whole_pairs = reference_pairs(tokenizer, problems, by_problem)
     scoring_began = time.perf_counter()
     own, ref_steps, whole = (sequence_nll(model, pairs) for pairs in (own_pairs, step_pairs, whole_pairs))
     scored = time.perf_counter() - scoring_began
-    readers = answer_readers(texts, answers, golds)
     eos = tokenizer.eos_token_id
     capped = [not g.token_ids or g.token_ids[-1] != eos for g in generations]
     n_tokens = sum(g.num_tokens for g in generations)
@@ -209,12 +246,9 @@ def calibrate_difficulty(model, tokenizer, num_steps: int, args) -> tuple[dict, 
         "num_steps": num_steps,
         "problems": len(problems),
         "samples_per_problem": args.samples,
-        "pass": {name: _pass(flags, args.samples) for name, flags in readers.items()},
-        "writes_hash": statistics.fmean("####" in t for t in texts),
-        "writes_answer_line": statistics.fmean(line_answer(t) is not None for t in texts),
-        "capped": statistics.fmean(capped),
+        **text_stats(problems, texts, capped, args.samples),
         "mean_completion_tokens": n_tokens / len(generations),
-        "judge": {**judged["stats"], **_agreement(judged["kept"], readers["hash_reader"], capped)},
+        "judge_corrections": judged,
         "corrections_own_samples": summary(own, [len(t) for _, t in own_pairs]),
         "corrections_reference_prefix": summary(ref_steps, [len(t) for _, t in step_pairs]),
         "reference_solution": summary(whole, [len(t) for _, t in whole_pairs]),
@@ -243,14 +277,16 @@ def answer_readers(texts: list[str], answers: list[int], golds: list[str]) -> di
     }
 
 
-def rescore(out: Path, argv: list[str]) -> dict:
-    """Score the stored samples again (no model): the answer readers' pass@k with the math reward at this commit."""
-    results = json.loads(out.with_suffix(".json").read_text())
-    stored = json.loads(out.with_suffix(".samples.json").read_text())
+def rescore(out, argv: list[str]) -> dict:
+    """Score the stored samples again (no model): `text_stats` (the math reward at this commit, the judge's rules)."""
+    results = json.loads(_path(out, ".json").read_text())
+    stored = json.loads(_path(out, ".samples.json").read_text())
     for key, record in results["difficulties"].items():
+        problems = calibration_problems(int(key), record["problems"])
         samples = stored[key]
-        readers = answer_readers(samples["completions"], samples["answers"], samples["solutions"])
-        record["pass"] = {name: _pass(flags, record["samples_per_problem"]) for name, flags in readers.items()}
+        if [p.solution for p in problems for _ in range(record["samples_per_problem"])] != samples["solutions"]:
+            raise ValueError(f"num_steps={key}: the stored samples are not of this commit's calibration problems")
+        record.update(text_stats(problems, samples["completions"], samples["capped"], record["samples_per_problem"]))
     results["math_reward_reads_hash"] = math_reward_reads_hash()
     results["rescored"] = provenance("-m benchmarks.real.calibration", argv)
     write(results, out)
@@ -273,15 +309,24 @@ def _agreement(kept: list[bool], right: list[bool], capped: list[bool]) -> dict:
     }
 
 
+CONFIG_KEYS = ("problems", "samples", "max_new_tokens", "seed", "model", "temperature", "top_k")
+
+
 def config_of(args) -> dict:
-    return {k: getattr(args, k) for k in ("problems", "samples", "max_new_tokens", "seed", "model")}
+    return {k: getattr(args, k) for k in CONFIG_KEYS}
 
 
 def load_previous(path: Path, config: dict, fresh: bool) -> dict:
     if fresh or not path.is_file():
         return {}
     previous = json.loads(path.read_text())
-    return previous.get("difficulties", {}) if previous.get("config") == config else {}
+    same = {"temperature": 1.0, "top_k": 0, **previous.get("config", {})} == config  # sampler recorded since
+    return previous.get("difficulties", {}) if same else {}
+
+
+def _path(out, suffix: str) -> Path:
+    """`--out` with a suffix appended (`--out results/real_calibration.t07` keeps its dots)."""
+    return Path(f"{out}{suffix}")
 
 
 def main(argv=None) -> dict:
@@ -301,20 +346,20 @@ def main(argv=None) -> dict:
         "model_source": _model_source(args.model),
         "math_reward_reads_hash": math_reward_reads_hash(),
         "band_thresholds": BAND,
-        "difficulties": load_previous(out.with_suffix(".json"), config, args.fresh),
+        "difficulties": load_previous(_path(out, ".json"), config, args.fresh),
     }
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    samples_path = out.with_suffix(".samples.json")
+    samples_path = _path(out, ".samples.json")
     stored = json.loads(samples_path.read_text()) if samples_path.is_file() and results["difficulties"] else {}
     for num_steps in args.steps:
         if str(num_steps) in results["difficulties"]:
-            print(f"num_steps={num_steps}: kept from {out.with_suffix('.json')}", flush=True)
+            print(f"num_steps={num_steps}: kept from {_path(out, '.json')}", flush=True)
             continue
         record, samples = calibrate_difficulty(model, tokenizer, num_steps, args)
         results["difficulties"][str(num_steps)] = record
         stored[str(num_steps)] = samples
-        out.with_suffix(".samples.json").write_text(json.dumps(stored) + "\n")
+        _path(out, ".samples.json").write_text(json.dumps(stored) + "\n")
         results["chat"] = results.get("chat") or chat_nll(model, tokenizer, chat_dataset())
         write(results, out)
         print(table(results), flush=True)
@@ -341,9 +386,9 @@ def _progress(num_steps: int, total_difficulties: int):
 
 
 def write(results: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    out.with_suffix(".md").write_text(report(results))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    _path(out, ".json").write_text(json.dumps(results, indent=1) + "\n")
+    _path(out, ".md").write_text(report(results))
 
 
 def _pct(value) -> str:
@@ -355,48 +400,73 @@ def _nats(block: dict, key: str = "mean_nats") -> str:
 
 
 def table(results: dict) -> str:
-    lines = [
+    """Two markdown tables: what sampling finds, and what the corrections cost the model."""
+    found = [
         "| steps | problems x samples | pass@1 / pass@8 math_reward (%) | pass@1 / pass@8 `#### N` reader (%) | "
-        "writes `####` (%) | capped (%) | judge keeps whole (%) | correction nats, own samples: mean / median "
-        "(per token, n) | correction nats, reference prefix: mean (per token) | reference solution nats (per token) "
-        "| generate s (tokens/s) |",
-        "|---" * 11 + "|",
+        "pass@1 / pass@8 last integer (%) | writes `####` (%) | writes a computation (%) | computations true (%) | "
+        "capped (%) | judge keeps whole: all / with a computation (%) |",
+        "|---" * 10 + "|",
+    ]
+    cost = [
+        "| steps | correction nats, own samples: mean / median (per token, n) | correction nats, reference prefix: "
+        "mean / median (per token, n) | reference solution nats (per token) | generate s (tokens/s) | NLL s |",
+        "|---" * 6 + "|",
     ]
     for key in sorted(results["difficulties"], key=int):
         d = results["difficulties"][key]
-        own, ref, whole = d["corrections_own_samples"], d["corrections_reference_prefix"], d["reference_solution"]
-        mr, hr = d["pass"]["math_reward"], d["pass"]["hash_reader"]
-        lines.append(
-            f"| {key} | {d['problems']} x {d['samples_per_problem']} | {_pct(mr['pass@1'])} / {_pct(mr['pass@8'])} | "
-            f"{_pct(hr['pass@1'])} / {_pct(hr['pass@8'])} | {_pct(d['writes_hash'])} | {_pct(d['capped'])} | "
-            f"{_pct(d['judge']['kept_whole'])} | {_nats(own)} / {_nats(own, 'median_nats')} "
-            f"({_nats(own, 'nats_per_token')}, {own['n']}) | {_nats(ref)} ({_nats(ref, 'nats_per_token')}) | "
-            f"{_nats(whole)} ({_nats(whole, 'nats_per_token')}) | {d['timing']['generate_s']:.0f} "
-            f"({d['timing']['tokens_per_s']:.0f}) |"
+        p, judge = d["pass"], d["judge"]
+        found.append(
+            f"| {key} | {d['problems']} x {d['samples_per_problem']} | "
+            + " | ".join(
+                f"{_pct(p[r]['pass@1'])} / {_pct(p[r]['pass@8'])}"
+                for r in ("math_reward", "hash_reader", "last_integer")
+            )
+            + f" | {_pct(d['writes_hash'])} | {_pct(d.get('writes_computation'))} | {_pct(d.get('computations_true'))} | "
+            f"{_pct(d['capped'])} | {_pct(judge['kept_whole'])} / {_pct(judge.get('kept_whole_with_computation'))} |"
         )
-    return "\n".join(lines)
+        own, ref, whole = d["corrections_own_samples"], d["corrections_reference_prefix"], d["reference_solution"]
+        t = d["timing"]
+        cost.append(
+            f"| {key} | {_corrections(own)} | {_corrections(ref)} | {_nats(whole)} ({_nats(whole, 'nats_per_token')}) "
+            f"| {t['generate_s']:.0f} ({t['tokens_per_s']:.0f}) | {t['nll_s']:.0f} |"
+        )
+    return "\n".join(found) + "\n\n" + "\n".join(cost)
+
+
+def _corrections(block: dict) -> str:
+    return f"{_nats(block)} / {_nats(block, 'median_nats')} ({_nats(block, 'nats_per_token')}, {block['n']})"
+
+
+def _command(prov: dict) -> str:
+    changed = prov["changed_files_that_matter"]
+    return f"`{prov['command']}` at commit `{prov['commit'][:12]}`" + (
+        f" (uncommitted changes in the checkout: {', '.join(changed)})" if changed else ""
+    )
 
 
 def report(results: dict) -> str:
-    prov, config = results["provenance"], results["config"]
+    config = {"temperature": 1.0, "top_k": 0, **results["config"]}
+    top_k = f"top-k {config['top_k']}" if config["top_k"] else "no top-k"
     chat = results.get("chat")
     lines = [
         "# Real-model calibration: SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised to fp32: a slightly degraded SmolLM2)",
         "",
-        f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
-        + (
-            f" (changed files: {', '.join(prov['changed_files_that_matter'])})"
-            if prov["changed_files_that_matter"]
-            else ""
-        )
-        + ".",
+        f"Command: {_command(results['provenance'])}.",
+        *(
+            [f"Scores recomputed from the stored samples: {_command(results['rescored'])}."]
+            if "rescored" in results
+            else []
+        ),
         "",
-        f"{config['problems']} problems x {config['samples']} samples per difficulty, temperature 1, top-p 1, no top-k, "
-        f"at most {config['max_new_tokens']} new tokens, through the chat template (default system prompt). "
-        f"math_reward reads `#### N` at this commit: {results['math_reward_reads_hash']}.",
+        f"{config['problems']} problems x {config['samples']} samples per difficulty, temperature "
+        f"{config['temperature']:g}, top-p 1, {top_k}, at most "
+        f"{config['max_new_tokens']} new tokens, through the chat template (default system prompt). math_reward "
+        f"reads `#### N` at the scoring commit: {results['math_reward_reads_hash']}.",
         "",
         table(results),
         "",
+        "Computations: `a op b = c` as the rule judge reads them (`benchmarks/real/judge.py`); true: c is the value. "
+        "The judge keeps a sample whole when no line breaks its rules (prose without computations is kept). "
         "Correction nats: the rule judge's correction (the next reference sentence and its newline) under the model, "
         "summed over its tokens: on the model's own samples cut before the first line the judge flags, and after "
         "the reference's own prefix. Reference solution: the whole reference and the end-of-turn token after the "

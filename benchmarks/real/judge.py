@@ -39,11 +39,15 @@ from fractions import Fraction
 from trl_mintrl.judges.function import FunctionJudge
 
 _NUM = r"\$?\d+(?:,\d{3})*(?:\.\d+)?"
-_OP = r"(?:[-+*/×÷−]|(?<=[\s\d])x(?=[\s\d]))"
-_WORDS = r"(?:\s+[A-Za-z]+){0,2}"
-COMPUTATION = re.compile(rf"(?P<expr>{_NUM}(?:{_WORDS}\s*{_OP}\s*{_NUM})+){_WORDS}\s*=\s*(?P<result>{_NUM})")
-_TOKEN = re.compile(rf"{_NUM}|{_OP}")
-ANSWER = re.compile(rf"(?:####|answer is:?|\\boxed\{{)\s*(?P<result>{_NUM})", re.IGNORECASE)
+_OP = r"(?:[-+*/×÷−]|(?<=[ \t\d])x(?=[ \t\d]))"
+_WORDS = r"(?:[ \t]+[A-Za-z]+){0,2}"
+# within one line: `[ \t]`, never `\s`, so that a computation never spans a line break
+COMPUTATION = re.compile(
+    rf"(?P<expr>{_NUM}(?:{_WORDS}[ \t]*{_OP}[ \t]*{_NUM})+){_WORDS}[ \t]*=[ \t]*(?P<result>{_NUM})"
+)
+_FIRST = re.compile(_NUM)
+_NEXT = re.compile(rf"{_WORDS}[ \t]*(?P<op>{_OP})[ \t]*(?P<number>{_NUM})")
+ANSWER = re.compile(rf"(?:####|answer is:?|\\boxed\{{)[ \t]*(?P<result>{_NUM})", re.IGNORECASE)
 _QUESTION_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
 
 
@@ -51,11 +55,23 @@ def number(text: str) -> Fraction:
     return Fraction(text.replace("$", "").replace(",", ""))
 
 
+def parse_expr(expr: str) -> tuple[list[str], list[str]]:
+    """A computation's left side (`COMPUTATION`'s `expr`) as its numbers and the operators between them."""
+    first = _FIRST.match(expr)
+    numbers, ops, at = [first.group()], [], first.end()
+    while at < len(expr):
+        step = _NEXT.match(expr, at)
+        numbers.append(step.group("number"))
+        ops.append(step.group("op"))
+        at = step.end()
+    return numbers, ops
+
+
 def evaluate(expr: str) -> Fraction | None:
     """The value of a computation's left side (`*`/`/` before `+`/`-`, left to right), None on division by 0."""
-    tokens = _TOKEN.findall(expr)
-    values, ops = [number(tokens[0])], []
-    for op, operand in zip(tokens[1::2], tokens[2::2], strict=True):
+    numbers, operators = parse_expr(expr)
+    values, ops = [number(numbers[0])], []
+    for op, operand in zip(operators, numbers[1:], strict=True):
         value = number(operand)
         if op in "*x×":
             values[-1] *= value
@@ -73,7 +89,7 @@ def evaluate(expr: str) -> Fraction | None:
 
 
 def operands(expr: str) -> list[Fraction]:
-    return [number(t) for t in _TOKEN.findall(expr) if t[0].isdigit() or t[0] == "$"]
+    return [number(n) for n in parse_expr(expr)[0]]
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 
 def sample(
-    model, tokenizer, prompts: list[list[int]], max_new_tokens: int, *, seed: int, batch_size: int = 32, on_batch=None
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    seed: int,
+    batch_size: int = 32,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    on_batch=None,
 ):
-    """One completion per token-id prompt at temperature 1 (top-p 1, no top-k: TRL's GRPO defaults), in order, as
+    """One completion per token-id prompt at `temperature` (default 1, top-p 1, no top-k: TRL's GRPO defaults), as
     `Generation`s (token ids, ending with EOS when the model stopped), and the seconds each batch took. Batches hold
     prompts of similar length (less padding); reproducible for a seed. `on_batch(index, batches, seconds, rows)` is
     called after each batch (progress, a first-batch estimate)."""
@@ -19,7 +28,7 @@ def sample(
 
     from trl_mintrl.engines import TransformersEngine
 
-    config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
+    config = GenerationConfig(do_sample=True, temperature=temperature, top_p=1.0, top_k=top_k)
     engine = TransformersEngine(
         model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id], generation_config=config
     )
