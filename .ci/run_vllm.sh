@@ -23,5 +23,5 @@ echo "vllm env install took $(( $(date +%s) - start ))s"
 # One thread per process (2 shared cores); 1 GiB KV cache per engine; no Hub.
 export OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 tests_start=$(date +%s)
-"$venv/bin/python" -m pytest tests/real_vllm -q
+TRL_MINTRL_REQUIRE_EXTRAS=1 "$venv/bin/python" -m pytest tests/real_vllm -q
 echo "vllm tests took $(( $(date +%s) - tests_start ))s (total $(( $(date +%s) - start ))s)"
