@@ -214,16 +214,11 @@ class _Timeout(BaseException):
     """Raised by the worker's timer; a BaseException so math-verify's `except Exception` cannot swallow it."""
 
 
-def _serve() -> None:
-    """Answer `{"gold", "text", "timeout"}` lines with `{"reward"}` lines until stdin closes."""
-    import logging
-    import signal
-    from functools import lru_cache
-
+def _answer_parser():
+    """`parse_answer(text, gold)` with math-verify's extraction configs (imported in the worker only)."""
     from latex2sympy2_extended import NormalizationConfig
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": we time out ourselves
     anchored = [
         LatexExtractionConfig(
             normalization_config=NormalizationConfig(units=True),
@@ -251,6 +246,19 @@ def _serve() -> None:
             return parsed
         return parse(f"${text}$", anywhere, parsing_timeout=None)
 
+    return parse_answer
+
+
+def _serve() -> None:
+    """Answer `{"gold", "text", "timeout"}` lines with `{"reward"}` lines until stdin closes."""
+    import logging
+    import signal
+    from functools import lru_cache
+
+    from math_verify import verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": we time out ourselves
+    parse_answer = _answer_parser()
     gold_cache = lru_cache(maxsize=4096)(lambda gold: parse_answer(gold, gold=True))
 
     def on_alarm(signum, frame):
