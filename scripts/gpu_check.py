@@ -20,6 +20,13 @@ references of 4,096 tokens with plans of up to 256 tokens, generation of 16 roll
 trainers' own rollouts and the transformers engine. Configurations: micro-batch 4, 2 and 1 with repairs of 16 (does each
 phase's memory follow the micro-batch?).
 
+Plans (first, after the model is built): SORT's plan writing (`ReferenceRepair._write_plans`, the policy through the
+transformers engine, greedy) of the same 16 references on the same weights with `plan_batch_size=None` (the default:
+one generate call), then 4 and 1 (calls of the micro-batch, as plans were written before `plan_batch_size`; the H200
+run in scripts/gpu_check.sh's header measured 34 s and 114 s for those): seconds, generate calls, peak and working
+memory, and how many plans are token for token those of the one-call run. `--plan-batches` picks the settings
+(`none` for None; the flag with no value skips the phase).
+
 The phases and their measurement are `benchmarks/memory.py`'s (`measure_phases`, `PhaseMeter`): on CUDA,
 `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, and `memory_allocated` at each phase's start.
 A "MInTRL step" here is one micro-batch's loss, backward and optimizer step; a "SORT step" is the same with GRPO's
@@ -71,6 +78,9 @@ GPU = {
     "gradient_checkpointing": True,
     "engine_rows": 16,
     "engine_tokens": 512,
+    # plan writing: one call (None) against calls of micro-batch 4 and 1 (about 10 s, 34 s and 114 s, estimated
+    # from the configurations' plan phases of the H200 run)
+    "plans": {"rows": 16, "batches": [None, 4, 1]},
     # fastest first, so that a run cut short still brings results back: at micro-batch 1 the repair writes its 16
     # plans in 16 generate calls of 256 tokens (about 2 minutes, estimated)
     "configs": {
@@ -91,6 +101,7 @@ CPU_DRY_RUN = {
     "gradient_checkpointing": True,
     "engine_rows": 4,
     "engine_tokens": 16,
+    "plans": {"rows": 4, "batches": [None, 1]},
     "configs": {
         "mb1-r4": {"micro_batch": 1, "repair_batch_size": 4, "buffer_items": 4},
         "mb2-r4": {"micro_batch": 2, "repair_batch_size": 4, "buffer_items": 4},
@@ -147,6 +158,57 @@ def engine_tokens_per_second(trainer, tokenizer, rows: int, new_tokens: int, met
             "tokens_per_second": tokens / seconds}  # fmt: skip
 
 
+def time_plans(model, tokenizer, settings: dict, device: str, meter, record, checkpoint=None) -> None:
+    """SORT's plan writing (`ReferenceRepair._write_plans`: the policy writes the plans through the trainer's
+    transformers engine, greedily, `plan_temperature=0`) of the same `settings["plans"]["rows"]` references on the
+    same weights, once per `plan_batch_size` of `settings["plans"]["batches"]` (None: one generate call), each in a
+    phase of `meter`. Appends one entry per setting to `record` (seconds, generate calls and their rows, generated
+    tokens, peak and working memory, plans whose token ids are those of the first setting's), calling
+    `checkpoint()` after each, so that a run cut short keeps the settings it finished."""
+    from benchmarks.memory import build_trainers, prompts_and_references
+    from trl_mintrl.sort import RepairItem
+
+    rows = settings["plans"]["rows"]
+    config = {"micro_batch": 1, "repair_batch_size": rows, "buffer_items": rows}
+    with tempfile.TemporaryDirectory(prefix="gpu_check_plans_") as out:
+        sort, _ = build_trainers(model, tokenizer, settings, config, out, device, with_mintrl=False)
+        repair, engine = sort.repair, sort.policy_engine
+        data = prompts_and_references(rows, settings["reference_tokens"], tokenizer, offset=30_000)
+        items = [RepairItem(row["prompt"], row["solution"]) for row in data]
+        references = [repair.renderer.reference(item.reference) for item in items]
+        prompts = repair.renderer.plan_prompt_ids([item.prompt for item in items], references)
+        engine.generate(prompts[:2], 8, temperature=0.0)  # warm-up (CUDA kernels, allocator)
+        generate, calls, token_ids = engine.generate, [], []
+
+        def recorded(prompt_ids, *args, **kwargs):
+            generations = generate(prompt_ids, *args, **kwargs)
+            calls.append(len(prompt_ids))
+            token_ids.extend(g.token_ids for g in generations)
+            return generations
+
+        engine.generate = recorded
+        first = None
+        for size in settings["plans"]["batches"]:
+            sort.args.plan_batch_size = size
+            calls.clear()
+            token_ids.clear()
+            name = f"plans: plan_batch_size={size}"
+            with meter.phase(name):
+                repair._write_plans(items, references)
+            first = first or list(token_ids)
+            phase = meter.records[name]
+            record.append({
+                "plan_batch_size": size, "rows": rows, "calls": list(calls), "seconds": phase["seconds"],
+                "generated_tokens": sum(map(len, token_ids)), "peak_bytes": phase["peak_bytes"],
+                "working_bytes": phase["working_bytes"],
+                "same_plans_as_first": sum(a == b for a, b in zip(first, token_ids, strict=True)),
+            })  # fmt: skip
+            print(f"gpu_check: {name}: {phase['seconds']:.1f} s in {len(calls)} generate calls", flush=True)
+            if checkpoint is not None:
+                checkpoint()
+        del sort
+
+
 def run(settings: dict, device: str, checkpoint=None) -> dict:
     """Every configuration of `settings` on one model; `checkpoint(results)` is called after each one."""
     import gc
@@ -166,6 +228,14 @@ def run(settings: dict, device: str, checkpoint=None) -> dict:
     results = {"parameters": parameters, "dtype": str(dtype), "build_seconds": built, "runs": []}
     meter = PhaseMeter(device)
     meter.watch(model)
+    if settings["plans"]["batches"]:
+        results["plans"] = []
+        time_plans(model, tokenizer, settings, device, meter, results["plans"],
+                   checkpoint=None if checkpoint is None else lambda: checkpoint(results))  # fmt: skip
+        meter.records = {}
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     for name, config in settings["configs"].items():
         meter.records = {}  # this configuration's phases
         with tempfile.TemporaryDirectory(prefix="gpu_check_") as out:
@@ -211,6 +281,23 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plans_table(plans: list[dict]) -> str:
+    from benchmarks.memory import MIB
+
+    lines = [
+        "| plan_batch_size | generate calls (rows) | seconds | generated tokens | peak GiB | working GiB | plans as "
+        "the first setting's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in plans:
+        lines.append(
+            f"| {p['plan_batch_size']} | {len(p['calls'])} ({', '.join(map(str, p['calls']))}) | {p['seconds']:.2f} "
+            f"| {p['generated_tokens']:,} | {p['peak_bytes'] / MIB / 1024:.2f} | {p['working_bytes'] / MIB / 1024:.2f} "
+            f"| {p['same_plans_as_first']} / {p['rows']} |"
+        )
+    return "\n".join(lines)
+
+
 def render(saved: dict) -> str:
     from benchmarks.memory import checkpointing_state
 
@@ -236,6 +323,10 @@ def render(saved: dict) -> str:
                 f"Transformers engine: {e['rows']} rows x {e['new_tokens']} new tokens: {e['generated']:,} tokens "
                 f"in {e['seconds']:.2f} s = {e['tokens_per_second']:,.0f} tokens/s."
             )
+    if saved["result"].get("plans"):
+        lines += ["", f"SORT plans of {s['plans']['rows']} references ({s['reference_tokens']:,} tokens), up to "
+                  f"{s['plan_tokens']} tokens each, greedy, by `plan_batch_size`:", "",
+                  plans_table(saved["result"]["plans"])]  # fmt: skip
     lines += ["", table(saved["result"]["runs"]), "", f"Total {saved['wall_seconds']:.0f} s."]
     return "\n".join(lines)
 
@@ -245,6 +336,12 @@ def main() -> None:
     parser.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU (no GPU needed)")
     parser.add_argument("--out", type=Path, default=None, help="write gpu_check.json and gpu_check.md here")
     parser.add_argument("--configs", nargs="+", default=None, help="only these configurations")
+    parser.add_argument(
+        "--plan-batches",
+        nargs="*",
+        default=None,
+        help="plan_batch_size settings of the plan phase ('none' for None); with no value, no plan phase",
+    )
     cli = parser.parse_args()
     versions = check_imports()
     import torch
@@ -261,6 +358,9 @@ def main() -> None:
         device_name = torch.cuda.get_device_name()
         total = torch.cuda.get_device_properties(0).total_memory
         print(f"gpu_check: {device_name}, {total / 2**30:.0f} GiB; {versions}", flush=True)
+    if cli.plan_batches is not None:
+        batches = [None if b.lower() == "none" else int(b) for b in cli.plan_batches]
+        settings["plans"] = {**settings["plans"], "batches": batches}
     if cli.configs:
         settings["configs"] = {k: v for k, v in settings["configs"].items() if k in cli.configs}
     start = time.perf_counter()

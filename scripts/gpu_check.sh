@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # vLLM-free GPU check (scripts/gpu_check.py): a MInTRL step and a SORT step at the papers' lengths (16k-token
 # completions, repairs of 16 references of 4k tokens) on a random model of Qwen3-1.7B's shapes in bf16, peak GPU memory
-# per phase, and tokens/s of the transformers engine. For a machine with torch and transformers but no TRL, no vLLM and
-# no network (this project's lent H200: torch 2.11, transformers 5.17). scripts/gpu_smoke.sh stays the check for
-# machines with vLLM.
+# per phase, tokens/s of the transformers engine, and SORT's plan writing timed with plan_batch_size=None (one generate
+# call) against calls of micro-batch 4 and 1 on the same weights. For a machine with torch and transformers but no
+# TRL, no vLLM and no network (this project's lent H200: torch 2.11, transformers 5.17). scripts/gpu_smoke.sh stays the
+# check for machines with vLLM.
 #
 # 1. Here (network, once per checkout): build the wheelhouse of what that machine lacks, into the git-ignored
 #    .gpu_wheels/ (about 2.1 MB: trl, datasets, dill, multiprocess, math-verify, latex2sympy2_extended, antlr4; the
@@ -24,7 +25,12 @@
 # run without it (benchmarks/memory.enable_checkpointing now does it as train() would). The second run (a761adf plus
 # that fix) finished all three configurations in 446 s. Its "repair update" rows include the first allocation of the
 # repair's own AdamW state (repair_optimizer_warmed: false; the warm-up looked for a seam since renamed, fixed after
-# the run), which a rerun would leave out. Not run there yet: anything with vLLM (scripts/gpu_smoke.sh).
+# the run), which a rerun would leave out. In that run plans still followed the micro-batch: the configurations'
+# "repair: plan" rows (16 plans of 256 tokens: 34 / 64 / 114 s at micro-batch 4 / 2 / 1) are what plan_batch_size
+# (default None, one call) now avoids.
+# Not run there yet: the plan phase (added after that run; estimated 10 + 34 + 114 s, while the configurations' plan
+# phases drop to one call each, so the whole check should take about as long as before; `--plan-batches none 4` or
+# `--configs mb4-r16` shortens it), and anything with vLLM (scripts/gpu_smoke.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}

@@ -1,5 +1,6 @@
 """SORT's repair at the papers' shapes, on the tiny model: every repair forward takes at most
-`per_device_train_batch_size` rows (with and without gradients, plan generation too), the main step's gradients are
+`per_device_train_batch_size` rows (with and without gradients; the plans have a batch of their own,
+`plan_batch_size`, tests/test_sort_plan_batch.py), the main step's gradients are
 released before a separate repair runs, scoring at a sampling temperature other than 1 goes through the fused head
 at temperature 1 (exact in float64, no full-vocabulary logits), micro-batching leaves the loss and its gradient
 unchanged, and `repair_optimizer="own"` keeps moments and step counts of its own while the schedule follows the main
@@ -55,11 +56,9 @@ class ScoringForwards:
 
 
 @pytest.mark.parametrize("repair_update", ["separate", "joint"])
-def test_every_repair_forward_and_plan_call_takes_at_most_a_micro_batch(
-    tiny_model_path, cpu_args, toy_dataset, repair_update
-):
-    """Five items at `per_device_train_batch_size=2`: three plan calls, three teacher and three base forwards of
-    2, 2 and 1 rows; only the base forwards have gradients."""
+def test_every_repair_forward_takes_at_most_a_micro_batch(tiny_model_path, cpu_args, toy_dataset, repair_update):
+    """Five items at `per_device_train_batch_size=2`: three teacher and three base forwards of 2, 2 and 1 rows; only
+    the base forwards have gradients. The plans are one generate call of 5 (`plan_batch_size=None`)."""
     trainer = make_trainer(
         tiny_model_path,
         cpu_args,
@@ -83,7 +82,7 @@ def test_every_repair_forward_and_plan_call_takes_at_most_a_micro_batch(
     trainer.train()
     assert trainer.repair.buffer.counters["repairs"] == 1
     assert forwards.calls == [(2, False), (2, False), (1, False), (2, True), (2, True), (1, True)]
-    assert plan_calls == [2, 2, 1]
+    assert plan_calls == [5]
 
 
 def test_separate_repair_starts_with_the_main_gradients_released(tiny_model_path, cpu_args, toy_dataset):

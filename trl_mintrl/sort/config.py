@@ -68,6 +68,12 @@ class SORTConfig(GRPOConfig):
             Maximum number of tokens of a plan written by the policy.
         plan_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature of plan writing; `0.0` decodes greedily.
+        plan_batch_size (`int` or `None`, *optional*, defaults to `None`):
+            Most plans per generation call. Plans are written without gradients, so their batch is not tied to the
+            training micro-batch (`per_device_train_batch_size`, which bounds the scoring passes). `None`: every plan
+            of a repair in one generation call per process, the fastest on GPU and with vLLM. Set a number to bound
+            the generation's KV cache, which holds plans x (plan prompt + plan) tokens, at long references on big
+            models (the arithmetic is in the SORT choices page, section "Plan generation").
         plan_chat_template_kwargs (`dict`, *optional*, defaults to `{"enable_thinking": False}`):
             Chat-template arguments for the plan-extraction prompt, on top of `chat_template_kwargs`. The default
             turns off Qwen3-style thinking (templates that do not use it ignore it): a plan is a short list, and a
@@ -181,6 +187,15 @@ class SORTConfig(GRPOConfig):
         default=0.0,
         metadata={"help": "Sampling temperature of plan writing; 0.0 decodes greedily."},
     )
+    plan_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Most plans per generation call. Plans are generated without gradients, so their batch is not "
+            "tied to the training micro-batch. None: every plan of a repair in one generation call per process "
+            "(fastest on GPU and with vLLM); set a number to bound the generation's KV-cache memory at long "
+            "references on big models."
+        },
+    )
     plan_chat_template_kwargs: dict | str | None = field(
         default_factory=lambda: {"enable_thinking": False},
         metadata={
@@ -218,6 +233,7 @@ class SORTConfig(GRPOConfig):
             raise ValueError(f"`repair_beta` must be in [0, 1] (0.5 is the paper's), got {self.repair_beta}.")
         if self.repair_loss_weight < 0:
             raise ValueError(f"`repair_loss_weight` must be >= 0, got {self.repair_loss_weight}.")
+        self._check_plan_batch_size()
         if self.plan_temperature < 0:
             raise ValueError(f"`plan_temperature` must be >= 0 (0 is greedy), got {self.plan_temperature}.")
         for name, choices in (
@@ -242,6 +258,14 @@ class SORTConfig(GRPOConfig):
         if self.base_template is not None:
             check_template("base_template", self.base_template, REQUIRED_FIELDS["base_template"])
         super().__post_init__()
+
+    def _check_plan_batch_size(self) -> None:
+        size = self.plan_batch_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(
+                f"`plan_batch_size` must be a positive integer, or None to write every plan of a repair in one "
+                f"generation call, got {size!r}."
+            )
 
     def _check_buffer_bounds(self) -> None:
         capacity, max_repairs = repair_buffer_bounds(self)

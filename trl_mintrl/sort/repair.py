@@ -18,12 +18,12 @@ optimizer state is `sort/repair_optimizer.py`.
   The buffer is bounded (`repair_buffer_size`, oldest evicted) and a buffered prompt that is sampled again and solved
   leaves it.
 - the repair: while the buffer holds `repair_batch_size` items (at most `max_repairs_per_step` times per optimizer
-  step), that many are popped, the policy writes a plan for each (with `plan_chat_template_kwargs`), the reference is
-  scored under the teacher and the base prompt, and the gradient of `repair_loss_weight * repair_loss` is accumulated
-  micro-batch by micro-batch (at most `per_device_train_batch_size` rows per forward). It is either its own optimizer
-  step right after the main step (`repair_update="separate"`, run by a callback at `on_optimizer_step`, with its own
-  optimizer state under `repair_optimizer="own"`) or accumulated into the main step on its first micro-batch
-  (`"joint"`).
+  step), that many are popped, the policy writes a plan for each (with `plan_chat_template_kwargs`, in generate calls
+  of `plan_batch_size` rows, by default one), the reference is scored under the teacher and the base prompt, and the
+  gradient of `repair_loss_weight * repair_loss` is accumulated micro-batch by micro-batch (at most
+  `per_device_train_batch_size` rows per forward). It is either its own optimizer step right after the main step
+  (`repair_update="separate"`, run by a callback at `on_optimizer_step`, with its own optimizer state under
+  `repair_optimizer="own"`) or accumulated into the main step on its first micro-batch (`"joint"`).
 """
 
 from __future__ import annotations
@@ -358,10 +358,12 @@ class ReferenceRepair:
         # state's (its public wrapper takes it: the engine steps on it); `scale_wrt_gas=False` reaches the engine
         accelerator.deepspeed_engine_wrapped.backward(loss, sync_gradients=steps_engine, scale_wrt_gas=False)
 
-    def _micro_batches(self, rows: int) -> list[range]:
-        """Consecutive row ranges of at most `per_device_train_batch_size` rows: every repair forward (and plan
-        generation call) takes one. Every process has as many rows (`_process_share`), so as many micro-batches."""
-        size = self.args.per_device_train_batch_size
+    def _micro_batches(self, rows: int, plans: bool = False) -> list[range]:
+        """Consecutive row ranges of at most `per_device_train_batch_size` rows: every repair forward takes one, and
+        every plan generate call takes at most `plan_batch_size` rows (`plans=True`; None: all rows in one call), as
+        plans are generated without gradients. Every process has as many rows (`_process_share`), so as many ranges:
+        the same forwards and generate calls on every process, as ZeRO-3 and a synchronized engine need."""
+        size = (self.args.plan_batch_size or max(rows, 1)) if plans else self.args.per_device_train_batch_size
         return [range(start, min(start + size, rows)) for start in range(0, rows, size)]
 
     def _process_share(self, items: list[RepairItem], references: list[Reference]):
@@ -414,7 +416,8 @@ class ReferenceRepair:
 
     def _write_plans(self, items: list[RepairItem], references: list[Reference]) -> tuple[list[str], list[bool]]:
         """The plan per item and whether each failed: from the `planner` when there is one (a failed plan is
-        empty), else the policy's, from one batched call of the trainer's generation engine (transformers or vLLM).
+        empty), else the policy's, from the trainer's generation engine (transformers or vLLM) in calls of
+        `plan_batch_size` rows (None: one call for all of this process's items).
 
         A plan fails when it hits `max_plan_tokens` without ending or leaves a thinking block open. A failed item is
         still repaired, with what the plan has outside thinking (an empty plan when it only thought): the item was
@@ -429,8 +432,8 @@ class ReferenceRepair:
             return [p.text.strip() for p in written], [p.failed for p in written]
         prompts = self.renderer.plan_prompt_ids([item.prompt for item in items], references)
         engine, generations = self.host.policy_engine, []
-        with engine.session():  # one preparation (ZeRO-3 gather, vLLM wake) for all micro-batches
-            for rows in self._micro_batches(len(prompts)):
+        with engine.session():  # one preparation (ZeRO-3 gather, vLLM wake) for all calls
+            for rows in self._micro_batches(len(prompts), plans=True):
                 generations += engine.generate(
                     [prompts[i] for i in rows], self.args.max_plan_tokens, temperature=self.args.plan_temperature
                 )
