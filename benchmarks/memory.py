@@ -84,8 +84,9 @@ Hypotheses (written before the run):
    with `repair_batch_size` (8 -> 16 references: about x2) and the largest forward with gradients has
    `repair_batch_size` rows.
 3. Teacher pass: no gradients, so smaller than the base pass; flat in `repair_batch_size` once micro-batched.
-4. Plan: the policy writes all plans of a repair in one generate call, whose prompts hold the whole reference, so
-   unless plan writing is micro-batched too its KV cache grows with `repair_batch_size` (the next thing to batch).
+4. Plan: the policy writes the plans of a repair without gradients, `plan_batch_size` prompts a generate call
+   (default: all of them in one call), and each prompt holds the whole reference, so the call's KV cache grows with
+   the plans in it: bounded by `plan_batch_size`, not by the training micro-batch (docs/sort.md, "Plan generation").
 5. Generation: follows the generation batch and the completion length (the same in every configuration here), not
    the micro-batch, `repair_batch_size` or the buffer.
 6. Items held in the buffer cost nothing measurable (a prompt and a reference string each)."""
