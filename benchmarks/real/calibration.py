@@ -286,7 +286,9 @@ def rescore(out, argv: list[str]) -> dict:
         samples = stored[key]
         if [p.solution for p in problems for _ in range(record["samples_per_problem"])] != samples["solutions"]:
             raise ValueError(f"num_steps={key}: the stored samples are not of this commit's calibration problems")
-        record.update(text_stats(problems, samples["completions"], samples["capped"], record["samples_per_problem"]))
+        stats = text_stats(problems, samples["completions"], samples["capped"], record["samples_per_problem"])
+        stats["judge"] = {**record.get("judge", {}), **stats["judge"]}  # keep what only the model could measure
+        record.update(stats)
     results["math_reward_reads_hash"] = math_reward_reads_hash()
     results["rescored"] = provenance("-m benchmarks.real.calibration", argv)
     write(results, out)
