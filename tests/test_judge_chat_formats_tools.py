@@ -210,7 +210,8 @@ def test_qwen3_thinking_tool_conversation_in_judge_prompts(qwen3):
         eos,
         "<think>\nSo 12.\n</think>\n\nThe sum is 12." + eos,
     ]
-    t, messages = rollout(tok, "qwen3", script, answer)
+    # the scripted judge counts paragraph steps (thinking block, then the sum), as Qwen3 writes them
+    t, messages = rollout(tok, "qwen3", script, answer, step_split="blank_line")
 
     # TRL's parse of each turn: reasoning apart, arguments as dicts, the judge's call parsed into a tool call and run
     get_a, get_b = ({"type": "function", "function": {"name": "get", "arguments": {"name": n}}} for n in "ab")
