@@ -3,12 +3,14 @@ prefills only its new tokens and gives what a fresh, uncached engine gives."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from trl_mintrl.engines import TransformersEngine
-from trl_mintrl.judges import FunctionJudge
+from trl_mintrl.judges import FunctionJudge, GeneratingJudge
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
 
 
@@ -18,10 +20,13 @@ class RecordingEngine(TransformersEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[list[list[int]], list[list[int]]]] = []
+        self.reads: list[tuple[float | None, int]] = []  # per call: its temperature, the tokens it prefilled
 
     def _generate(self, prompt_ids, max_new_tokens, temperature):
+        before = self.prefill_tokens
         outputs = super()._generate(prompt_ids, max_new_tokens, temperature)
         self.calls.append((prompt_ids, [o.token_ids for o in outputs]))
+        self.reads.append((temperature, self.prefill_tokens - before))
         return outputs
 
 
@@ -54,7 +59,7 @@ def cutting_judge():
     return FunctionJudge(review, correct)
 
 
-def rollout(engine, tok, n_rows=6, chunk=8, length=40, reviews=4):
+def rollout(engine, tok, n_rows=6, chunk=8, length=40, reviews=4, judge=None):
     trajectories = []
     for i in range(n_rows):
         ids = tok.apply_chat_template(
@@ -68,7 +73,7 @@ def rollout(engine, tok, n_rows=6, chunk=8, length=40, reviews=4):
     settings = RolloutSettings(
         chunk_size=chunk, max_reviews=reviews, max_correction_tokens=16, max_completion_length=length
     )
-    InterventionRollout(engine, cutting_judge(), tok, settings).run(trajectories)
+    InterventionRollout(engine, judge or cutting_judge(), tok, settings).run(trajectories)
     return trajectories
 
 
@@ -131,10 +136,15 @@ def test_sampled_logprobs_equal_a_fresh_forward_pass(model, tiny_tokenizer):
     assert checked > 100 and worst < 1e-5
 
 
-def test_rows_with_different_cached_lengths_share_a_batch(model, tiny_tokenizer):
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"))],
+)
+def test_rows_with_different_cached_lengths_share_a_batch(model, tiny_tokenizer, device):
     """One call continues a row in full, one cut inside its generated tokens, one cut inside its prompt, and reads a
     fresh prompt: each row's tokens are those of an uncached engine, and only the uncached tokens are read."""
     tok = tiny_tokenizer
+    model = model if device == "cpu" else copy.deepcopy(model).to(device)
     prompts = [tok(text, add_special_tokens=False)["input_ids"] for text in ("a b c", "d e f g h i j k", "l m n o p")]
     judge = tok(" fix it", add_special_tokens=False)["input_ids"]
     fresh = tok("q r", add_special_tokens=False)["input_ids"]
@@ -190,3 +200,25 @@ def test_cache_scopes_do_not_share(model, tiny_tokenizer):
             assert engine.reused_tokens == len(prompt) - 1
         engine.generate([prompt], 4, temperature=0)
         assert engine.reused_tokens == 2 * (len(prompt) - 1)
+
+
+def test_self_judge_calls_between_policy_calls_keep_the_policy_rows(model, tiny_tokenizer):
+    """The self judge generates with the policy's engine between two policy calls: the policy's rows survive its
+    review calls, so each policy call after the first reads one token a row (the tiny model's reviews never parse:
+    every chunk is kept)."""
+    tok = tiny_tokenizer
+    config = GenerationConfig(do_sample=False)
+    results = {}
+    for flag in (False, True):
+        engine = make_engine(model, tok, flag, generation_config=config)
+        judge = GeneratingJudge(engine, tok, max_review_tokens=8, max_correction_tokens=8)
+        results[flag] = engine, rollout(engine, tok, length=24, judge=judge)
+    (plain, expected), (cached, got) = results[False], results[True]
+    assert [t.completion_ids for t in got] == [t.completion_ids for t in expected]
+    policy_reads = [read for temperature, read in cached.reads if temperature is None]
+    policy_rows = [
+        len(requests) for (requests, _), (temperature, _) in zip(cached.calls, cached.reads) if temperature is None
+    ]
+    assert len(policy_reads) == 3 and len(cached.reads) > len(policy_reads)
+    assert policy_reads[1:] == policy_rows[1:]
+    assert cached.prefill_tokens < plain.prefill_tokens

@@ -136,22 +136,28 @@ def batch_cache_layers(
 
 
 def harvest_rows(
-    layers: list[tuple[torch.Tensor, torch.Tensor]],
+    cache_layers: list,
     layout: Layout,
     requests: list[list[int]],
     completions: list[list[int]],
     scope: object,
     calls: int,
 ) -> list[CachedRow]:
-    """One `CachedRow` per row from the batch cache after `generate`: its request and the generated tokens the
-    model read (all but the last one generated, which no forward pass has seen; nothing after the row stopped)."""
-    rows = []
-    steps = layers[0][0].shape[-2] - layout.cached - layout.new  # generated tokens that were read back
-    device = layers[0][0].device
-    for i, (request, completion) in enumerate(zip(requests, completions, strict=True)):
-        read = min(len(completion), steps)
-        index = torch.tensor(layout.row_columns(i, read), dtype=torch.long, device=device)
-        kept = [(keys[i].index_select(-2, index), values[i].index_select(-2, index)) for keys, values in layers]
-        ids = np.asarray(request + completion[:read], dtype=np.int64)
-        rows.append(CachedRow(ids, len(request), kept, scope, calls))
-    return rows
+    """One `CachedRow` per row from the batch cache's layers (`DynamicLayer`s) after `generate`: its request and
+    the generated tokens the model read (all but the last one generated, which no forward pass has seen; nothing
+    after the row stopped). Each batch layer is released once copied, so the copies never double the cache."""
+    steps = cache_layers[0].keys.shape[-2] - layout.cached - layout.new  # generated tokens that were read back
+    device = cache_layers[0].keys.device
+    reads = [min(len(completion), steps) for completion in completions]
+    index = [
+        torch.tensor(layout.row_columns(i, read), dtype=torch.long, device=device) for i, read in enumerate(reads)
+    ]
+    kept: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in requests]
+    for layer in cache_layers:
+        for i, columns in enumerate(index):
+            kept[i].append((layer.keys[i].index_select(-2, columns), layer.values[i].index_select(-2, columns)))
+        layer.reset()
+    return [
+        CachedRow(np.asarray(request + completion[:read], dtype=np.int64), len(request), layers, scope, calls)
+        for request, completion, read, layers in zip(requests, completions, reads, kept, strict=True)
+    ]

@@ -76,8 +76,10 @@ class TransformersEngine(GenerationEngine):
     `generated_tokens`; `prefix_cache_hit_rate()` is reused / (reused + read) since `reset_cache_stats()` (None
     with `kv_cache=False`). Memory between calls: one cache per row of the last few calls (a live trajectory's, and
     a self-judge's review and correction rows), no more than those calls' `generate` held.
-    Models whose cache layers are not all plain full-attention `DynamicLayer`s (sliding windows, linear attention)
-    run without the kept caches.
+    Models whose cache layers are not all plain full-attention `DynamicLayer`s (sliding windows, linear attention),
+    and a `cache_implementation` other than "dynamic", run without the kept caches. Logits processors that read the
+    whole ids (repetition penalty, no-repeat n-grams) see pad tokens in other places than without the cache (between
+    a row's cached and new tokens), as they do today whenever the batch's composition moves a row's padding.
 
     Args:
         model: a causal LM, or `None` when `model_context` supplies it.
@@ -116,6 +118,7 @@ class TransformersEngine(GenerationEngine):
         self.return_logprobs = return_logprobs
         self._pool = RowCachePool(cache_idle_calls)
         self._scope: object = None
+        self._keep_rows = False
         self.prefill_tokens = self.reused_tokens = self.generated_tokens = 0
         self._stats = [0, 0]  # reused, read since reset_cache_stats
 
@@ -195,6 +198,16 @@ class TransformersEngine(GenerationEngine):
                 self._active_model = None
                 self._pool.clear()  # the caches of this session's weights: never reused by another session
 
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        temperature: float | None = None,
+    ) -> list[Generation]:
+        # a call inside an open session may be continued; one outside it is its own session, which ends with it
+        self._keep_rows = self._session_depth > 0
+        return super().generate(prompt_ids, max_new_tokens, temperature)
+
     @contextlib.contextmanager
     def cache_scope(self, scope: object) -> Iterator[None]:
         """Calls inside share kept caches only with calls of the same `scope`: a view of the model whose keys and
@@ -227,9 +240,10 @@ class TransformersEngine(GenerationEngine):
                 config.temperature, config.top_p, config.top_k, config.min_p = None, None, None, None
         return config
 
-    def _cache_usable(self, model) -> bool:
-        """Whether the kept caches work for `model`: every layer of its cache a plain full-attention layer."""
-        if not self.kv_cache:
+    def _cache_usable(self, model, config: GenerationConfig) -> bool:
+        """Whether the kept caches work for `model`: every layer of its cache a plain full-attention layer, and no
+        other cache asked for (`cache_implementation` "static", "offloaded", "quantized"...; "dynamic" is ours)."""
+        if not self.kv_cache or config.cache_implementation not in (None, "dynamic"):
             return False
         layers = DynamicCache(config=model.config).layers
         return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
@@ -240,14 +254,14 @@ class TransformersEngine(GenerationEngine):
         model = self._active_model
         device = next(model.parameters()).device
         config = self._generation_config(max_new_tokens, temperature)
-        cached = self._cache_usable(model)
+        cached = self._cache_usable(model, config)
         matches = self._pool.match(prompt_ids, self._scope) if cached else [(None, 0)] * len(prompt_ids)
         layout, input_ids, attention_mask = layout_batch(prompt_ids, matches, self.pad_token_id)
         kwargs = {}
         if cached:
             layers = batch_cache_layers(matches, layout, device)
             kwargs[self._cache_argument(model)] = cache = DynamicCache(layers, config=model.config)
-            config.use_cache = True
+            config.use_cache, config.cache_implementation = True, None  # the cache passed in is a DynamicCache
         recorder = _SampledLogprobs(config.temperature if config.do_sample and config.temperature else 1.0)
         out = model.generate(
             input_ids=input_ids.to(device),
@@ -270,15 +284,13 @@ class TransformersEngine(GenerationEngine):
 
     def _keep(self, cache, matches, layout, prompt_ids, outputs: list[Generation], steps: int) -> None:
         """Keep each row's cache after a call (engines/kv_cache.py); the rows this call continued are dropped."""
+        rows = []
         if cache.get_seq_length() != layout.cached + layout.new + steps - 1:  # every generated token but the last
             logger.warning("generate left a cache of an unexpected length: the rows of this call are not kept.")
-            self._pool.update(matches, [])
-            return
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        completions = [o.token_ids for o in outputs]
-        self._pool.update(
-            matches, harvest_rows(layers, layout, prompt_ids, completions, self._scope, self._pool.calls)
-        )
+        elif self._keep_rows:
+            completions = [o.token_ids for o in outputs]
+            rows = harvest_rows(cache.layers, layout, prompt_ids, completions, self._scope, self._pool.calls)
+        self._pool.update(matches, rows)
 
     def _count(self, layout, outputs: list[Generation]) -> None:
         read, reused = sum(layout.fresh), sum(layout.reused)
