@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from .base import GenerationEngine
 
 
@@ -17,5 +19,8 @@ class AdapterDisabledEngine(GenerationEngine):
         return self.policy_engine.session()
 
     def _generate(self, prompt_ids, max_new_tokens, temperature):
-        with self.peft_model.disable_adapter():
+        # the base weights compute other keys and values for the same ids: a cache-keeping engine keeps them apart
+        cache_scope = getattr(self.policy_engine, "cache_scope", None)
+        scope = cache_scope("adapter-disabled") if cache_scope else contextlib.nullcontext()
+        with self.peft_model.disable_adapter(), scope:
             return self.policy_engine.generate(prompt_ids, max_new_tokens, temperature)
