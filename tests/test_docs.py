@@ -253,7 +253,7 @@ def test_readme_holds_no_script_written_block_and_its_results_come_from_the_docs
     readme = (REPO / "README.md").read_text()
     assert not re.search(r"<!-- [\w-]+:start", readme), "README.md holds a script-written block"
     results = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
-    assert "\n### Real pretrained model (SmolLM2-135M-Instruct)\n" in results
+    assert results.startswith("\n### A real pretrained chat model: SmolLM2-135M-Instruct")  # the real model leads
     page = (REPO / "docs" / "benchmarks.md").read_text()
     sources = [b.split(":end -->", 1)[0] for b in re.split(r"<!-- [\w-]+:start", page)[1:]]
     included = re.findall(r'^--8<-- "(benchmarks/results/[\w.]+\.md)', page, flags=re.M)
@@ -262,3 +262,16 @@ def test_readme_holds_no_script_written_block_and_its_results_come_from_the_docs
     assert len(quoted) >= 10, quoted
     unsourced = [q for q in quoted if not any(q in s for s in sources)]
     assert not unsourced, f"README's Results quote intervals no script-written table holds: {unsourced}"
+
+
+def test_readme_real_model_numbers_are_the_committed_measurements():
+    """The real-model paragraph quotes the calibration and the self-judge check as their scripts wrote them."""
+    readme = (REPO / "README.md").read_text()
+    real = readme.split("\n### A real pretrained chat model", 1)[1].split("\n### ", 1)[0]
+    calibration = (REPO / "benchmarks" / "results" / "real_calibration.md").read_text()
+    judge_check = (REPO / "benchmarks" / "results" / "real_judge_check.md").read_text()
+    assert "| 1 | 16 x 8 | 0.8 / 6.2 |" in calibration and "0.8% of one-step problems (pass@8 6.2%)" in real
+    assert "| 2 | 16 x 8 | 0.0 / 0.0 |" in calibration and "| 3 | 16 x 8 | 0.0 / 0.0 |" in calibration
+    assert "| self-judge reviews that failed (unusable answers, counted as KEEP) | 89 of 89 |" in judge_check
+    assert "all 89 of its reviews were unusable (87 cut at 256 tokens" in real
+    assert "87 were cut off at the review budget" in judge_check
