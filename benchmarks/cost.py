@@ -26,9 +26,12 @@ in a fresh process; after two warm-up steps (lazy imports, first allocations) th
 peak above the RSS just before them (the step's working memory: activations, KV caches, judge prompts).
 
 Counts that no machine noise moves, per variant and step: policy tokens generated (non-padding tokens `generate`
-returned), prefill tokens (prompt tokens fed to `generate`, judge corrections included when the policy resumes
-after them), forward tokens (every token position any forward pass of the policy model processed, padding included:
-generation, log-probs, training) and judge tokens. They come from hooks on the policy model.
+returned), prefill tokens (the non-padding positions the first forward pass of each `generate` call processed: the
+prompt tokens the model read, judge corrections included when the policy resumes after them, and not the prefix a
+kept KV cache served: engines/kv_cache.py continues a row by feeding the model only its new tokens), prompt tokens
+(non-padding tokens given to `generate`, cached prefix included; in the JSON), forward tokens (every token position
+any forward pass of the policy model processed, padding included: generation, log-probs, training) and judge tokens.
+They come from hooks on the policy model.
 
 Variants: GRPO; MInTRL with rule-judge interventions; MInTRL after the intervention phase (all rollouts on-policy
 controls); MInTRL with the self-judge (the policy reviews and corrects itself with the reference as privileged
@@ -124,20 +127,32 @@ class LastRollout:
 
 
 class TokenCounter:
-    """Counts, on one model, the tokens its forward passes process and, per `generate` call, the prompt (prefill)
-    tokens it was given and the non-padding tokens it generated."""
+    """Counts, on one model, the tokens its forward passes process and, per `generate` call, the prompt tokens it was
+    given, the prefill tokens the model read of them and the non-padding tokens it generated.
+
+    Prefill is what the model processed, not what `generate` was given: the non-padding positions of the first
+    forward pass of each `generate` call. With a kept KV cache (engines/kv_cache.py) `generate` is given a row's whole
+    ids and a cache of its prefix, and the model reads only the positions after the cache; counting the prompt given
+    (`prompt_tokens`) would count the cached prefix as read again."""
+
+    KEYS = ("forward_tokens", "prefill_tokens", "prompt_tokens", "generated_tokens")
 
     def __init__(self, model, pad_token_id: int):
-        self.forward_tokens = self.prefill_tokens = self.generated_tokens = 0
+        self.forward_tokens = self.prefill_tokens = self.prompt_tokens = self.generated_tokens = 0
         self.digest = 0  # crc32 of every sequence `generate` returned since it was last reset: the rollouts' identity
+        self._prefill_pending = False  # the next forward pass is a `generate` call's first: its prefill
         model.register_forward_pre_hook(self._count_forward, with_kwargs=True)
         original = model.generate
 
         def generate(*args, **kwargs):
             input_ids = kwargs.get("input_ids", args[0] if args else None)
             mask = kwargs.get("attention_mask")
-            self.prefill_tokens += int(mask.sum()) if mask is not None else input_ids.numel()
-            output = original(*args, **kwargs)
+            self.prompt_tokens += int(mask.sum()) if mask is not None else input_ids.numel()
+            self._prefill_pending = True
+            try:
+                output = original(*args, **kwargs)
+            finally:
+                self._prefill_pending = False
             sequences = getattr(output, "sequences", output)
             self.generated_tokens += int((sequences[:, input_ids.shape[1] :] != pad_token_id).sum())
             self.digest = zlib.crc32(sequences.cpu().numpy().tobytes(), self.digest)
@@ -150,9 +165,16 @@ class TokenCounter:
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")[..., 0]
         self.forward_tokens += tokens.numel()
+        if self._prefill_pending:  # the positions this pass processes, less the padding (the 2D mask's last columns)
+            self._prefill_pending = False
+            mask = kwargs.get("attention_mask")
+            if hasattr(mask, "dim") and mask.dim() == 2 and mask.shape[0] == tokens.shape[0]:  # not a 4D mask
+                self.prefill_tokens += int(mask[:, -tokens.shape[1] :].sum())
+            else:
+                self.prefill_tokens += tokens.numel()
 
     def snapshot(self) -> dict:
-        return {k: getattr(self, k) for k in ("forward_tokens", "prefill_tokens", "generated_tokens")}
+        return {k: getattr(self, k) for k in self.KEYS}
 
 
 DATASET_STEPS = 64  # prompts for this many steps: more than any run here takes

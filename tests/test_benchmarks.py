@@ -310,6 +310,40 @@ def test_cost_token_counter_counts_prefill_generated_and_forward_tokens():
     assert counter.forward_tokens == 2 * batch["input_ids"].numel() + 5 * 2
 
 
+def test_cost_token_counter_counts_what_the_model_reads_with_a_kept_cache():
+    """With the engine's kept KV cache, a continued row feeds the model only its new tokens: prefill counts the
+    positions the model's first forward pass of the call processed (the engine's own `prefill_tokens`), not the
+    whole prompt `generate` was given (`prompt_tokens`, the cached prefix included); forward tokens follow the passes."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.cost import TokenCounter
+    from benchmarks.toy import WARM_START_DIR
+    from trl_mintrl.engines import TransformersEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
+    model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
+    widths = []  # [rows, positions] of every forward pass of the policy model
+    model.register_forward_pre_hook(lambda m, a, k: widths.append(tuple(k["input_ids"].shape)), with_kwargs=True)
+    counter = TokenCounter(model, tokenizer.pad_token_id)
+    engine = TransformersEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id])
+    prompts = [tokenizer(text)["input_ids"] for text in ("Compute 1+2 =", "Compute 12+3-4 =")]
+    torch.manual_seed(0)
+    with engine.session():
+        first = engine.generate(prompts, 4, temperature=0)
+        assert counter.prefill_tokens == counter.prompt_tokens == engine.prefill_tokens == sum(map(len, prompts))
+        before, widths[:] = counter.snapshot(), []
+        judge = tokenizer(" x")["input_ids"]  # a correction: two rows continued with new tokens after their chunks
+        requests = [p + g.token_ids + judge for p, g in zip(prompts, first, strict=True)]
+        engine.generate(requests, 4, temperature=0)
+    after = counter.snapshot()
+    read = after["prefill_tokens"] - before["prefill_tokens"]
+    assert read == engine.prefill_tokens - sum(map(len, prompts)) < sum(map(len, requests))
+    assert after["prompt_tokens"] - before["prompt_tokens"] == sum(map(len, requests)) == read + engine.reused_tokens
+    assert engine.reused_tokens >= sum(map(len, prompts)) and widths[0][1] < min(map(len, requests))  # not fed again
+    assert after["forward_tokens"] - before["forward_tokens"] == sum(rows * width for rows, width in widths)
+
+
 def test_cost_readme_block_is_computed_from_the_saved_rounds():
     """The README's cost table comes from cost.json: paired time ratio per round and token-count ratios."""
     from benchmarks.cost import readme_block
