@@ -26,10 +26,31 @@ reward; MInTRL's judge-token share and NLL; SORT's repairs); the wall-clock seco
 (held-out measuring excluded). A run that collapses is recorded as it is. Each run is recorded as it ends, with its
 command, commit and machine (`benchmarks.harness`): `--resume` reruns nothing that finished.
 
-Hypotheses:
-- [PLACEHOLDER, to be written by the lead engineer from the warm-start calibration
-  (benchmarks/results/real_calibration_warm.md) BEFORE the full run; nothing below this line was written after
-  seeing a result of the full run.]
+Hypotheses (written by the lead engineer on 2026-12-05, after the warm-start calibration
+`benchmarks/results/real_calibration_warm.md` and a 2-step probe of every arm (`results/quick/learning_real_probe.md`,
+speed only), before any full run; not to be changed after runs are seen):
+- H1 (in-band, 2 steps): mintrl-const ends above grpo on held-out pass@1 and pass@8 (paired 95% intervals above 0).
+  At the warm start 2-step problems are out of sampling's reach (pass@8 0% on 16 x 8) while the rule judge's
+  corrections are unlikely but not impossible for the model (median 4.6 nats on its own samples, 0.5 a token), the
+  regime where MInTRL beat GRPO on the toy. Also above grpo-2x.
+- H2 (reachable, 1 step; the control): mintrl-const is within the interval of grpo (warm-start pass@8 75%: GRPO has
+  signal already).
+- H3 (in-band): sft-grpo ends at least as high as mintrl-const (its references are written the way the warm start
+  writes, as in the toy's own-notation regime); sort ends between grpo and sft-grpo.
+- H4 (in-band): mintrl-self is within the interval of grpo: the instruct model could not review at all (89 of 89
+  reviews unusable, results/real_judge_check.md), so its rollouts are a GRPO-like regression without interventions.
+- H5: mintrl-const's judge-token share (47.5% at the probe's first step: the warm start writes ~22-token answers, so
+  one correction is a large share, far above the paper's 2-4%) and the judge tokens' NLL under the policy (1.21 a
+  token there) fall over the intervention phase (corrections absorbed), as on the toy.
+- H6: no arm's chat NLL (task.CHAT) rises by more than 0.1 nats a token over the warm start; sft-grpo's rises the
+  most (it moves the model furthest: largest KL to the warm start).
+- H7 (held-out with 3 steps): the sign of mintrl-const - grpo on 2 steps carries over to 3 steps (not necessarily
+  resolved).
+- H8 (fresh seeds 3-5, `--fresh`): mintrl-const - grpo and mintrl-const - sft-grpo keep their design-seed signs, and
+  each is resolved on the fresh seeds if it is on seeds 0-2.
+
+Sizing (set with the hypotheses, before any full run, from the probe's seconds per step on this 2-core machine): 20
+optimizer steps (the probe's 40-step projection was about 30 hours for the full mode), interventions for the first 8.
 """
 
 from __future__ import annotations
@@ -65,7 +86,7 @@ LOGGED = (
     "sort/buffer_size", "sort/repairs", "sort/repair_loss", "sort/mean_weight",
 )  # fmt: skip
 SMOKE_WARMUP = {**WARMUP, "problems": 8}  # one SFT step: the smoke test's own (cached) warm start
-FULL = dict(steps=40, seeds=[0, 1, 2], prompts_per_step=4, max_completion_length=64, final_problems=48,
+FULL = dict(steps=20, seeds=[0, 1, 2], prompts_per_step=4, max_completion_length=64, final_problems=48,
             curve_problems=16, curve_points=4, warmup=WARMUP, overrides={})  # fmt: skip
 MODES = {
     "full": {**FULL, "plan": {"in-band": list(ARMS), "reachable": ["grpo", "mintrl-const"]}},
