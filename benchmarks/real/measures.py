@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from .scoring import chat_nll, sample
+from .scoring import chat_nll, sample, token_logprobs
 from .task import chat_dataset
 
 SAMPLES = 8  # per problem: pass@1 is the mean over 8 samples, pass@8 the unbiased estimate from the same 8
@@ -60,28 +60,6 @@ def pass_scores(problems, drawn: dict, first: int | None = None) -> dict:
         "mean_tokens": statistics.fmean(len(c) for c in drawn["completions"][:rows]),
         "problems": len(problems),
     }
-
-
-def token_logprobs(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 16) -> list[list[float]]:
-    """log p(target_t | context, target_<t) of every target token, per (context ids, target ids) pair; right-padded
-    batches, no gradient, temperature 1."""
-    import torch
-
-    out = []
-    for start in range(0, len(pairs), batch_size):
-        batch = pairs[start : start + batch_size]
-        width = max(len(c) + len(t) for c, t in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, (context, target) in enumerate(batch):
-            ids[row, : len(context) + len(target)] = torch.tensor(context + target)
-            mask[row, : len(context) + len(target)] = 1
-        with torch.no_grad():
-            logps = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
-        for row, (context, target) in enumerate(batch):
-            positions = torch.arange(len(context) - 1, len(context) + len(target) - 1)
-            out.append(logps[row, positions, torch.tensor(target)].tolist())
-    return out
 
 
 def kl_to(policy, reference, drawn: dict, problems: int | None = None) -> dict:

@@ -49,8 +49,9 @@ def sample(
     return out, seconds
 
 
-def sequence_nll(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 16) -> list[float]:
-    """-sum log p(target | context) in nats per (context ids, target ids) pair; right-padded batches, no gradient."""
+def token_logprobs(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 16) -> list[list[float]]:
+    """log p(target_t | context, target_<t) of every target token, per (context ids, target ids) pair; right-padded
+    batches, no gradient, temperature 1."""
     import torch
 
     out = []
@@ -66,8 +67,13 @@ def sequence_nll(model, pairs: list[tuple[list[int], list[int]]], batch_size: in
             logps = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
         for row, (context, target) in enumerate(batch):
             positions = torch.arange(len(context) - 1, len(context) + len(target) - 1)
-            out.append(-logps[row, positions, torch.tensor(target)].sum().item())
+            out.append(logps[row, positions, torch.tensor(target)].tolist())
     return out
+
+
+def sequence_nll(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 16) -> list[float]:
+    """-sum log p(target | context) in nats per (context ids, target ids) pair (`token_logprobs` summed)."""
+    return [-sum(logps) for logps in token_logprobs(model, pairs, batch_size)]
 
 
 def token_ids(tokenizer, text: str) -> list[int]:
