@@ -173,8 +173,8 @@ def test_each_trainer_trains_the_real_model_from_its_cpu_recipe(method, smollm2_
 
 def test_self_judge_reads_the_reference_through_the_real_chat_template(smollm2_path, cpu_args):
     """judge='self' (the paper's Table 2 setting): the policy reviews its own rollouts with the reference as
-    privileged context, rendered by SmolLM2's ChatML template; whatever the 135M model answers, a review that does
-    not parse counts as KEEP and is counted, and the step trains."""
+    privileged context, rendered by SmolLM2's ChatML template, and the step trains whatever the 135M model answers
+    (what it answers is measured by benchmarks/real/judge_quality.py, not here)."""
     from datasets import Dataset
     from mintrl_helpers import mintrl_args
 
@@ -202,4 +202,4 @@ def test_self_judge_reads_the_reference_through_the_real_chat_template(smollm2_p
     # ChatML as SmolLM2 renders it (its default system turn), the reference inside, an open assistant turn
     assert first.startswith("<|im_start|>system\n") and first.endswith("<|im_end|>\n<|im_start|>assistant\n")
     assert any(row["solution"].splitlines()[0] in tokenizer.decode(p) for p in prompts for row in rows)
-    assert log["mintrl/judge_parse_failures"] >= 0
+    assert "mintrl/judge_parse_failures" in log  # the unusable answers are reported (their share: judge-check)
