@@ -58,9 +58,10 @@ def test_scripted_judge_run_on_vllm_matches_transformers_run(tiny_model_path, cp
     logs = {use_vllm: [r for r in t.state.log_history if "loss" in r] for use_vllm, t in runs.items()}
     for key in ("mintrl/intervention_rate", "mintrl/reward_intervened"):
         assert [r[key] for r in logs[True]] == [r[key] for r in logs[False]], key
-    # the prefix-cache hit rate is logged where the engine has a cache: continuation rounds reuse round 1's blocks
-    assert all(0 < r["mintrl/prefix_cache_hit_rate"] <= 1 for r in logs[True])
-    assert all("mintrl/prefix_cache_hit_rate" not in r for r in logs[False])
+    # both engines keep a cache (vLLM's prefix blocks, transformers' kept KV cache): continuation rounds reuse round
+    # 1's positions, so each logs a hit rate in (0, 1]
+    for use_vllm in (True, False):
+        assert all(0 < r["mintrl/prefix_cache_hit_rate"] <= 1 for r in logs[use_vllm]), use_vllm
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ class RolloutBatch:
     intervening: bool  # interventions were on for this batch
     is_control: torch.Tensor  # (rows,) bool: purely on-policy rollouts, whose mean reward is the baseline
     stats: torch.Tensor  # (rows, len(STAT_COLUMNS)) float per-rollout statistics
-    prefix_cache_hit_rate: float | None  # engines with a prefix cache (vLLM); None otherwise
+    prefix_cache_hit_rate: float | None  # engines with a cache (vLLM prefix blocks, transformers kept KV); else None
     judge_requests: float = 0.0  # requests sent to the judge's server (0 for in-process judges)
     judge_unanswered: float = 0.0  # ... of which got no answer (connection refused, timeout, HTTP error)
     judge_last_error: str | None = None  # why this process's latest unanswered request got none (not gathered)
