@@ -222,3 +222,62 @@ def test_self_judge_calls_between_policy_calls_keep_the_policy_rows(model, tiny_
     assert len(policy_reads) == 3 and len(cached.reads) > len(policy_reads)
     assert policy_reads[1:] == policy_rows[1:]
     assert cached.prefill_tokens < plain.prefill_tokens
+
+
+class CallingTools:
+    """A `ToolEnvironment` whose every turn calls `count` (the tiny model writes no tool calls): the result, a few
+    tokens that differ per call, is appended and the next turn continues the conversation."""
+
+    max_model_len = 100_000
+
+    def __init__(self, tok):
+        self.tok, self.calls = tok, 0
+
+    def parse_turn(self, turn_ids, context_ids):
+        call = {"type": "function", "function": {"name": "count", "arguments": {}}}
+        return {"role": "assistant", "content": self.tok.decode(turn_ids), "tool_calls": [call]}
+
+    def run(self, tool_calls):
+        self.calls += 1
+        return [{"role": "tool", "name": "count", "content": f"call {self.calls} done"}], 0
+
+    def result_ids(self, tool_messages):
+        return self.tok("".join(f"\n<r>{m['content']}</r>\n" for m in tool_messages), add_special_tokens=False)[
+            "input_ids"
+        ]
+
+
+def test_tool_turns_continue_from_the_cache(model, tiny_tokenizer):
+    """Issue 46 item 3: after a tool result the next turn continues the row's cache and reads only the result's
+    tokens (and the turn's last token); the greedy conversation is the uncached engine's, judge cuts included."""
+    tok = tiny_tokenizer
+    config = GenerationConfig(do_sample=False)
+    # the tiny model's greedy text repeats a few tokens forever: two of them end a turn here, so turns end and call
+    turn_ends = [tok.eos_token_id, 241, 967]
+    runs = {}
+    for flag in (False, True):
+        engine = RecordingEngine(
+            model, pad_token_id=tok.pad_token_id, eos_token_ids=turn_ends, kv_cache=flag, generation_config=config
+        )
+        trajectories = []
+        for i in range(6):
+            ids = tok.apply_chat_template([{"role": "user", "content": f"Problem {i}: what is {i} + {2 * i + 1}?"}],
+                                          add_generation_prompt=True, tokenize=True)  # fmt: skip
+            ids = ids if isinstance(ids, list) else ids["input_ids"]
+            trajectories.append(Trajectory(prompt_ids=list(ids), question=f"q{i}", reference="r",
+                                           review_budget=2 if i % 2 else 0, environment=CallingTools(tok)))  # fmt: skip
+        settings = RolloutSettings(chunk_size=8, max_reviews=2, max_correction_tokens=16, max_completion_length=64,
+                                   max_tool_calling_iterations=3)  # fmt: skip
+        InterventionRollout(engine, cutting_judge(), tok, settings).run(trajectories)
+        runs[flag] = engine, trajectories
+    (plain, expected), (cached, got) = runs[False], runs[True]
+    for a, b in zip(expected, got, strict=True):
+        assert (a.completion_ids, a.env_mask, a.judge_mask, a.messages) == (b.completion_ids, b.env_mask, b.judge_mask, b.messages)  # fmt: skip
+    tool_tokens = sum(len(t.completion_ids) - t.written_tokens for t in got)
+    assert sum(t.tool_calls for t in got) >= 6 and tool_tokens > 0 and sum(t.revisions for t in got) >= 1
+    assert cached.prefill_tokens + cached.reused_tokens == plain.prefill_tokens
+    prompts = sum(len(t.prompt_ids) for t in got)
+    bound = (
+        prompts + tool_tokens + sum(t.judge_tokens for t in got) + sum(len(requests) for requests, _ in cached.calls)
+    )
+    assert cached.prefill_tokens <= bound < plain.prefill_tokens / 2

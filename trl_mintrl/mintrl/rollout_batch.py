@@ -174,7 +174,7 @@ def rollout_metrics(
     if asked > 0:  # the continuous schedule's speculative next chunks (`speculative_chunks`): how many paid off
         metrics["mintrl/speculative_chunks"] = (asked, n_intervened)
         metrics["mintrl/speculative_kept_frac"] = (stats["speculative_kept"].sum().item(), asked)
-    if rollout.prefix_cache_hit_rate is not None:  # engines with a prefix cache (vLLM)
+    if rollout.prefix_cache_hit_rate is not None:  # engines with a cache (vLLM, transformers)
         metrics["mintrl/prefix_cache_hit_rate"] = rollout.prefix_cache_hit_rate
     metrics["mintrl/reward_control"] = measured.reward_control
     if measured.reward_intervened is not None:
