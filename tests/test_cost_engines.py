@@ -1,0 +1,183 @@
+"""`benchmarks/cost.py --engine`: which variants each engine and task measure, where their results go, and the vLLM
+tables rendered from the engine's own counts (the vLLM run itself: tests/real_vllm/test_vllm_cost.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cost import (
+    ENGINE_VARIANTS,
+    README_START,
+    TOOL_VARIANTS,
+    VARIANTS,
+    CallCounter,
+    TokenCounter,
+    measure_time,
+    parse_args,
+    render,
+    result_markers,
+)
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize(
+    ("argv", "variants", "name"),
+    [
+        ([], list(VARIANTS), "cost"),
+        (["--tools"], list(TOOL_VARIANTS), "cost_tools"),
+        (["--tools", "reachable"], list(TOOL_VARIANTS), "cost_tools_reachable"),
+        (["--engine", "vllm"], ["grpo", "mintrl_interventions", "mintrl_after_phase"], "cost_vllm"),
+        (["--engine", "vllm", "--tools"], list(TOOL_VARIANTS), "cost_tools_vllm"),
+        (["--engine", "vllm", "--variants", "mintrl_interventions"], ["grpo", "mintrl_interventions"], "cost_vllm"),
+    ],
+)
+def test_each_engine_and_task_measures_its_variants_into_its_own_files(argv, variants, name):
+    """transformers keeps its variants and file names; vLLM measures issue 46's variants into `*_vllm` files."""
+    args = parse_args(argv)
+    assert (args.variants, args.name) == (variants, name)
+
+
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - set(ENGINE_VARIANTS["vllm"])))
+def test_vllm_refuses_the_variants_it_does_not_measure(variant, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--engine", "vllm", "--variants", variant])
+    assert "--engine vllm measures grpo, mintrl_interventions, mintrl_after_phase" in capsys.readouterr().err
+
+
+def test_committed_transformers_results_render_as_committed():
+    """The vLLM rendering left the transformers tables as they were: the committed .md is what the JSON renders to,
+    and the summary blocks keep their markers."""
+    for name in ("cost", "cost_tools"):
+        saved = json.loads((RESULTS / f"{name}.json").read_text())
+        assert render(saved) + "\n" == (RESULTS / f"{name}.md").read_text(), name
+    assert result_markers({"task": "reachable"})[0] == README_START
+    start = result_markers({"task": "tools-in-band", "engine": "vllm"})[0]
+    assert "`python benchmarks/cost.py --tools in-band --engine vllm --replot" in start and "cost_tools_vllm" in start
+
+
+def vllm_step(seconds, cpu, requests, cached, judge=None, streams=None) -> dict:
+    """A measured step's record as `measure_time` writes it on vLLM (counts per step)."""
+    record = {
+        "seconds": seconds, "process_cpu_seconds": cpu, "position": 0, "generate": 1, "generate_seconds": 0.5,
+        "generation": 1, "generation_seconds": 0.6, "generation_and_scoring": 1, "generation_and_scoring_seconds": 0.8,
+        "requests": requests, "engine_steps": 130, "engine_seconds": 0.4, "prompt_tokens": 4000,
+        "cached_prompt_tokens": cached, "prefill_tokens": 4000 - cached, "generated_tokens": 3000,
+        "decoded_tokens": 3100, "forward_tokens": 20000,
+    }  # fmt: skip
+    if streams is not None:
+        record |= {"streams": streams, "generate": 0, "review": 2, "review_seconds": 0.01, "correct": 1,
+                   "correct_seconds": 0.0, "judge_failures": 0, "judge_tokens": judge, "completion_tokens": 3000}  # fmt: skip
+    return record
+
+
+def test_vllm_tables_show_the_engines_counts_and_where_the_step_went():
+    saved = {
+        "provenance": {
+            "command": "python benchmarks/cost.py --engine vllm",
+            "commit": "c" * 40,
+            "changed_files_that_matter": [],
+        },  # fmt: skip
+        "settings": {
+            "rounds": 2,
+            "warmup": 1,
+            "variants": ["grpo", "mintrl_interventions"],
+            "turn_order": "williams",
+            "task": "reachable",
+            "engine": "vllm",
+        },  # fmt: skip
+        "wall_seconds": 60.0,
+        "time": {
+            "steps": {
+                "grpo": [vllm_step(2.0, 2.0, 128, 3000), vllm_step(2.0, 1.0, 128, 3000)],
+                "mintrl_interventions": [
+                    vllm_step(3.0, 2.4, 600, 2000, judge=30, streams=1),
+                    vllm_step(3.0, 1.4, 600, 2000, judge=30, streams=1),
+                ],
+            },
+            "repairs": {},
+        },
+        "memory": {},
+    }
+    text = render(saved)
+    assert "colocated vLLM engine" in text and "Memory is not measured on vLLM" in text
+    time_row, token_row = (line for line in text.splitlines() if line.startswith("| mintrl_interventions"))
+    assert "RSS" not in text  # no memory columns
+    # CPU ratios 1.2 and 1.4 (mean 1.30); 0 LLM.generate calls + 1 stream, the engine's requests and steps; the
+    # step's 3.0 s: 0.6 s rollout (0.4 s of it in engine steps), 0.2 s rewards and log-probs, 2.2 s training
+    assert time_row.startswith("| mintrl_interventions | 3.00 (1.90) | 1.50 [1.50, 1.50] | 1.30 [0.03, 2.57] |")
+    assert "| 0.0 + 1.0: 600 requests, 130 engine steps (0.40 s) |" in time_row
+    assert time_row.endswith("| 0.60 (0.40) / 0.20 / 2.20 |")
+    # generated, decoded, asked, prefix-cache hits (share of asked), computed prefill, forward; judge share; no digest
+    assert token_row == (
+        "| mintrl_interventions | 3,000 (1.00) | 3,100 (1.00) | 4,000 (1.00) | 2,000 (50%) | 2,000 (2.00) "
+        "| 20,000 (1.00) | 30 (1.0%) |"
+    )
+    assert (
+        "| grpo | 3,000 (1.00) | 3,100 (1.00) | 4,000 (1.00) | 3,000 (75%) | 1,000 (1.00) | 20,000 (1.00) | - |"
+        in text
+    )
+
+
+def test_interleaved_steps_record_every_counters_counts_and_no_digest_on_vllm():
+    """`measure_time` records per step the difference of every counter with a snapshot (the model's tokens, the
+    vLLM engine's) and of every call counter; a rollout digest only where `generate` produced the rollouts."""
+    import types
+
+    import torch
+
+    class Engine:  # counts like `VLLMCounter`: one request and 5 tokens per generation
+        KEYS = ("requests", "generated_tokens")
+
+        def __init__(self):
+            self.requests = self.generated_tokens = 0
+
+        def generate(self):
+            self.requests += 1
+            self.generated_tokens += 5
+
+        def snapshot(self):
+            return {k: getattr(self, k) for k in self.KEYS}
+
+    class Model(torch.nn.Module):
+        def forward(self, input_ids):
+            return input_ids
+
+    class Trainer:
+        def __init__(self, steps: int):
+            self.steps, self.callbacks = steps, []
+            self.model, self.engine = Model(), Engine()
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+
+        def train(self):
+            state = types.SimpleNamespace(global_step=0)
+            for _ in range(self.steps):
+                for callback in self.callbacks:
+                    callback.on_step_begin(None, state, None)
+                self.engine.generate()
+                self.engine.generate()
+                self.model(input_ids=torch.ones(3, 2))
+                state.global_step += 1
+                for callback in self.callbacks:
+                    callback.on_step_end(None, state, None)
+            for callback in self.callbacks:
+                callback.on_train_end(None, state, None)
+
+    def build(variant: str, steps: int, rounds_of_repairs: int):
+        trainer = Trainer(steps)
+        tokens = TokenCounter(trainer.model, pad_token_id=0, count_generate=False)
+        calls = CallCounter(trainer.engine, "generate")
+        return trainer, {"generate": calls, "tokens": tokens, "vllm": trainer.engine}
+
+    steps = measure_time(["grpo", "other"], 1, 2, build_fn=build)["steps"]
+    for records in steps.values():
+        assert len(records) == 2
+        for record in records:
+            assert (record["generate"], record["requests"], record["generated_tokens"]) == (2, 2, 10)
+            assert record["forward_tokens"] == 6 and record["generate_seconds"] >= 0
+            assert "rollout_digest" not in record and "prefill_tokens" not in record
