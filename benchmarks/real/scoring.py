@@ -16,11 +16,16 @@ def sample(
     temperature: float = 1.0,
     top_k: int = 0,
     on_batch=None,
+    engine=None,
 ):
     """One completion per token-id prompt at `temperature` (default 1, top-p 1, no top-k: TRL's GRPO defaults), as
     `Generation`s (token ids, ending with EOS when the model stopped), and the seconds each batch took. Batches hold
     prompts of similar length (less padding); reproducible for a seed. `on_batch(index, batches, seconds, rows)` is
-    called after each batch (progress, a first-batch estimate)."""
+    called after each batch (progress, a first-batch estimate). `engine`: a trainer's generation engine to sample
+    with instead of `model` through `transformers` (a colocated vLLM engine, `VLLMEngine.from_trainer`, which syncs the
+    trainer's weights first: about 4x faster here, benchmarks/results/real_engines.md); it samples with its own
+    settings (the trainer's), the same distribution where they are these, and its draws follow vLLM's random state,
+    not `seed`."""
     import time
 
     import torch
@@ -29,7 +34,7 @@ def sample(
     from trl_mintrl.engines import TransformersEngine
 
     config = GenerationConfig(do_sample=True, temperature=temperature, top_p=1.0, top_k=top_k)
-    engine = TransformersEngine(
+    engine = engine or TransformersEngine(
         model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id], generation_config=config
     )
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
