@@ -280,6 +280,51 @@ def verdict_cell(diff: Interval | None) -> str:
 # ------------------------------------------------------------------------- CLI, the report and the summary block
 
 
+def per_run_lines(results: dict, runs_of: Callable[[dict, str, str], list[dict]], digits: int = 1) -> list[str]:
+    """One line per (regime, arm) of the plan that has runs: each seed's final pass@1 in %."""
+    lines = []
+    for regime, arms in results["settings"]["plan"].items():
+        for arm in arms:
+            runs = runs_of(results, regime, arm)
+            if runs:
+                values = " / ".join(f"{100 * r['final']['pass@1']:.{digits}f}" for r in runs)
+                lines.append(f"- {regime} {arm} (seeds {[r['seed'] for r in runs]}): {values}")
+    return lines
+
+
+def plot_curves(
+    results: dict, path: Path, title: str, curves_of: Callable[[str, str], list[dict[int, float]]]
+) -> Path:
+    """Held-out pass@1 (%) of the curve set against the optimizer step, one panel per regime of the plan and one line
+    per arm: at each step the mean over the arm's runs that measured it (`curves_of(regime, arm)`: step -> pass@1 per
+    run). Saved at `path`."""
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = list(results["settings"]["plan"])
+    fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 3.6), squeeze=False)
+    for ax, regime in zip(axes[0], regimes, strict=True):
+        for arm in results["settings"]["plan"][regime]:
+            curves = curves_of(regime, arm)
+            if not curves:
+                continue
+            steps = sorted({step for curve in curves for step in curve})
+            means = [100 * statistics.fmean(c[k] for c in curves if k in c) for k in steps]
+            ax.plot(steps, means, marker="o", label=arm)
+        ax.set_title(f"{title}, {regime}")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("held-out pass@1 (%), curve set")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def study_parser(doc: str, modes: dict[str, str], replot_help: str) -> argparse.ArgumentParser:
     """A study's command line: its docstring as the description, a flag per mode besides "full" (`modes`: name ->
     help, the first given wins: `mode_of`), then `add_arguments`; the study adds its own flags."""

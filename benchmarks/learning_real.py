@@ -527,41 +527,17 @@ def report(results: dict) -> str:
              *pair_rows(results), "", "Time to GRPO's final accuracy (curve set; mean [95% t-interval] over the seeds "
              "that reach it):", "", *time_rows(results), "", "Cost, paired by seed:", "", *cost_rows(results), "",
              "Training health (first → last quarter of the logged steps):", "", *health_rows(results), "",
-             "Per-run final pass@1 (%):", ""]  # fmt: skip
-    for regime, arms in s["plan"].items():
-        for arm in arms:
-            runs = runs_of(results, regime, arm)
-            if runs:
-                values = " / ".join(f"{100 * r['final']['pass@1']:.1f}" for r in runs)
-                lines.append(f"- {regime} {arm} (seeds {[r['seed'] for r in runs]}): {values}")
+             "Per-run final pass@1 (%):", "", *harness.per_run_lines(results, runs_of)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict, out: Path) -> list[Path]:
     """Curve-set pass@1 (mean over seeds) per regime and arm."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def curves(regime: str, arm: str) -> list[dict[int, float]]:
+        return [curve_of(results, r) for r in runs_of(results, regime, arm)]
 
-    regimes = list(results["settings"]["plan"])
-    fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 3.6), squeeze=False)
-    for ax, regime in zip(axes[0], regimes, strict=True):
-        for arm in results["settings"]["plan"][regime]:
-            curves = [curve_of(results, r) for r in runs_of(results, regime, arm)]
-            if not curves:
-                continue
-            steps = sorted(set.intersection(*(set(c) for c in curves)))
-            ax.plot(steps, [100 * statistics.fmean(c[k] for c in curves) for k in steps], marker="o", label=arm)
-        ax.set_title(f"SmolLM2, {regime}")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("held-out pass@1 (%), curve set")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / f"{file_name(results)}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [harness.plot_curves(results, out / f"{file_name(results)}.png", "SmolLM2", curves)]
 
 
 def file_name(results: dict) -> str:

@@ -307,43 +307,18 @@ def report(results: dict) -> str:
              "differences paired over seeds with 95% t-intervals (points). Calibration of the warm start: "
              "benchmarks/results/tools_calibration.md.", "", *score_rows(results), "", *pair_rows(results), "",
              "Judge tokens during MInTRL's intervention phase (share in %, NLL in nats per token):", "",
-             *judge_rows(results), "", "Per-run final pass@1 (%):", ""]  # fmt: skip
-    for regime, labels in s["plan"].items():
-        for label in labels:
-            runs = runs_of(results, regime, label)
-            if runs:
-                values = " / ".join(f"{100 * r['final']['pass@1']:.2f}" for r in runs)
-                lines.append(f"- {regime} {label} (seeds {[r['seed'] for r in runs]}): {values}")
+             *judge_rows(results), "", "Per-run final pass@1 (%):", "",
+             *harness.per_run_lines(results, runs_of, digits=2)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict, out: Path) -> list[Path]:
     """Held-out pass@1 curves (mean over seeds) per regime and arm."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def curves(regime: str, label: str) -> list[dict[int, float]]:
+        return [{int(k): point["pass@1"] for k, point in r["curve"].items()} for r in runs_of(results, regime, label)]
 
-    regimes = list(results["settings"]["plan"])
-    fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 3.6), squeeze=False)
-    for ax, regime in zip(axes[0], regimes, strict=True):
-        for label in results["settings"]["plan"][regime]:
-            runs = runs_of(results, regime, label)
-            if not runs:
-                continue
-            steps = sorted({int(k) for r in runs for k in r["curve"]})
-            means = [100 * statistics.fmean(r["curve"][str(k)]["pass@1"] for r in runs if str(k) in r["curve"])
-                     for k in steps]  # fmt: skip
-            ax.plot(steps, means, marker="o", label=label)
-        ax.set_title(f"tool task, {regime}")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("held-out pass@1 (%), curve set")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / f"{file_name(results)}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [harness.plot_curves(results, out / f"{file_name(results)}.png", "tool task", curves)]
 
 
 def file_name(results: dict) -> str:
