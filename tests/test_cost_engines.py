@@ -1,5 +1,6 @@
 """`benchmarks/cost.py --engine`: which variants each engine and task measure, where their results go, and the vLLM
-tables rendered from the engine's own counts (the vLLM run itself: tests/real_vllm/test_vllm_cost.py)."""
+tables rendered from the engine's own counts (the vLLM run itself: tests/real_vllm/test_vllm_cost.py); `--real`'s
+trainers (learning_real's arms, built here on the tiny model: the real model's runs are the benchmark's)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import pytest
 from benchmarks.cost import (
     ENGINE_VARIANTS,
     README_START,
+    REAL_VARIANTS,
     TOOL_VARIANTS,
     VARIANTS,
     CallCounter,
     TokenCounter,
+    build_real,
     measure_time,
     parse_args,
+    real_job,
     render,
     result_markers,
 )
@@ -33,6 +37,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
         (["--engine", "vllm"], ["grpo", "mintrl_interventions", "mintrl_after_phase"], "cost_vllm"),
         (["--engine", "vllm", "--tools"], list(TOOL_VARIANTS), "cost_tools_vllm"),
         (["--engine", "vllm", "--variants", "mintrl_interventions"], ["grpo", "mintrl_interventions"], "cost_vllm"),
+        (["--real"], list(REAL_VARIANTS), "cost_real"),
+        (["--real", "reachable"], list(REAL_VARIANTS), "cost_real_reachable"),
+        (["--real", "--engine", "vllm"], list(REAL_VARIANTS), "cost_real_vllm"),
     ],
 )
 def test_each_engine_and_task_measures_its_variants_into_its_own_files(argv, variants, name):
@@ -57,6 +64,19 @@ def test_committed_transformers_results_render_as_committed():
     assert result_markers({"task": "reachable"})[0] == README_START
     start = result_markers({"task": "tools-in-band", "engine": "vllm"})[0]
     assert "`python benchmarks/cost.py --tools in-band --engine vllm --replot" in start and "cost_tools_vllm" in start
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--real", "--variants", "sort_repair"], "--real measures grpo, mintrl_interventions, mintrl_after_phase"),
+        (["--real", "--tools"], "--tools and --real are different tasks"),
+    ],
+)
+def test_real_refuses_variants_learning_real_has_no_arm_for_and_a_second_task(argv, error, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert error in capsys.readouterr().err
 
 
 def vllm_step(seconds, cpu, requests, cached, judge=None, streams=None) -> dict:
@@ -181,3 +201,59 @@ def test_interleaved_steps_record_every_counters_counts_and_no_digest_on_vllm():
             assert (record["generate"], record["requests"], record["generated_tokens"]) == (2, 2, 10)
             assert record["forward_tokens"] == 6 and record["generate_seconds"] >= 0
             assert "rollout_digest" not in record and "prefill_tokens" not in record
+
+
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_real_results_name_the_model_its_step_shape_and_engine(engine):
+    """A --real run's .md says which model, task and step shape it measured, the vLLM engines' 1 GiB KV cache (the
+    toy's is 256 MiB), why there is no memory column; its summary block's markers name its command."""
+    settings = {"rounds": 2, "warmup": 1, "variants": ["grpo"], "turn_order": "williams", "task": "real-in-band"}
+    if engine == "vllm":
+        settings["engine"] = "vllm"
+    saved = {
+        "provenance": {
+            "command": "python benchmarks/cost.py --real",
+            "commit": "c" * 40,
+            "changed_files_that_matter": [],
+        },  # fmt: skip
+        "settings": settings,
+        "wall_seconds": 60.0,
+        "time": {"steps": {"grpo": [vllm_step(2.0, 2.0, 32, 100)] * 2}, "repairs": {}},
+        "memory": {},
+    }
+    text = render(saved)
+    assert "SmolLM2-135M-Instruct from the format warm start of `benchmarks/learning_real.py`, its in-band" in text
+    assert "4 prompts x 8 rollouts per step, completions of at most 64 tokens, learning rate 0." in text
+    if engine == "vllm":
+        assert "a 1 GiB KV cache" in text and "Memory is not measured on vLLM" in text
+    else:
+        assert "Memory is not measured on the real model" in text and "colocated vLLM" not in text
+    start = result_markers(settings)[0]
+    assert f"`python benchmarks/cost.py --real in-band{' --engine vllm' * (engine == 'vllm')} --replot" in start
+
+
+def test_real_trainers_are_learning_reals_arms_at_learning_rate_0(tiny_model_path, tiny_tokenizer, tmp_path):
+    """`build_real` builds learning_real's own trainers (its step shape, MInTRL's rollout settings), then sets what
+    the arms fix otherwise: learning rate 0 in the optimizer it creates, and interventions at every step or none;
+    every variant draws the same prompts."""
+    from transformers import AutoModelForCausalLM
+
+    trainers = {}
+    for variant in REAL_VARIANTS:
+        method, overrides = VARIANTS[variant]
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+        trainers[variant] = build_real(method, overrides, model, tiny_tokenizer, "in-band", 3, "transformers",
+                                       str(tmp_path / variant))  # fmt: skip
+    assert real_job(3, "transformers")["max_completion_length"] == 64
+    grpo, mintrl = trainers["grpo"].args, trainers["mintrl_interventions"].args
+    assert (grpo.num_generations, grpo.max_completion_length, grpo.max_steps) == (8, 64, 3)
+    assert grpo.per_device_train_batch_size * grpo.gradient_accumulation_steps == 4 * 8
+    assert (mintrl.num_control_generations, mintrl.num_intervened_generations, mintrl.chunk_size,
+            mintrl.max_reviews) == (4, 4, 16, 4)  # fmt: skip
+    for trainer in trainers.values():
+        assert trainer.args.learning_rate == 0.0
+        assert {group["lr"] for group in trainer.create_optimizer().param_groups} == {0.0}
+    scheduled = {v: [trainers[v]._interventions_scheduled(s) for s in range(3)] for v in REAL_VARIANTS[1:]}
+    assert scheduled == {"mintrl_interventions": [True] * 3, "mintrl_after_phase": [False] * 3}
+    first = {v: [row["prompt"] for row in next(iter(t.get_train_dataloader()))] for v, t in trainers.items()}
+    assert first["grpo"] == first["mintrl_interventions"] == first["mintrl_after_phase"]
