@@ -67,7 +67,8 @@ rollouts a prompt; MInTRL 4 control + 4 intervened rollouts, the rule judge, chu
 cost is that of the learning benchmark's steps; only the learning rate (0) and the intervention schedule (every step,
 or none) are the variants' (`REAL_VARIANTS`). On vLLM each engine keeps learning_real's 1 GiB KV cache (a SmolLM2
 token takes ~46 KB of it in fp32: 256 MiB would hold ~5,800 tokens, about one step's 32 rows). No memory column:
-a fresh process per variant would add four of its ~1-minute steps each. `cost_real.*`, `cost_real_vllm.*`.
+a fresh process per variant would add four of its ~1-minute steps each; the threads share one malloc arena
+(`one_malloc_arena`). `cost_real.*`, `cost_real_vllm.*`.
 """
 
 from __future__ import annotations
@@ -1109,6 +1110,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
+    if args.real:
+        one_malloc_arena()
     start = time.perf_counter()
     watch = MachineWatch()
     build_fn = partial(build, tools=args.tools, engine=args.engine, real=args.real)
@@ -1141,6 +1144,17 @@ def main(argv: list[str] | None = None) -> None:
     text = render(saved)
     (out / f"{name}.md").write_text(text + "\n")
     print(text)
+
+
+def one_malloc_arena() -> None:
+    """Every thread of this process allocates from glibc's one main malloc arena (`M_ARENA_MAX` 1), before the
+    trainer threads start. By default each thread that allocates gets an arena of its own, and an arena keeps the
+    pages freed inside it; a SmolLM2 step's activations (8 rows a micro-batch, no checkpointing) are a few GB, so
+    each trainer thread could keep its own step's peak: the first --real run was OOM-killed at 9.7 GB RSS beside
+    learning_real's two workers (14 GB) on this 24 GB machine. One arena keeps one peak (one trainer runs at a time)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX (malloc.h)
 
 
 def render(saved: dict) -> str:
