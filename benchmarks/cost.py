@@ -299,10 +299,7 @@ def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = 
         from benchmarks.toy.tool_task import RegisterEnv, make_tool_dataset, tool_judge, tool_reward
         from benchmarks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR as warm_start
     if real:
-        from benchmarks.learning_real import load_warm_start
-        from benchmarks.real.warm_start import WARMUP
-
-        tokenizer, model, _ = load_warm_start({"warmup": WARMUP})
+        tokenizer, model = real_model()
     else:
         tokenizer = AutoTokenizer.from_pretrained(warm_start)
         model = AutoModelForCausalLM.from_pretrained(warm_start)
@@ -348,6 +345,25 @@ def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = 
         counters["review"] = CallCounter(judge, "review")
         counters["correct"] = CallCounter(judge, "correct")
     return trainer, counters
+
+
+_REAL_WEIGHTS = {}  # "model": the first --real variant's model, whose parameters the later variants' models share
+
+
+def real_model():
+    """(tokenizer, model) of learning_real's warm start (`learning_real.load_warm_start`: the cached checkpoint).
+    Every variant's model after the first shares the first's parameters (a module of its own: its own hooks, counters
+    and train/eval mode): at learning rate 0 no step changes them, each trainer sets the gradients to None at the end
+    of its step, and one trainer steps at a time. Three copies, each beside its optimizer's state, were OOM-killed at
+    8-10 GB RSS twice beside learning_real's two workers on this 24 GB machine."""
+    from benchmarks.learning_real import load_warm_start
+    from benchmarks.real.warm_start import WARMUP
+
+    tokenizer, model, _ = load_warm_start({"warmup": WARMUP})
+    first = _REAL_WEIGHTS.setdefault("model", model)
+    if first is not model:
+        model.load_state_dict(first.state_dict(keep_vars=True), assign=True)
+    return tokenizer, model
 
 
 def real_job(steps: int, engine: str) -> dict:
@@ -1150,8 +1166,9 @@ def one_malloc_arena() -> None:
     """Every thread of this process allocates from glibc's one main malloc arena (`M_ARENA_MAX` 1), before the
     trainer threads start. By default each thread that allocates gets an arena of its own, and an arena keeps the
     pages freed inside it; a SmolLM2 step's activations (8 rows a micro-batch, no checkpointing) are a few GB, so
-    each trainer thread could keep its own step's peak: the first --real run was OOM-killed at 9.7 GB RSS beside
-    learning_real's two workers (14 GB) on this 24 GB machine. One arena keeps one peak (one trainer runs at a time)."""
+    each trainer thread could keep its own step's peak (the first --real run was OOM-killed at 9.7 GB RSS beside
+    learning_real's two workers on this 24 GB machine; with one arena the next still peaked at 10.1 GB, see
+    `real_model`)."""
     import ctypes
 
     ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX (malloc.h)
