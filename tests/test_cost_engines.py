@@ -71,6 +71,7 @@ def test_committed_transformers_results_render_as_committed():
     [
         (["--real", "--variants", "sort_repair"], "--real measures grpo, mintrl_interventions, mintrl_after_phase"),
         (["--real", "--tools"], "--tools and --real are different tasks"),
+        (["--sgd"], "--sgd is --real's"),
     ],
 )
 def test_real_refuses_variants_learning_real_has_no_arm_for_and_a_second_task(argv, error, capsys):
@@ -253,6 +254,12 @@ def test_real_trainers_are_learning_reals_arms_at_learning_rate_0(tiny_model_pat
     for trainer in trainers.values():
         assert trainer.args.learning_rate == 0.0
         assert {group["lr"] for group in trainer.create_optimizer().param_groups} == {0.0}
+    assert type(trainers["grpo"].optimizer).__name__ == "AdamW"  # the arms' own
+    sgd = build_real("grpo", {}, trainers["grpo"].model, tiny_tokenizer, "in-band", 3, "transformers",
+                     str(tmp_path / "sgd"), sgd=True)  # fmt: skip
+    optimizer = sgd.create_optimizer()
+    assert type(optimizer).__name__ == "SGD" and {g["lr"] for g in optimizer.param_groups} == {0.0}
+    assert all(g["momentum"] == 0 for g in optimizer.param_groups)  # no state kept between steps
     scheduled = {v: [trainers[v]._interventions_scheduled(s) for s in range(3)] for v in REAL_VARIANTS[1:]}
     assert scheduled == {"mintrl_interventions": [True] * 3, "mintrl_after_phase": [False] * 3}
     first = {v: [row["prompt"] for row in next(iter(t.get_train_dataloader()))] for v, t in trainers.items()}
