@@ -4,7 +4,7 @@
     python benchmarks/cost.py --quick    # 4 measured steps per variant
     python benchmarks/cost.py --tools [reachable]   # tool-calling GRPO vs tool-calling MInTRL (issue 38)
     python benchmarks/cost.py --engine vllm [--tools]  # (vLLM environment) the same on TRL's colocated vLLM (issue 46)
-    python benchmarks/cost.py --real [--engine vllm]  # SmolLM2-135M-Instruct on learning_real's task (issue 46)
+    python benchmarks/cost.py --real [--sgd] [--engine vllm]  # SmolLM2-135M-Instruct, learning_real's task (issue 46)
     python benchmarks/cost.py --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
     python benchmarks/cost.py --rollout --replot benchmarks/results/cost_rollout.json --readme docs/benchmarks.md
 
@@ -68,7 +68,9 @@ cost is that of the learning benchmark's steps; only the learning rate (0) and t
 or none) are the variants' (`REAL_VARIANTS`). On vLLM each engine keeps learning_real's 1 GiB KV cache (a SmolLM2
 token takes ~46 KB of it in fp32: 256 MiB would hold ~5,800 tokens, about one step's 32 rows). No memory column:
 a fresh process per variant would add four of its ~1-minute steps each; the threads share one malloc arena
-(`one_malloc_arena`). `cost_real.*`, `cost_real_vllm.*`.
+(`one_malloc_arena`) and the variants' models one set of parameters (`real_model`). `--sgd`: SGD without momentum
+instead of the arms' AdamW, no optimizer state (two model-sized buffers less per trainer), for a machine where they do
+not fit (docs/benchmarks.md: beside learning_real's workers). `cost_real.*`, `cost_real_vllm.*`.
 """
 
 from __future__ import annotations
