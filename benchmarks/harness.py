@@ -121,14 +121,18 @@ def _attempt(function: Callable[[dict], dict], job: dict) -> tuple[dict | None, 
     return record, error, time.perf_counter() - start, machine()
 
 
-def run_tasks(tasks: list[Task], workers: int) -> Iterator[Outcome]:
+def run_tasks(tasks: list[Task], workers: int, fresh_process: bool = False) -> Iterator[Outcome]:
     """Run `tasks` inline and in order (`workers` 0), or in `workers` spawned processes; yield each outcome as it
-    ends. A task that raises, or whose process dies, yields its traceback and the others go on."""
+    ends. A task that raises, or whose process dies, yields its traceback and the others go on. `fresh_process`: each
+    task in a process of its own, for jobs that leave behind what their process cannot free (a colocated vLLM
+    engine: ~10 GB a SmolLM2 run, so a worker's second run would hold two)."""
     if workers == 0:
         for task in tasks:
             yield Outcome(task, *_attempt(task.function, task.job))
         return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                               max_tasks_per_child=1 if fresh_process else None)  # fmt: skip
+    with pool:
         futures = {pool.submit(_attempt, task.function, task.job): task for task in tasks}
         for future in as_completed(futures):
             try:
@@ -176,18 +180,20 @@ def execute(
     describe: Callable[[dict], str] | None = None,
     on_record: Callable[[dict, str, dict], None] | None = None,
     resume: bool = False,
+    fresh_process: bool = False,
 ) -> dict:
     """Run the `baselines` (`(function, job)` pairs, first) and `run` on every job (module docstring). After each
     record: `on_record(results, collection, record)` (a study's own bookkeeping; also called for every record kept
     by `resume`), `out/json_name` rewritten, `render(results, out, plots=False)`, and `describe(record)` printed for
-    a run. At the end `render(results, out)` is printed; `JobsFailed` if any job failed. Returns `results`."""
+    a run; with workers, `fresh_process` runs each job in a process of its own (`run_tasks`). At the end
+    `render(results, out)` is printed; `JobsFailed` if any job failed. Returns `results`."""
     tasks = [Task(function, job, "baselines") for function, job in baselines] + [Task(run, job) for job in jobs]
     path = out / json_name
     if resume:
         tasks = _resume(results, path, tasks, on_record)
     print(f"{sum(t.collection == 'runs' for t in tasks)} runs on {workers or 1} worker(s) -> {out}", flush=True)
     start, failed = time.perf_counter(), []
-    for outcome in run_tasks(tasks, workers):
+    for outcome in run_tasks(tasks, workers, fresh_process):
         line = _keep(results, outcome, on_record, describe, failed)
         results["wall_seconds"] = time.perf_counter() - start
         path.write_text(json.dumps(results, indent=1))

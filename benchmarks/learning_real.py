@@ -606,7 +606,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     jobs = this_sitting(jobs, previous, args.max_runs)
     keep_other_records(results, previous, baselines + jobs)
     return harness.execute(results, out, name, jobs, run_job, workers=args.workers, render=render, describe=describe,
-                           baselines=[(measure_warm_start, job) for job in baselines], resume=args.resume)  # fmt: skip
+                           baselines=[(measure_warm_start, job) for job in baselines], resume=args.resume,
+                           fresh_process=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,6 +16,13 @@ ran: list[str] = []  # the jobs `square` ran in this process (inline runs)
 failing: set[str] = set()  # the jobs `square` raises on
 
 
+def process_id(job: dict) -> dict:
+    """A job whose record is the id of the process that ran it."""
+    import os
+
+    return {**job, "pid": os.getpid()}
+
+
 def square(job: dict) -> dict:
     """A trivial study's job: its record is the job and the square of its seed; raises for a job named in `failing`
     or with `fail` set (which a worker process sees too)."""
@@ -132,6 +139,16 @@ def test_worker_processes_record_every_job_and_survive_a_failing_one(tmp_path):
     assert [f["job"]["name"] for f in saved["failed"]] == ["a-s1"]
     assert "job a-s1 failed on purpose" in saved["failed"][0]["traceback"]
     assert ran == []  # nothing ran in this process
+
+
+@pytest.mark.parametrize("fresh_process", [False, True])
+def test_fresh_process_runs_each_job_in_a_process_of_its_own(tmp_path, fresh_process):
+    """One worker runs every job in the same process, unless `fresh_process` gives each job its own (a run that
+    leaves a vLLM engine behind must not share a process with the next)."""
+    results = harness.execute(new_results(), tmp_path, "mine.json", jobs_of(arms=("a",)), process_id, workers=1,
+                              fresh_process=fresh_process)  # fmt: skip
+    pids = {r["pid"] for r in results["runs"]}
+    assert len(results["runs"]) == 3 and len(pids) == (3 if fresh_process else 1)
 
 
 def test_job_keys_follow_the_content_not_the_order_of_fields():
