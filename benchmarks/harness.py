@@ -301,8 +301,8 @@ def per_run_lines(results: dict, runs_of: Callable[[dict, str, str], list[dict]]
 def plot_curves(
     results: dict, path: Path, title: str, curves_of: Callable[[str, str], list[dict[int, float]]]
 ) -> Path:
-    """Held-out pass@1 (%) of the curve set against the optimizer step, one panel per regime of the plan and one line
-    per arm: at each step the mean over the arm's runs that measured it (`curves_of(regime, arm)`: step -> pass@1 per
+    """Held-out pass@1 (%) of the curve set against the optimizer step, one panel per regime of the plan with runs
+    and one line per arm: at each step the mean over the arm's runs that measured it (`curves_of(regime, arm)`: step -> pass@1 per
     run). Saved at `path`."""
     import statistics
 
@@ -311,10 +311,11 @@ def plot_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    regimes = list(results["settings"]["plan"])
+    plan = results["settings"]["plan"]
+    regimes = [regime for regime, arms in plan.items() if any(curves_of(regime, arm) for arm in arms)] or list(plan)
     fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 3.6), squeeze=False)
     for ax, regime in zip(axes[0], regimes, strict=True):
-        for arm in results["settings"]["plan"][regime]:
+        for arm in plan[regime]:
             curves = curves_of(regime, arm)
             if not curves:
                 continue
