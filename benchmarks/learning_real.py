@@ -475,9 +475,12 @@ def phase_means(run: dict, key: str) -> tuple[float | None, float | None]:
     return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
 
 
+# "at the cap %": completions that reached max_completion_length; "IS clip ratio": TRL's importance-sampling clip
+# (GRPO's; MInTRL has none); "after correction": the policy's tokens after the judge's last one per revised rollout
 HEALTH = (("entropy", "entropy", 1), ("length", "completions/mean_length", 1), ("reward", "reward", 1),
-          ("clipped ratio", "clip_ratio/region_mean", 1), ("judge share %", "mintrl/judge_token_frac", 100),
-          ("judge NLL", "mintrl/judge_token_nll", 1))  # fmt: skip
+          ("at the cap %", "completions/clipped_ratio", 100), ("IS clip ratio", "clip_ratio/region_mean", 1),
+          ("judge share %", "mintrl/judge_token_frac", 100), ("judge NLL", "mintrl/judge_token_nll", 1),
+          ("after correction", "mintrl/policy_tokens_after_correction", 1))  # fmt: skip
 
 
 def health_rows(results: dict) -> list[str]:
