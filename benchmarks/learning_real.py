@@ -89,7 +89,8 @@ LOGGED = (
     "completions/clipped_ratio", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
     "mintrl/judge_token_frac", "mintrl/judge_token_nll", "mintrl/intervention_rate", "mintrl/interventions_active",
     "mintrl/reviews_per_rollout", "mintrl/reward_control", "mintrl/reward_intervened", "mintrl/reward_gap",
-    "mintrl/judge_failures", "mintrl/judge_parse_failures", "mintrl/regression_residual", "sort/all_wrong_frac",
+    "mintrl/judge_failures", "mintrl/judge_parse_failures", "mintrl/regression_residual", "mintrl/length_control",
+    "mintrl/length_intervened", "mintrl/policy_tokens_after_correction", "sort/all_wrong_frac",
     "sort/buffer_size", "sort/repairs", "sort/repair_loss", "sort/mean_weight",
 )  # fmt: skip
 SMOKE_WARMUP = {**WARMUP, "problems": 8}  # one SFT step: the smoke test's own (cached) warm start
