@@ -506,6 +506,8 @@ def measure_time(variants: list[str], warmup: int, rounds: int, build_fn=build) 
             self.name, self.holding, self.start, self.calls, self.failures = name, False, 0.0, {}, 0
 
         def on_step_begin(self, args, state, control, **kwargs):
+            set_up[self.name].set()
+            all_set_up.wait()
             if self.holding:
                 turns.pass_on(self.name)
             self.position = turns.wait(self.name)
@@ -553,9 +555,18 @@ def measure_time(variants: list[str], warmup: int, rounds: int, build_fn=build) 
             errors.append((name, err))
             turns.pass_on(name, finished=True)
 
+    # one thread sets up at a time, and none steps before all have: a trainer's set-up converts its model
+    # (`accelerator.prepare` -> `model.to`), which copies each parameter and replaces its storage, and --real's models
+    # share their parameters (`real_model`): two set-ups at once crashed the process (a segmentation fault copying a
+    # parameter in `Module._apply`, twice with --engine vllm)
+    set_up = {v: threading.Event() for v in variants}
+    all_set_up = threading.Event()
     threads = [threading.Thread(target=train, args=(v,)) for v in variants]
-    for t in threads:
+    for name, t in zip(variants, threads, strict=True):
         t.start()
+        while not set_up[name].wait(0.5) and t.is_alive():
+            pass
+    all_set_up.set()
     for t in threads:
         t.join()
     gc_timer.close()

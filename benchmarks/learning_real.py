@@ -89,7 +89,8 @@ LOGGED = (
     "completions/clipped_ratio", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
     "mintrl/judge_token_frac", "mintrl/judge_token_nll", "mintrl/intervention_rate", "mintrl/interventions_active",
     "mintrl/reviews_per_rollout", "mintrl/reward_control", "mintrl/reward_intervened", "mintrl/reward_gap",
-    "mintrl/judge_failures", "mintrl/judge_parse_failures", "mintrl/regression_residual", "sort/all_wrong_frac",
+    "mintrl/judge_failures", "mintrl/judge_parse_failures", "mintrl/regression_residual", "mintrl/length_control",
+    "mintrl/length_intervened", "mintrl/policy_tokens_after_correction", "sort/all_wrong_frac",
     "sort/buffer_size", "sort/repairs", "sort/repair_loss", "sort/mean_weight",
 )  # fmt: skip
 SMOKE_WARMUP = {**WARMUP, "problems": 8}  # one SFT step: the smoke test's own (cached) warm start
@@ -475,9 +476,12 @@ def phase_means(run: dict, key: str) -> tuple[float | None, float | None]:
     return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
 
 
+# "at the cap %": completions that reached max_completion_length; "IS clip ratio": TRL's importance-sampling clip
+# (GRPO's; MInTRL has none); "after correction": the policy's tokens after the judge's last one per revised rollout
 HEALTH = (("entropy", "entropy", 1), ("length", "completions/mean_length", 1), ("reward", "reward", 1),
-          ("clipped ratio", "clip_ratio/region_mean", 1), ("judge share %", "mintrl/judge_token_frac", 100),
-          ("judge NLL", "mintrl/judge_token_nll", 1))  # fmt: skip
+          ("at the cap %", "completions/clipped_ratio", 100), ("IS clip ratio", "clip_ratio/region_mean", 1),
+          ("judge share %", "mintrl/judge_token_frac", 100), ("judge NLL", "mintrl/judge_token_nll", 1),
+          ("after correction", "mintrl/policy_tokens_after_correction", 1))  # fmt: skip
 
 
 def health_rows(results: dict) -> list[str]:

@@ -184,6 +184,19 @@ def test_metrics_are_pushed_per_batch_in_trls_format(make_worker, cpu_args):
     revised = sum(s.metrics.extras["judge_mask"].any() for s in intervened) / len(intervened)
     assert revised == 0.5  # the first prompt's rollouts end at once (EOS): nothing to revise
     assert _reduce_metric("mintrl/intervention_rate", [metrics["mintrl/intervention_rate"]]) == revised
+    controls = [s for s in samples if s.metrics.extras["is_control"]]
+    for name, rows in [("length_control", controls), ("length_intervened", intervened)]:
+        length = sum(int(s.completion_mask.sum()) for s in rows) / len(rows)
+        assert _reduce_metric(f"mintrl/{name}", [metrics[f"mintrl/{name}"]]) == pytest.approx(length), name
+    after = []  # per revised rollout: the policy's tokens after the judge's last one
+    for s in intervened:
+        judge = torch.as_tensor(s.metrics.extras["judge_mask"])
+        if judge.any():
+            last = int(judge.nonzero().max())
+            after.append(int(torch.as_tensor(s.completion_mask)[last + 1 :].sum()))
+    assert min(after) > 0  # the fake policy writes on after the correction
+    written_on = _reduce_metric("mintrl/policy_tokens_after_correction", [metrics["mintrl/policy_tokens_after_correction"]])  # fmt: skip
+    assert written_on == pytest.approx(sum(after) / len(after))
     assert metrics["mintrl/reward_intervened"] == 1.0 and metrics["mintrl/interventions_active"] == 1.0
     assert metrics["mintrl/judge_failures"] == 0.0 and metrics["mintrl/staleness"] == 0.0
     assert {"mintrl/reward_control", "mintrl/admission_wait_s", "completions/mean_length"} <= set(metrics)

@@ -447,6 +447,57 @@ def test_cost_steps_do_not_depend_on_the_variants_beside_them():
     assert set(follows.values()) == {1} and len(follows) == len(variants) * (len(variants) - 1)
 
 
+def test_cost_trainers_set_up_one_at_a_time_and_step_only_once_all_have():
+    """A trainer's set-up (accelerate's `prepare`: `model.to`) replaces the storage of its parameters, which --real's
+    variants share: two at once crashed the process. Stand-in trainers whose set-up takes a while."""
+    import threading
+    import time
+    import types
+
+    import torch
+
+    from benchmarks.cost import TokenCounter, measure_time
+
+    events: list[tuple[str, str]] = []
+    setting_up = threading.Semaphore(1)  # a second set-up at once fails the test
+
+    class Model(torch.nn.Module):
+        def generate(self, input_ids, attention_mask=None):
+            return input_ids
+
+    class Trainer:
+        def __init__(self, name: str, steps: int):
+            self.name, self.steps, self.callbacks, self.model = name, steps, [], Model()
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+
+        def train(self):
+            assert setting_up.acquire(blocking=False), f"{self.name} set up beside another trainer"
+            events.append(("set up", self.name))
+            time.sleep(0.05)
+            setting_up.release()
+            state = types.SimpleNamespace(global_step=0)
+            for _ in range(self.steps):
+                for callback in self.callbacks:
+                    callback.on_step_begin(None, state, None)
+                events.append(("step", self.name))
+                state.global_step += 1
+                for callback in self.callbacks:
+                    callback.on_step_end(None, state, None)
+            for callback in self.callbacks:
+                callback.on_train_end(None, state, None)
+
+    def build(variant: str, steps: int, rounds_of_repairs: int):
+        trainer = Trainer(variant, steps)
+        return trainer, {"tokens": TokenCounter(trainer.model, pad_token_id=0)}
+
+    variants = ["grpo", "other", "third"]
+    measure_time(variants, 1, 2, build_fn=build)
+    assert events[: len(variants)] == [("set up", v) for v in variants]
+    assert [kind for kind, _ in events[len(variants) :]] == ["step"] * 3 * len(variants)
+
+
 def test_cost_prompts_do_not_depend_on_the_number_of_rounds():
     """Issue 29 compared a --rounds 8 run with a --rounds 6 one: the dataset's length followed the steps and the
     sampler shuffles by it, so every step drew other prompts. Step k's prompts must not depend on --rounds."""

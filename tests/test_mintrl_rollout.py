@@ -233,3 +233,14 @@ def test_engine_and_judge_calls_per_round_do_not_grow_with_batch(tiny_tokenizer,
     assert policy.sessions == 1  # one engine session (vLLM wake/sleep, ZeRO-3 gather) for all rounds
     assert len(policy.calls[0]) == batch and len(policy.calls[1]) == batch // 2  # finished rows leave the batch
     assert all(t.finished for t in trajectories)
+
+
+def test_policy_tokens_after_judge_count_only_the_policys_after_the_last_correction():
+    # policy, policy, judge, judge, policy, judge, policy, tool result, policy
+    env_mask, judge_mask = [1, 1, 0, 0, 1, 0, 1, 0, 1], [0, 0, 1, 1, 0, 1, 0, 0, 0]
+    t = Trajectory(
+        prompt_ids=[1], question="q", completion_ids=list(range(9)), env_mask=env_mask, judge_mask=judge_mask
+    )
+    assert t.policy_tokens_after_judge == 2  # not the tool result, nor the policy token between the corrections
+    unrevised = Trajectory(prompt_ids=[1], question="q", completion_ids=[5, 6], env_mask=[1, 1], judge_mask=[0, 0])
+    assert unrevised.policy_tokens_after_judge == 0

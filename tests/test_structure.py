@@ -25,7 +25,7 @@ LONG_MODULES = {
 PRIVATE_MODULES_ALLOWED = {"trl_mintrl._version"}
 BENCHMARKS = REPO / "benchmarks"
 # benchmarks/'s library: what the shared harness may import (never the toy task or a study), and toy/ too
-LIBRARY = {"benchmarks", "benchmarks.provenance", "benchmarks.readme", "benchmarks.stats"}
+LIBRARY = {"benchmarks", "benchmarks.logprobs", "benchmarks.provenance", "benchmarks.readme", "benchmarks.stats"}
 # beyond the library and the harness, what toy/ may import outside itself: the demos end with the committed results
 TOY_MAY_IMPORT = LIBRARY | {"benchmarks.harness", "benchmarks.demo_claim"}
 

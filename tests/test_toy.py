@@ -394,7 +394,8 @@ def test_judge_calibration_measures_the_corrections_nll_and_the_reviews_coverage
     against a direct forward pass of one correction); coverage counts corrections inside the reviewed span."""
     import torch
 
-    from benchmarks.toy.calibration import judge_calibration, sequence_nll
+    from benchmarks.logprobs import sequence_nll
+    from benchmarks.toy.calibration import judge_calibration
     from trl_mintrl.text import prompt_token_ids
 
     model, tokenizer = warm_start

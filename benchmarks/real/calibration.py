@@ -40,10 +40,11 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from benchmarks.logprobs import sequence_nll, token_ids  # noqa: E402
 from benchmarks.provenance import MachineWatch, provenance  # noqa: E402
 
 from .judge import ANSWER, COMPUTATION, correct_step, evaluate, number, review_chunk  # noqa: E402
-from .scoring import chat_nll, sample, sequence_nll, token_ids  # noqa: E402
+from .scoring import chat_nll, sample  # noqa: E402
 from .task import calibration_problems, chat_dataset  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "real_calibration"

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import statistics
 
-from .scoring import chat_nll, sample, token_logprobs
+from benchmarks.logprobs import token_logprobs
+
+from .scoring import chat_nll, sample
 from .task import chat_dataset
 
 SAMPLES = 8  # per problem: pass@1 is the mean over 8 samples, pass@8 the unbiased estimate from the same 8

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from benchmarks.logprobs import sequence_nll, token_ids
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -68,12 +70,12 @@ def judge_calibration(
     active = list(range(len(rows)))
     nats, starts, corrected = [], [], set()
     for round_ in range(max_rounds + 1):
-        prompts = [rows[i][1] + _ids(tokenizer, accepted[i]) for i in active]
-        budgets = [max_new_tokens - len(_ids(tokenizer, accepted[i])) for i in active]
+        prompts = [rows[i][1] + token_ids(tokenizer, accepted[i]) for i in active]
+        budgets = [max_new_tokens - len(token_ids(tokenizer, accepted[i])) for i in active]
         texts = sample_texts(model, tokenizer, prompts, max(budgets), seed=seed + round_)
         scored, still = [], []
         for i, text, budget in zip(active, texts, budgets, strict=True):
-            text = tokenizer.decode(_ids(tokenizer, text)[:budget])
+            text = tokenizer.decode(token_ids(tokenizer, text)[:budget])
             problem, prefix = rows[i][0], accepted[i]
             steps = split_steps(text)
             index = review_steps(problem.question, prefix, steps, notation=notation) if round_ < max_rounds else None
@@ -83,11 +85,11 @@ def judge_calibration(
             correction = correct_step(problem.question, prefix, notation=notation)
             if not correction:
                 continue
-            starts.append(len(_ids(tokenizer, prefix)))
-            scored.append((rows[i][1] + _ids(tokenizer, prefix), _ids(tokenizer, correction)))
+            starts.append(len(token_ids(tokenizer, prefix)))
+            scored.append((rows[i][1] + token_ids(tokenizer, prefix), token_ids(tokenizer, correction)))
             accepted[i] = prefix + correction
             corrected.add(i)
-            if len(_ids(tokenizer, accepted[i])) < max_new_tokens:
+            if len(token_ids(tokenizer, accepted[i])) < max_new_tokens:
                 still.append(i)
         nats += sequence_nll(model, scored)
         active = still
@@ -100,31 +102,6 @@ def judge_calibration(
         "corrected_share": len(corrected) / len(rows),
         "coverage": sum(s < reviewed_tokens for s in starts) / len(starts) if starts else float("nan"),
     }
-
-
-def _ids(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
-
-
-def sequence_nll(model, pairs: list[tuple[list[int], list[int]]], batch_size: int = 64) -> list[float]:
-    """-sum log p(target | context) per (context ids, target ids) pair, right-padded batches, no gradient."""
-    import torch
-
-    out = []
-    for start in range(0, len(pairs), batch_size):
-        batch = pairs[start : start + batch_size]
-        width = max(len(c) + len(t) for c, t in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, (context, target) in enumerate(batch):
-            ids[row, : len(context) + len(target)] = torch.tensor(context + target)
-            mask[row, : len(context) + len(target)] = 1
-        with torch.no_grad():
-            logps = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
-        for row, (context, target) in enumerate(batch):
-            positions = torch.arange(len(context) - 1, len(context) + len(target) - 1)
-            out.append(-logps[row, positions, torch.tensor(target)].sum().item())
-    return out
 
 
 def reference_logprobs(model, tokenizer, problems, prompt_fn=None, notation: str = "near") -> dict[str, float]:

@@ -112,7 +112,8 @@ def pass_scores(problems, rollouts, n_samples: int) -> dict:
 
 def correction_scores(model, tokenizer, problems, rollouts) -> dict:
     """Each correction's NLL under `model` (contiguous judge-token runs of a trajectory), and the intervened pass."""
-    from .calibration import sequence_nll
+    from benchmarks.logprobs import sequence_nll
+
     from .tool_task import solved
 
     pairs, corrected, passed, judge_tokens, tokens = [], 0, 0, 0, 0

@@ -108,6 +108,13 @@ class Trajectory:
         """Policy and judge tokens: the completion without the environment's."""
         return sum(self.env_mask) + self.judge_tokens
 
+    @property
+    def policy_tokens_after_judge(self) -> int:
+        """Policy tokens written after the judge's last token (0 when the judge wrote none): the part of a revised
+        rollout that no review saw after the last correction, yet shares the rollout's reward."""
+        last = max((i for i, judge in enumerate(self.judge_mask) if judge), default=len(self.judge_mask))
+        return sum(self.env_mask[last + 1 :])
+
 
 @dataclass
 class PendingReview:

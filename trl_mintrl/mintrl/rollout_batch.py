@@ -30,6 +30,7 @@ class RolloutBatch:
         "speculative_kept",
         "tool_calls",
         "tool_failures",
+        "policy_tokens_after_judge",
     )
 
     intervening: bool  # interventions were on for this batch
@@ -72,6 +73,7 @@ class RolloutBatch:
                 t.speculative_kept,
                 t.tool_calls,
                 t.tool_failures,
+                t.policy_tokens_after_judge,
             ]
             for t in trajectories
         ]
@@ -153,11 +155,15 @@ def rollout_metrics(
     stats = {name: rollout.stat(name) for name in rollout.STAT_COLUMNS}
     intervened = stats["intervened"].bool()
     n_intervened = intervened.sum().item()
+    n_control = rollout.is_control.sum().item()
+    revised = stats["revised"].bool()
     metrics: dict[str, float | tuple[float, float]] = {
         "mintrl/interventions_active": float(rollout.intervening),
-        "mintrl/intervention_rate": (stats["revised"][intervened].sum().item(), n_intervened),
+        "mintrl/intervention_rate": (revised[intervened].sum().item(), n_intervened),
         "mintrl/reviews_per_rollout": (stats["reviews"][intervened].sum().item(), n_intervened),
         "mintrl/judge_token_frac": (stats["judge_tokens"].sum().item(), stats["completion_tokens"].sum().item()),
+        # judge tokens lengthen the intervened rollouts; a policy that learns to run on lengthens the controls too
+        "mintrl/length_control": (stats["completion_tokens"][rollout.is_control].sum().item(), n_control),
         "mintrl/judge_failures": measured.judge_failures,
         "mintrl/judge_transport_failures": measured.judge_transport_failures,
         "mintrl/judge_parse_failures": measured.judge_parse_failures,
@@ -170,6 +176,13 @@ def rollout_metrics(
     if intervention_share is not None:
         metrics["mintrl/judge_token_target"] = args.judge_token_target
         metrics["mintrl/intervention_share"] = intervention_share
+    if n_intervened > 0:
+        metrics["mintrl/length_intervened"] = (stats["completion_tokens"][intervened].sum().item(), n_intervened)
+    if revised.any():  # what the policy wrote on its own after the last correction, rewarded with the rollout
+        metrics["mintrl/policy_tokens_after_correction"] = (
+            stats["policy_tokens_after_judge"][revised].sum().item(),
+            revised.sum().item(),
+        )
     asked = stats["speculative_chunks"].sum().item()
     if asked > 0:  # the continuous schedule's speculative next chunks (`speculative_chunks`): how many paid off
         metrics["mintrl/speculative_chunks"] = (asked, n_intervened)
