@@ -275,3 +275,14 @@ def test_readme_real_model_numbers_are_the_committed_measurements():
     assert "| self-judge reviews that failed (unusable answers, counted as KEEP) | 89 of 89 |" in judge_check
     assert "all 89 of its reviews were unusable (87 cut at 256 tokens" in real
     assert "87 were cut off at the review budget" in judge_check
+    # the results table: the paired rows of learning_real.md (pass@1, pass@8) and the real model's vLLM step cost
+    learning = (REPO / "benchmarks" / "results" / "learning_real.md").read_text()
+    for pair, quoted in [("mintrl-const − grpo", "MInTRL (rule judge) − GRPO"),
+                         ("sft-grpo − grpo", "SFT on the references then GRPO − GRPO"),
+                         ("mintrl-const − sft-grpo", "MInTRL − SFT then GRPO")]:  # fmt: skip
+        [row] = [line for line in learning.splitlines() if line.startswith(f"| in-band | {pair} |")]
+        pass1, pass8 = row.split(" | ")[2:4]
+        [line] = [line for line in real.splitlines() if line.startswith(f"| {quoted} |")]
+        assert pass1 in line and pass8 in line, (pair, pass1, pass8, line)
+    cost = (REPO / "benchmarks" / "results" / "cost_real_vllm.md").read_text()
+    assert "| mintrl_interventions | " in cost and "| 1.00 [0.93, 1.06] |" in cost and "1.00 [0.93, 1.06] CPU" in real
