@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from cost_helpers import StandInTrainer
 
 from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference, t_quantile_975
 from benchmarks.toy.task import (
@@ -382,7 +383,6 @@ def test_cost_steps_do_not_depend_on_the_variants_beside_them():
     in a balanced design: over a cycle every variant takes every position, and follows every other variant, equally
     often (a fixed order gave GRPO the first slot of every round, so load within a round hit it differently as the
     set, and the round's length, changed). Stand-in trainers: no model, a few sampled tokens per step."""
-    import types
 
     import torch
 
@@ -398,31 +398,17 @@ def test_cost_steps_do_not_depend_on_the_variants_beside_them():
             self(input_ids)
             return torch.cat([input_ids, torch.randint(1, 50, (input_ids.shape[0], 6))], dim=1)
 
-    class Trainer:
-        def __init__(self, name: str, steps: int):
-            self.name, self.steps, self.callbacks, self.model = name, steps, [], Model()
-
-        def add_callback(self, callback):
-            self.callbacks.append(callback)
-
-        def train(self):
-            state = types.SimpleNamespace(global_step=0)
-            for _ in range(self.steps):
-                for callback in self.callbacks:
-                    callback.on_step_begin(None, state, None)
-                ran.append(self.name)
-                if self.name == "other":  # a method that draws more random numbers than GRPO in its step
-                    torch.rand(1000)
-                self.model.generate(torch.ones(4, 3, dtype=torch.long))
-                state.global_step += 1
-                for callback in self.callbacks:
-                    callback.on_step_end(None, state, None)
-            for callback in self.callbacks:
-                callback.on_train_end(None, state, None)
-
     def build(variant: str, steps: int, rounds_of_repairs: int):
-        trainer = Trainer(variant, steps)
-        return trainer, {"tokens": TokenCounter(trainer.model, pad_token_id=0)}
+        model = Model()
+
+        def step():
+            ran.append(variant)
+            if variant == "other":  # a method that draws more random numbers than GRPO in its step
+                torch.rand(1000)
+            model.generate(torch.ones(4, 3, dtype=torch.long))
+
+        tokens = TokenCounter(model, pad_token_id=0)  # wraps `model.generate`, which `step` looks up when it runs
+        return StandInTrainer(steps, model, step), {"tokens": tokens}
 
     def grpo_digests(variants: list[str], rounds: int) -> list[int]:
         ran.clear()
@@ -452,7 +438,6 @@ def test_cost_trainers_set_up_one_at_a_time_and_step_only_once_all_have():
     variants share: two at once crashed the process. Stand-in trainers whose set-up takes a while."""
     import threading
     import time
-    import types
 
     import torch
 
@@ -465,32 +450,16 @@ def test_cost_trainers_set_up_one_at_a_time_and_step_only_once_all_have():
         def generate(self, input_ids, attention_mask=None):
             return input_ids
 
-    class Trainer:
-        def __init__(self, name: str, steps: int):
-            self.name, self.steps, self.callbacks, self.model = name, steps, [], Model()
-
-        def add_callback(self, callback):
-            self.callbacks.append(callback)
-
-        def train(self):
-            assert setting_up.acquire(blocking=False), f"{self.name} set up beside another trainer"
-            events.append(("set up", self.name))
+    def build(variant: str, steps: int, rounds_of_repairs: int):
+        def set_up():
+            assert setting_up.acquire(blocking=False), f"{variant} set up beside another trainer"
+            events.append(("set up", variant))
             time.sleep(0.05)
             setting_up.release()
-            state = types.SimpleNamespace(global_step=0)
-            for _ in range(self.steps):
-                for callback in self.callbacks:
-                    callback.on_step_begin(None, state, None)
-                events.append(("step", self.name))
-                state.global_step += 1
-                for callback in self.callbacks:
-                    callback.on_step_end(None, state, None)
-            for callback in self.callbacks:
-                callback.on_train_end(None, state, None)
 
-    def build(variant: str, steps: int, rounds_of_repairs: int):
-        trainer = Trainer(variant, steps)
-        return trainer, {"tokens": TokenCounter(trainer.model, pad_token_id=0)}
+        model = Model()
+        trainer = StandInTrainer(steps, model, lambda: events.append(("step", variant)), set_up)
+        return trainer, {"tokens": TokenCounter(model, pad_token_id=0)}
 
     variants = ["grpo", "other", "third"]
     measure_time(variants, 1, 2, build_fn=build)

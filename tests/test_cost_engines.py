@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cost_helpers import StandInTrainer
 
 from benchmarks.cost import (
     ENGINE_VARIANTS,
@@ -146,8 +147,6 @@ def test_vllm_tables_show_the_engines_counts_and_where_the_step_went():
 def test_interleaved_steps_record_every_counters_counts_and_no_digest_on_vllm():
     """`measure_time` records per step the difference of every counter with a snapshot (the model's tokens, the
     vLLM engine's) and of every call counter; a rollout digest only where `generate` produced the rollouts."""
-    import types
-
     import torch
 
     class Engine:  # counts like `VLLMCounter`: one request and 5 tokens per generation
@@ -167,33 +166,18 @@ def test_interleaved_steps_record_every_counters_counts_and_no_digest_on_vllm():
         def forward(self, input_ids):
             return input_ids
 
-    class Trainer:
-        def __init__(self, steps: int):
-            self.steps, self.callbacks = steps, []
-            self.model, self.engine = Model(), Engine()
-
-        def add_callback(self, callback):
-            self.callbacks.append(callback)
-
-        def train(self):
-            state = types.SimpleNamespace(global_step=0)
-            for _ in range(self.steps):
-                for callback in self.callbacks:
-                    callback.on_step_begin(None, state, None)
-                self.engine.generate()
-                self.engine.generate()
-                self.model(input_ids=torch.ones(3, 2))
-                state.global_step += 1
-                for callback in self.callbacks:
-                    callback.on_step_end(None, state, None)
-            for callback in self.callbacks:
-                callback.on_train_end(None, state, None)
-
     def build(variant: str, steps: int, rounds_of_repairs: int):
-        trainer = Trainer(steps)
-        tokens = TokenCounter(trainer.model, pad_token_id=0, count_generate=False)
-        calls = CallCounter(trainer.engine, "generate")
-        return trainer, {"generate": calls, "tokens": tokens, "vllm": trainer.engine}
+        model, engine = Model(), Engine()
+
+        def step():
+            engine.generate()
+            engine.generate()
+            model(input_ids=torch.ones(3, 2))
+
+        trainer = StandInTrainer(steps, model, step)
+        tokens = TokenCounter(model, pad_token_id=0, count_generate=False)
+        calls = CallCounter(engine, "generate")  # before `step` runs: the counter wraps the engine's method
+        return trainer, {"generate": calls, "tokens": tokens, "vllm": engine}
 
     steps = measure_time(["grpo", "other"], 1, 2, build_fn=build)["steps"]
     for records in steps.values():
