@@ -88,7 +88,6 @@ import gc
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -107,6 +106,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from benchmarks.cost import ROLLOUT_SHAPE, pick_stop_tokens, rollout_judges, turn_order  # noqa: E402
+from benchmarks.harness import free_port  # noqa: E402
 from benchmarks.provenance import MachineWatch, conditions_text, provenance  # noqa: E402
 from benchmarks.readme import markers, update_readme  # noqa: E402
 from benchmarks.stats import format_ratio, mean_interval  # noqa: E402
@@ -169,12 +169,6 @@ def length_reward(completion_ids, **kwargs):
 
 # ----------------------------------------------------------------------------------------------------------------------
 # processes: the server, CPU accounting, leftovers
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _proc_stats() -> dict[int, tuple[int, int, float]]:

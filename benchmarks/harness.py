@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -139,6 +140,14 @@ def run_tasks(tasks: list[Task], workers: int, fresh_process: bool = False) -> I
                 yield Outcome(futures[future], *future.result())
             except Exception:  # the process died (BrokenProcessPool) or the record could not be sent back
                 yield Outcome(futures[future], None, traceback.format_exc(), 0.0, machine())
+
+
+def free_port() -> int:
+    """A TCP port the system just handed out as free: concurrent jobs that each need a port of their own (a server, a
+    rendezvous) do not pick the same one, as two that each try a fixed list first can."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------------------- records

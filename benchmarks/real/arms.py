@@ -54,9 +54,14 @@ def prepare_vllm_cpu(**llm_kwargs) -> None:
     docs/vllm-guide.md); its linear layers run plain `F.linear` on their weights instead, the tests' workaround (GPU
     vLLM does not repack). Engine cores in this process, built with `VLLM_CPU_LLM_KWARGS` and `llm_kwargs`; 1 GiB of KV
     cache each unless `llm_kwargs` sets `kv_cache_memory_bytes` (`VLLM_CPU_KVCACHE_SPACE` would override it).
-    Idempotent (benchmarks/cost.py builds several trainers)."""
+    Idempotent (benchmarks/cost.py builds several trainers). The engine's rendezvous gets a port of its own
+    (`MASTER_PORT`, unless set): TRL tries 29500 first, so two jobs starting together both took it and one failed
+    with EADDRINUSE."""
     import os
 
+    from benchmarks.harness import free_port
+
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     if "kv_cache_memory_bytes" not in llm_kwargs:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
