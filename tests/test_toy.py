@@ -82,6 +82,36 @@ def test_rule_review_finds_earliest_wrong_step(prefix, chunk, expected):
     assert review_steps(EXAMPLE.question, prefix, split_steps(chunk), None) == expected
 
 
+def repair_slipping_policy(judge, question: str, solution: str, rounds: int, rng: random.Random) -> str:
+    """The rollout loop with a policy that writes `solution` in random chunks and slips (one digit off) in half of
+    them: each chunk goes to `judge`, which must flag exactly the slipped ones; a flagged chunk is cut at the wrong
+    step and the judge's correction appended. Returns the text after `rounds` chunks or on reaching `solution`."""
+    prefix = ""
+    for _round in range(rounds):
+        assert solution.startswith(prefix), (solution, prefix)
+        target = solution[len(prefix) :]
+        if not target:
+            break
+        chunk = target[: rng.randint(1, 12)]
+        slipped = rng.random() < 0.5 and any(ch.isdigit() for ch in chunk)
+        if slipped:
+            pos = max(i for i, ch in enumerate(chunk) if ch.isdigit())
+            chunk = chunk[:pos] + str((int(chunk[pos]) + 1) % 10) + chunk[pos + 1 :]
+        steps = split_steps(chunk)
+        verdict = judge.review([ReviewRequest(question, prefix, steps)])[0]
+        assert not verdict.failed
+        if verdict.wrong_step is None:
+            assert not slipped
+            prefix += chunk
+            continue
+        assert slipped
+        prefix += "".join(steps[: verdict.wrong_step])
+        correction = judge.correct([CorrectionRequest(question, prefix)])[0]
+        assert correction.text
+        prefix += correction.text
+    return prefix
+
+
 def test_rule_judge_corrections_repair_random_trajectories():
     """Simulate the rollout loop with a policy that slips at random: judge cuts and corrections always converge on
     the reference solution, and the judge never flags a right step."""
@@ -89,29 +119,7 @@ def test_rule_judge_corrections_repair_random_trajectories():
     rng = random.Random(0)
     for _ in range(100):
         problem = make_problem(rng, rng.randint(1, 8))
-        prefix = ""
-        for _round in range(4 * len(problem.steps)):
-            target = problem.solution[len(prefix) :] if problem.solution.startswith(prefix) else None
-            assert target is not None, (problem.solution, prefix)
-            if not target:
-                break
-            chunk = target[: rng.randint(1, 12)]
-            slipped = rng.random() < 0.5 and any(ch.isdigit() for ch in chunk)
-            if slipped:
-                pos = max(i for i, ch in enumerate(chunk) if ch.isdigit())
-                chunk = chunk[:pos] + str((int(chunk[pos]) + 1) % 10) + chunk[pos + 1 :]
-            steps = split_steps(chunk)
-            verdict = judge.review([ReviewRequest(problem.question, prefix, steps)])[0]
-            assert not verdict.failed
-            if verdict.wrong_step is None:
-                assert not slipped
-                prefix += chunk
-                continue
-            assert slipped
-            prefix += "".join(steps[: verdict.wrong_step])
-            correction = judge.correct([CorrectionRequest(problem.question, prefix)])[0]
-            assert correction.text
-            prefix += correction.text
+        prefix = repair_slipping_policy(judge, problem.question, problem.solution, 4 * len(problem.steps), rng)
         assert prefix == problem.solution
         assert toy_reward([prefix], [problem.answer]) == [1.0]
 
@@ -237,26 +245,7 @@ def test_near_judge_repairs_random_trajectories_written_in_the_policy_notation()
     for _ in range(100):
         problem = make_problem(rng, rng.randint(2, 6), new_op="@")
         solution = STEP_SEPARATOR.join(problem.written_steps("near"))
-        prefix = ""
-        for _round in range(4 * len(problem.steps)):
-            assert solution.startswith(prefix), (solution, prefix)
-            target = solution[len(prefix) :]
-            if not target:
-                break
-            chunk = target[: rng.randint(1, 12)]
-            slipped = rng.random() < 0.5 and any(ch.isdigit() for ch in chunk)
-            if slipped:
-                pos = max(i for i, ch in enumerate(chunk) if ch.isdigit())
-                chunk = chunk[:pos] + str((int(chunk[pos]) + 1) % 10) + chunk[pos + 1 :]
-            steps = split_steps(chunk)
-            verdict = judge.review([ReviewRequest(problem.question, prefix, steps)])[0]
-            if verdict.wrong_step is None:
-                assert not slipped
-                prefix += chunk
-                continue
-            assert slipped
-            prefix += "".join(steps[: verdict.wrong_step])
-            prefix += judge.correct([CorrectionRequest(problem.question, prefix)])[0].text
+        prefix = repair_slipping_policy(judge, problem.question, solution, 4 * len(problem.steps), rng)
         assert prefix == solution
         assert toy_reward([prefix], [problem.answer]) == [1.0] and problem.solved(prefix)
 
