@@ -385,13 +385,17 @@ def score_rows(results: dict) -> list[str]:
     return lines
 
 
+# the pairs the hypotheses name besides "against grpo": H3 (sft-grpo at least as high as mintrl-const; sort between
+# grpo and sft-grpo) and H1 (mintrl-const also above grpo-2x)
+HYPOTHESIS_PAIRS = [("mintrl-const", "sft-grpo"), ("sort", "sft-grpo"), ("mintrl-const", "grpo-2x")]
+
+
 def pairs(results: dict) -> list[tuple[str, str, str]]:
-    """(regime, arm, baseline arm) of the paired rows: every arm - grpo, and mintrl-const - sft-grpo."""
+    """(regime, arm, baseline arm) of the paired rows: every arm - grpo, then the hypotheses' other pairs."""
     out = []
     for regime, arms in results["settings"]["plan"].items():
         out += [(regime, arm, "grpo") for arm in arms if arm != "grpo"]
-        if "mintrl-const" in arms and "sft-grpo" in arms:
-            out.append((regime, "mintrl-const", "sft-grpo"))
+        out += [(regime, arm, other) for arm, other in HYPOTHESIS_PAIRS if arm in arms and other in arms]
     return out
 
 

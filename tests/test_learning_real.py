@@ -16,8 +16,13 @@ from benchmarks.stats import format_interval, mean_interval
 
 SEEDS = (0, 1, 2)
 # per arm and seed: final held-out pass@1 (pass@8 is twice it, capped at 1), the curve's middle point
-PASS1 = {"grpo": (0.10, 0.20, 0.15), "mintrl-const": (0.30, 0.35, 0.25), "sft-grpo": (0.20, 0.30, 0.40)}
-STEP_SECONDS = {"grpo": 10.0, "mintrl-const": 20.0, "sft-grpo": 10.0}
+PASS1 = {
+    "grpo": (0.10, 0.20, 0.15),
+    "mintrl-const": (0.30, 0.35, 0.25),
+    "sft-grpo": (0.20, 0.30, 0.40),
+    "sort": (0.15, 0.25, 0.20),
+}
+STEP_SECONDS = {"grpo": 10.0, "mintrl-const": 20.0, "sft-grpo": 10.0, "sort": 11.0}
 
 
 def make_run(arm: str, seed: int) -> dict:
@@ -82,6 +87,9 @@ def test_the_paired_rows_are_computed_from_the_records():
         mean_interval(versus_sft)
     )
     assert row(text, "in-band", "sft-grpo − grpo")  # every arm against GRPO
+    # H3's other half: sort against sft-grpo, paired by seed (-5, -5, -20 points)
+    assert row(text, "in-band", "sort − sft-grpo").split(" | ")[2] == "-10.0 [-31.5, +11.5]"
+    assert "grpo-2x" not in text  # a pair is written only when both its arms are in the plan
     assert "| in-band | warm start | - | 5.0 | 20.0 | 1.0 | 5.0 |" in text
     # the cost: mintrl's seconds per step over GRPO's, per seed: 20/10, 21/11, 22/12
     ratios = [(20 + s) / (10 + s) for s in SEEDS]
