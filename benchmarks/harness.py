@@ -393,6 +393,11 @@ def replot_from(args: argparse.Namespace, render: Callable[..., str], block=None
     asked."""
     if args.replot is None:
         return False
+    if args.readme is not None and block is None:
+        raise SystemExit(
+            "--readme: this study writes no block into a page (docs/benchmarks.md includes its results file as it "
+            "is); run --replot without --readme"
+        )
     start, end = markers if markers is not None else (None, None)
     readme.replot(args.replot, args.out, render, args.readme, start, end, block, load)
     return True

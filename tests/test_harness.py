@@ -199,3 +199,16 @@ def test_replot_renders_from_the_json_and_rewrites_the_readme_block(tmp_path):
     assert (tmp_path / "out" / "mine.md").read_text() == "2 runs\n"
     assert readme.read_text() == "intro\n<!-- s -->\n2 runs in the block\n<!-- e -->\nrest\n"
     assert not harness.replot_from(parser.parse_args([]), render)
+
+
+def test_replot_refuses_a_page_for_a_study_without_a_block(tmp_path):
+    """A study whose results file the docs include as it is (learning_real) has no block: `--readme` is refused with
+    the fix, before anything is rendered."""
+    parser = argparse.ArgumentParser()
+    harness.add_arguments(parser, replot_help="re-render")
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"runs": []}))
+    args = parser.parse_args(["--replot", str(path), "--readme", str(tmp_path / "page.md"), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="run --replot without --readme"):
+        harness.replot_from(args, render)
+    assert not (tmp_path / "mine.md").exists()
