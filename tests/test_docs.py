@@ -279,7 +279,9 @@ def test_readme_real_model_numbers_are_the_committed_measurements():
     learning = (REPO / "benchmarks" / "results" / "learning_real.md").read_text()
     for pair, quoted in [("mintrl-const − grpo", "MInTRL (rule judge) − GRPO"),
                          ("sft-grpo − grpo", "SFT on the references then GRPO − GRPO"),
-                         ("mintrl-const − sft-grpo", "MInTRL − SFT then GRPO")]:  # fmt: skip
+                         ("mintrl-const − sft-grpo", "MInTRL − SFT then GRPO"),
+                         ("sort − grpo", "SORT − GRPO"),
+                         ("grpo-2x − grpo", "GRPO with 2x rollouts − GRPO")]:  # fmt: skip
         [row] = [line for line in learning.splitlines() if line.startswith(f"| in-band | {pair} |")]
         pass1, pass8 = row.split(" | ")[2:4]
         [line] = [line for line in real.splitlines() if line.startswith(f"| {quoted} |")]
