@@ -289,6 +289,16 @@ def test_readme_real_model_numbers_are_the_committed_measurements():
         pass1, pass8 = row.split(" | ")[2:4]
         [line] = [line for line in real.splitlines() if line.startswith(f"| {quoted} |")]
         assert pass1 in line and pass8 in line, (pair, pass1, pass8, line)
+    # the headline pairs on fresh seeds (`--fresh`), as learning_real_fresh.md writes them
+    fresh = (REPO / "benchmarks" / "results" / "learning_real_fresh.md").read_text()
+    sentence = " ".join(real.split("On fresh seed", 1)[1].split("([details]", 1)[0].split())
+    for pair, quoted in [
+        ("mintrl-const − grpo", "MInTRL − GRPO"),
+        ("mintrl-const − sft-grpo", "MInTRL − SFT then GRPO"),
+    ]:
+        [row] = [line for line in fresh.splitlines() if line.startswith(f"| in-band | {pair} |")]
+        pass1, pass8 = row.split(" | ")[2:4]
+        assert f"{quoted} {pass1} / {pass8}" in sentence, (pair, pass1, pass8, sentence)
     for name, quoted in [("cost_real_vllm.md", "1.00 [0.93, 1.06]"), ("cost_real.md", "1.24 [1.13, 1.35]")]:
         cost = (REPO / "benchmarks" / "results" / name).read_text()
         row = next(line for line in cost.splitlines() if line.startswith("| mintrl_interventions | "))  # time table
