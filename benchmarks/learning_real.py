@@ -90,7 +90,8 @@ LOGGED = (
     "mintrl/judge_token_frac", "mintrl/judge_token_nll", "mintrl/intervention_rate", "mintrl/interventions_active",
     "mintrl/reviews_per_rollout", "mintrl/reward_control", "mintrl/reward_intervened", "mintrl/reward_gap",
     "mintrl/judge_failures", "mintrl/judge_parse_failures", "mintrl/regression_residual", "mintrl/length_control",
-    "mintrl/length_intervened", "mintrl/policy_tokens_after_correction", "sort/all_wrong_frac",
+    "mintrl/length_intervened", "mintrl/policy_tokens_after_correction", "mintrl/length",
+    "mintrl/clipped_ratio_control", "mintrl/clipped_ratio_intervened", "mintrl/intervention_share", "sort/all_wrong_frac",
     "sort/buffer_size", "sort/repairs", "sort/repair_loss", "sort/mean_weight",
 )  # fmt: skip
 SMOKE_WARMUP = {**WARMUP, "problems": 8}  # one SFT step: the smoke test's own (cached) warm start

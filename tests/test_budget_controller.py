@@ -42,6 +42,14 @@ def test_share_converges_on_a_proportional_plant_without_overshoot():
     assert share * tokens_per_share == pytest.approx(0.03, rel=1e-3)
 
 
+def test_first_measured_step_is_a_full_proportional_step():
+    # every slot reviewed gave a 40% share: one step to the share that gives 3% on a proportional plant, not x1/2
+    assert next_intervention_share(1.0, measured=0.4, target=0.03, first=True) == pytest.approx(0.075)
+    assert next_intervention_share(1.0, measured=0.01, target=0.03, first=True) == 1.0  # never above every slot
+    assert next_intervention_share(1.0, measured=1.0, target=1e-5, first=True) == MIN_SHARE
+    assert next_intervention_share(0.5, measured=0.0, target=0.03, first=True) == 0.5 * MAX_STEP  # nothing measured
+
+
 def test_slot_count_carries_the_fraction_and_slots_are_spread_evenly():
     counts, carry = [], 0.0
     for _ in range(8):
@@ -88,9 +96,10 @@ def test_trainer_moves_the_judge_token_share_towards_the_target(tiny_model_path,
     settings = [e["mintrl/intervention_share"] for e in logs]
     measured = [e["mintrl/judge_token_frac"] for e in logs]
     assert settings[0] == 1.0 and measured[0] > 0.15  # every slot reviewed at first: far above the target
-    assert all(b < a for a, b in zip(settings, settings[1:], strict=False))  # lowered while above the target
+    # the first measured step is a full proportional step: straight to the share that would give the target
+    assert settings[1] == pytest.approx(0.05 / measured[0], rel=1e-4)
     gaps = [abs(math.log(m / 0.05)) for m in measured]
-    assert gaps[-1] < gaps[0] / 2  # the measured share moved towards the target
+    assert max(gaps[1:]) < gaps[0] / 2  # the measured share moved towards the target at once and stayed near it
     reviewed_rows = [int((r["tool_mask"] == 0).any(dim=1).sum()) for r in trainer.records]
     assert reviewed_rows[0] == 14 and reviewed_rows[-1] < reviewed_rows[0]
     for record in trainer.records:  # unreviewed intervened slots are controls: no judge tokens, in the baseline

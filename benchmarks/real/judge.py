@@ -26,7 +26,10 @@ What counts (`check_line`):
 Correction (`correct_step`): the first reference step whose result no complete line of the prefix has computed (a
 right computation giving that value), as the reference's own sentence with its newline (at most ~50 characters,
 well under 64 tokens); once every step is there, the answer line `#### N`. When the prefix ends inside a line that
-the target sentence starts with, the correction completes it; otherwise it starts a new line.
+the target sentence starts with, the correction completes it; otherwise it starts a new line. With
+`writes_answer=False` (`rule_judge(writes_answer=False)`) the judge never writes the answer line: once every step is
+there its correction is empty, so a wrong answer line is cut and the policy writes the answer itself. The reward
+reads the first answer line, so a judge that writes it also makes everything the policy writes after it free.
 """
 
 from __future__ import annotations
@@ -208,10 +211,13 @@ def next_step(question: str, prefix: str, ref: Reference) -> int:
     return len(ref.steps)
 
 
-def correct_step(question: str, prefix: str, reference: str | None = None) -> str:
-    """The first reference step the prefix has not computed (or the answer line), ending with a newline."""
+def correct_step(question: str, prefix: str, reference: str | None = None, writes_answer: bool = True) -> str:
+    """The first reference step the prefix has not computed (or the answer line; nothing without `writes_answer`),
+    ending with a newline."""
     ref = Reference.parse(reference)
     index = next_step(question, prefix, ref)
+    if index == len(ref.steps) and not writes_answer:
+        return ""
     target = ref.steps[index] if index < len(ref.steps) else ref.answer_line
     partial = prefix.rsplit("\n", 1)[-1].lstrip()
     if not partial:
@@ -225,9 +231,10 @@ class RuleJudge(FunctionJudge):
     """`review_chunk` / `correct_step` as a `FunctionJudge`. `FunctionJudge` calls `review_fn` without the request's
     `last_step_complete`, which this rule reads: requests are routed to a review bound to their flag."""
 
-    def __init__(self):
-        super().__init__(review_chunk, correct_step)
-        self._cut = FunctionJudge(_review_cut, correct_step)
+    def __init__(self, writes_answer: bool = True):
+        correct = correct_step if writes_answer else _correct_without_answer
+        super().__init__(review_chunk, correct)
+        self._cut = FunctionJudge(_review_cut, correct)
 
     def review(self, requests):
         complete = [request.last_step_complete for request in requests]
@@ -240,7 +247,11 @@ def _review_cut(question: str, prefix: str, steps: list[str], reference: str | N
     return review_chunk(question, prefix, steps, reference, last_step_complete=False)
 
 
-def rule_judge() -> RuleJudge:
+def _correct_without_answer(question: str, prefix: str, reference: str | None = None) -> str:
+    return correct_step(question, prefix, reference, writes_answer=False)
+
+
+def rule_judge(writes_answer: bool = True) -> RuleJudge:
     """The oracle teacher for `MInTRLTrainer(judge=...)` on `benchmarks.real.task` datasets (reference column:
-    `solution`)."""
-    return RuleJudge()
+    `solution`); `writes_answer=False`: it never writes the answer line (the module's docstring)."""
+    return RuleJudge(writes_answer)

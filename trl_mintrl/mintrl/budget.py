@@ -4,6 +4,9 @@ The actuator is the share of intervened slots that are really reviewed (the othe
 judge-token share is close to proportional to it (each reviewed rollout gets the same treatment, `max_reviews`
 reviews), so a multiplicative step on the log of the share converges in a few steps and does not change what an
 intervened rollout is: the reward gap that `intervention_stop_gap` watches stays comparable from step to step.
+The first step with judge tokens is a full proportional step (`target / measured`, not damped or clamped): the
+controller starts with every slot reviewed, where a short answer can be half judge text, and damped steps of at most
+x2 would spend the first 4-5 intervention steps far above a target like the paper's 3%, the intensity that hurts.
 Reviews per rollout would be a coarser (integer) and non-linear actuator: later chunks are revised less often.
 
 The functions are pure; the trainer calls them with statistics gathered over all processes, so every process takes
@@ -20,10 +23,12 @@ MAX_STEP = 2.0  # the share changes by at most x2 or /2 per step (a step with no
 MIN_SHARE = 1e-3  # a multiplicative controller at 0 could never come back
 
 
-def next_intervention_share(share: float, measured: float, target: float) -> float:
+def next_intervention_share(share: float, measured: float, target: float, first: bool = False) -> float:
     """The share of intervened slots to review next step, given the judge-token share `measured` at `share`:
     `share * (target / measured) ** CONTROLLER_GAIN`, the factor clamped to [1/MAX_STEP, MAX_STEP], the result to
-    [MIN_SHARE, 1]."""
+    [MIN_SHARE, 1]. `first` (the first measured step): the full factor `target / measured`, unclamped."""
+    if first and measured > 0:
+        return min(max(share * target / measured, MIN_SHARE), 1.0)
     factor = MAX_STEP if measured <= 0 else (target / measured) ** CONTROLLER_GAIN
     factor = min(max(factor, 1.0 / MAX_STEP), MAX_STEP)
     return min(max(share * factor, MIN_SHARE), 1.0)
@@ -45,14 +50,19 @@ def reviewed_slots(count: int, slots: int) -> list[bool]:
 
 @dataclass
 class BudgetState:
-    """The controller's state, saved with checkpoints: the current share and the carried fraction of a slot."""
+    """The controller's state, saved with checkpoints: the current share, the carried fraction of a slot, and whether
+    a step with judge tokens has set the share yet (the first one is a full proportional step)."""
 
     share: float = 1.0
     carry: float = 0.0
+    measured: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, state: dict) -> BudgetState:
-        return cls(share=float(state["share"]), carry=float(state["carry"]))
+        # checkpoints written before `measured` existed: their controller had stepped, damped, from the start
+        return cls(
+            share=float(state["share"]), carry=float(state["carry"]), measured=bool(state.get("measured", True))
+        )

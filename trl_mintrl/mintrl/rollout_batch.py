@@ -31,6 +31,7 @@ class RolloutBatch:
         "tool_calls",
         "tool_failures",
         "policy_tokens_after_judge",
+        "truncated",
     )
 
     intervening: bool  # interventions were on for this batch
@@ -55,9 +56,11 @@ class RolloutBatch:
         prefix_cache_hit_rate: float | None,
         transport_before: TransportStatus,
         transport_after: TransportStatus,
+        stop_token_ids: set[int],
     ) -> RolloutBatch:
         """The batch of a finished rollout; the judge's transport counts are the difference of its statuses read
-        before and after the rollout."""
+        before and after the rollout. `stop_token_ids` (EOS and pad) tell a finished completion from one cut at
+        `max_completion_length` (`is_truncated`)."""
         stats = [
             [
                 t.review_budget > 0,
@@ -74,6 +77,7 @@ class RolloutBatch:
                 t.tool_calls,
                 t.tool_failures,
                 t.policy_tokens_after_judge,
+                is_truncated(t, stop_token_ids),
             ]
             for t in trajectories
         ]
@@ -113,6 +117,11 @@ class RolloutBatch:
         return RolloutBatch(
             self.intervening, rows[:, 0].bool(), rows[:, 1:], rate, sent, unanswered, self.judge_last_error
         )
+
+
+def is_truncated(t: Trajectory, stop_token_ids: set[int]) -> bool:
+    """Cut at `max_completion_length`: not ended by EOS (or pad), as TRL tells a clipped completion."""
+    return bool(t.completion_ids) and t.completion_ids[-1] not in stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -162,8 +171,12 @@ def rollout_metrics(
         "mintrl/intervention_rate": (revised[intervened].sum().item(), n_intervened),
         "mintrl/reviews_per_rollout": (stats["reviews"][intervened].sum().item(), n_intervened),
         "mintrl/judge_token_frac": (stats["judge_tokens"].sum().item(), stats["completion_tokens"].sum().item()),
-        # judge tokens lengthen the intervened rollouts; a policy that learns to run on lengthens the controls too
+        # every policy and judge token (TRL's completions/mean_length counts the policy's only): judge tokens lengthen
+        # the intervened rollouts; a policy that learns to run on lengthens the controls too
+        "mintrl/length": (stats["completion_tokens"].sum().item(), float(len(rollout.is_control))),
         "mintrl/length_control": (stats["completion_tokens"][rollout.is_control].sum().item(), n_control),
+        # rollouts cut at max_completion_length, per half: a control share climbing toward 1 is a run growing to the cap
+        "mintrl/clipped_ratio_control": (stats["truncated"][rollout.is_control].sum().item(), n_control),
         "mintrl/judge_failures": measured.judge_failures,
         "mintrl/judge_transport_failures": measured.judge_transport_failures,
         "mintrl/judge_parse_failures": measured.judge_parse_failures,
@@ -178,6 +191,7 @@ def rollout_metrics(
         metrics["mintrl/intervention_share"] = intervention_share
     if n_intervened > 0:
         metrics["mintrl/length_intervened"] = (stats["completion_tokens"][intervened].sum().item(), n_intervened)
+        metrics["mintrl/clipped_ratio_intervened"] = (stats["truncated"][intervened].sum().item(), n_intervened)
     if revised.any():  # what the policy wrote on its own after the last correction, rewarded with the rollout
         metrics["mintrl/policy_tokens_after_correction"] = (
             stats["policy_tokens_after_judge"][revised].sum().item(),

@@ -69,7 +69,9 @@ class InterventionSchedule:
     def _update_intervention_budget(self, judge_token_share: float) -> None:
         """One controller step from the share measured over the gathered batch (the same on every process)."""
         budget = self.intervention_budget
-        budget.share = next_intervention_share(budget.share, judge_token_share, self.args.judge_token_target)
+        target = self.args.judge_token_target
+        budget.share = next_intervention_share(budget.share, judge_token_share, target, first=not budget.measured)
+        budget.measured = budget.measured or judge_token_share > 0
 
     def _schedule_state(self) -> dict:
         """The schedule's part of a checkpoint."""

@@ -157,6 +157,7 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
             self.policy_engine.prefix_cache_hit_rate(),
             transport_before,
             self._judge_transport(),
+            {*self.eos_token_ids, self._tokenizer.pad_token_id},  # as TRL tells a clipped completion
         )
         logprobs = [t.logprobs for t in trajectories]
         output = {

@@ -44,7 +44,7 @@ from ...losses import control_baseline_advantages
 from ...text import prompt_token_ids, question_text
 from ...trainer_base import GenerationBatch
 from ..rollout import RolloutSettings, Trajectory
-from ..rollout_batch import RolloutBatch, RolloutMeasures, rollout_metrics
+from ..rollout_batch import RolloutBatch, RolloutMeasures, is_truncated, rollout_metrics
 from ..schedule import InterventionSchedule, reviewed_rows
 from ..scheduler import rollout_for
 from .collator import trajectory_sample
@@ -337,7 +337,7 @@ class MInTRLRolloutWorker(InterventionSchedule):
             self.prompt_index = first_prompt + self.groups_per_step
 
         masking = getattr(self.args, "mask_truncated_completions", False)
-        trained = [not (masking and self._truncated(t)) for t in trajectories]
+        trained = [not (masking and is_truncated(t, self.eos_and_pad)) for t in trajectories]
         for i, t in enumerate(trajectories):
             sample = trajectory_sample(
                 prompts[i],
@@ -406,6 +406,7 @@ class MInTRLRolloutWorker(InterventionSchedule):
             self.engine.prefix_cache_hit_rate(),
             transport_before,
             self._judge_transport(),
+            self.eos_and_pad,
         )
 
     def _trajectories(self, rows: list[dict], is_control: list[bool]) -> tuple[list[Trajectory], list, list]:
@@ -482,17 +483,13 @@ class MInTRLRolloutWorker(InterventionSchedule):
         """The completion lengths TRL logs for GRPO (rates where TRL's async worker uses them): the policy's and
         the judge's tokens, not the environment's."""
         lengths = [t.written_tokens for t in trajectories]
-        clipped = sum(self._truncated(t) for t in trajectories)
+        clipped = sum(is_truncated(t, self.eos_and_pad) for t in trajectories)
         return {
             "completions/mean_length": (float(sum(lengths)), float(len(lengths))),
             "completions/max_length": float(max(lengths)),
             "completions/min_length": float(min(lengths)),
             "completions/clipped_ratio": (float(clipped), float(len(lengths))),
         }
-
-    def _truncated(self, t: Trajectory) -> bool:
-        """Cut at `max_completion_length`: not ended by EOS (or pad), as TRL tells."""
-        return bool(t.completion_ids) and t.completion_ids[-1] not in self.eos_and_pad
 
     def _judge_transport(self) -> TransportStatus:
         return TransportStatus() if self.judge is None else self.judge.transport_status()
