@@ -125,7 +125,7 @@ def test_a_working_judge_is_reported_as_it_answered(tiny_model_path, tmp_path, c
     out = tmp_path / "out"
     status, report = judge_check(
         ["mintrl", "--config", RECIPE, "--model_name_or_path", tiny_model_path, "--output_dir", str(out),
-         "--judge_function", f"{__name__}.flaky_rule_judge", "--prompts", "2"],
+         "--judge_function", f"{__name__}.flaky_rule_judge", "--prompts", "2", "--judge_share_warning", "0.01"],
         capsys,
     )  # fmt: skip
     reviews, corrections = ANSWERS["review"], ANSWERS["correct"]
@@ -143,6 +143,14 @@ def test_a_working_judge_is_reported_as_it_answered(tiny_model_path, tmp_path, c
         f"{failed_reviews + failed_corrections} unusable answers (mintrl/judge_parse_failures), 0 unanswered"
     )
     assert 0 < float(reported(report, "judge-token share").split()[0]) < 1  # corrections were inserted
+    # above the recipe's judge_share_warning (0.01 here): the report says training will warn, and names the fix
+    assert "above judge_share_warning=0.01: training will warn" in report and "judge_token_target=0.03" in report
+    written = [answer for answer in corrections if answer != "raised"]
+    with_answer = sum("Answer: " in answer for answer in written)  # the toy's judge ends a solution "Answer: 14"
+    assert 0 < with_answer < len(written)
+    assert reported(report, "answer in correction").startswith(
+        f"{with_answer} of {len(corrections)} corrections write a final answer"
+    )
     assert failed_reviews and failed_corrections and revise and usable > revise  # every kind of answer was met
     # the reviews shown, revised first: the chunk, the step the rule flagged, the correction it wrote
     shown = report.split("reviews (up to 3, revised first):\n")[1].split("\n  [")

@@ -19,6 +19,7 @@ from mintrl_helpers import (
 )
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from benchmarks.toy.warm_start import WARM_START_DIR
 from trl_mintrl import MInTRLTrainer
 from trl_mintrl.mintrl.trainer import STATE_FILE
 
@@ -470,3 +471,28 @@ def test_resume_refuses_a_missing_or_corrupt_state_file(tiny_model_path, cpu_arg
     resumed = make(2)
     resumed.train(resume_from_checkpoint=str(old))
     assert resumed.state.global_step == 2 and resumed.absorption.nll == []  # step 0 was lost, step 1 still pending
+
+
+def test_lengths_and_clipped_ratios_count_every_token_per_half(tiny_model_path, cpu_args, toy_dataset):
+    """`mintrl/length*` count judge tokens too (TRL's completions/mean_length does not) and `mintrl/clipped_ratio_*`
+    tell, per half, the rollouts cut at max_completion_length: checked row by row against the batch trained on."""
+    # the toy benchmark's warm start writes "4+5=9\n\nAnswer: 9" and EOS (17 tokens); the correction "7+7=14\n\n" in
+    # place of the first chunk makes an intervened rollout 19 tokens, cut at 18
+    args = mintrl_args(cpu_args, max_steps=1, max_completion_length=18)
+    trainer = scripted_trainer(str(WARM_START_DIR), args, toy_dataset)
+    trainer.train()
+    [record] = trainer.records
+    [log] = [e for e in trainer.state.log_history if "mintrl/length" in e]
+    lengths = record["completion_mask"].sum(dim=1)
+    last = record["completion_ids"].gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    stop = torch.tensor([*trainer.eos_token_ids, trainer.processing_class.pad_token_id])
+    truncated = ~torch.isin(last, stop)
+    control = torch.arange(len(lengths)) % 4 < 2  # columns 0-1 of each group of 4
+    assert log["mintrl/length"] == pytest.approx(lengths.float().mean().item())
+    assert log["mintrl/length_control"] == pytest.approx(lengths[control].float().mean().item())
+    assert log["mintrl/length_intervened"] == pytest.approx(lengths[~control].float().mean().item())
+    policy_only = (record["completion_mask"] * record["tool_mask"]).sum(dim=1).float().mean().item()
+    assert log["mintrl/length"] > policy_only == pytest.approx(log["completions/mean_length"])  # judge tokens count
+    assert log["mintrl/clipped_ratio_control"] == pytest.approx(truncated[control].float().mean().item())
+    assert log["mintrl/clipped_ratio_intervened"] == pytest.approx(truncated[~control].float().mean().item())
+    assert not truncated[control].any() and truncated[~control].all()  # the halves differ: a swap would show

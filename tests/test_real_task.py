@@ -260,6 +260,21 @@ def test_the_correction_is_the_next_missing_reference_step():
     assert correct_step(q, "So, Jack", JACK.solution) == "\nJack has 28 - 12 = 16 stickers left.\n"
 
 
+def test_a_judge_that_never_writes_the_answer_line_leaves_it_to_the_policy():
+    q, ref = question(JACK), JACK.solution
+    # steps missing: the same correction as the judge that writes the answer
+    assert correct_step(q, "28 - 12 = 16\n", ref, writes_answer=False) == "Jack has 16 + 5 = 21 stickers.\n"
+    # every step there: nothing, where the other writes "#### 21"
+    assert correct_step(q, "28 - 12 = 16\n16 + 5 = 21\n", ref, writes_answer=False) == ""
+    judge = rule_judge(writes_answer=False)
+    wrong_answer = ReviewRequest(q, "28 - 12 = 16\n16 + 5 = 21\n", ["#### 20\n"], ref)
+    assert [v.wrong_step for v in judge.review([wrong_answer])] == [0]  # it still flags a wrong answer line
+    prefixes = ["28 - 12 = 16\n16 + 5 = 21\n", "28 - 12 = 16\n"]
+    corrections = judge.correct([CorrectionRequest(q, prefix, ref) for prefix in prefixes])
+    assert [(c.text, c.failed) for c in corrections] == [("", False), ("Jack has 16 + 5 = 21 stickers.\n", False)]
+    assert [c.text for c in rule_judge().correct([CorrectionRequest(q, prefixes[0], ref)])] == ["#### 21\n"]
+
+
 def test_a_result_the_reference_computes_twice_is_done_only_when_computed_twice():
     twice = Problem(
         "people",

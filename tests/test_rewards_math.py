@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from trl_mintrl.rewards import MathVerifier, completion_text, last_boxed, make_math_reward, math_reward
+from trl_mintrl.rewards.math import writes_final_answer
 
 TIMEOUT = 2.0
 
@@ -28,6 +29,22 @@ def test_last_boxed_balances_braces():
     assert last_boxed(r"\boxed{1} and then \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
     assert last_boxed(r"\fbox{x^{2}}") == "x^{2}"
     assert last_boxed(r"\boxed{12") is None and last_boxed("no box") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "writes"),
+    [
+        ("#### 21\n", True),
+        ("So the total is \\boxed{21}.", True),
+        ("The answer is 21.", True),
+        ("Answer: 21", True),
+        ("Jack has 16 + 5 = 21 stickers.\n", False),  # a step whose result is the answer: not an answer line
+        ("To find the answer we add 16 and 5.\n", False),
+        ("#### Step 2\n", False),  # a Markdown heading
+    ],
+)
+def test_a_final_answer_is_told_in_every_form_the_reward_reads(text, writes):
+    assert writes_final_answer(text) is writes
 
 
 def test_completion_text_reads_every_completion_shape():

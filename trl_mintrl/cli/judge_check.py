@@ -36,6 +36,7 @@ from ..judges.base import (
     VoteTally,
     tally_votes,
 )
+from ..rewards.math import writes_final_answer
 from .judge_agreement import agreement_lines, build_reference_judge, compare_with_reference, reference_verdicts
 from .recipe import JUDGED, RecipeError
 
@@ -277,7 +278,7 @@ def check_judge(
         f"judge-check: {prompts} prompt{'s' * (prompts > 1)} x {args.num_intervened_generations} intervened "
         f"rollouts (beside {args.num_control_generations} controls each), judge {recorder!r}"
     )
-    print("\n".join(count_lines(numbers)))
+    print("\n".join(count_lines(numbers, args.judge_share_warning)))
     if agreement is not None:
         print("\n".join(agreement_lines(agreement)))
     shown = sorted(chunks, key=lambda chunk: chunk.rank)[:SHOWN_REVIEWS]
@@ -342,11 +343,16 @@ def review_counts(recorder: JudgeRecorder, chunks: list[ReviewedChunk], measured
         "judge_parse_failures": measured.judge_parse_failures,
         "judge_transport_failures": measured.judge_transport_failures,
         "judge_token_share": measured.judge_token_share,
+        "corrections_with_answer": sum(
+            writes_final_answer(correction.text) for _, correction in recorder.corrections if not correction.failed
+        ),
     }
 
 
-def count_lines(n: dict) -> list[str]:
-    """The report's lines on what the judge did."""
+def count_lines(n: dict, judge_share_warning: float | None = None) -> list[str]:
+    """The report's lines on what the judge did; with `judge_share_warning`, whether the share is above it."""
+    share = n["judge_token_share"]
+    above = judge_share_warning is not None and share > judge_share_warning
     return [
         f"  reviews asked        {n['reviews_asked']}",
         f"  REVISE rate          {_share(n['revise_reviews'], n['usable_reviews'])} ({n['revise_reviews']} REVISE of "
@@ -355,8 +361,18 @@ def count_lines(n: dict) -> list[str]:
         f"  failed corrections   {n['failed_corrections']} of {n['corrections']} (each keeps its chunk)",
         f"  these failures       {n['judge_parse_failures']:.0f} unusable answers (mintrl/judge_parse_failures), "
         f"{n['judge_transport_failures']:.0f} unanswered requests (mintrl/judge_transport_failures)",
-        f"  judge-token share    {n['judge_token_share']:.3f} (judge tokens / completion tokens, controls "
-        "included: mintrl/judge_token_frac)",
+        f"  judge-token share    {share:.3f} (judge tokens / completion tokens, controls included: "
+        "mintrl/judge_token_frac; the paper's corrections are 0.02-0.04)",
+        *(
+            [
+                f"                       above judge_share_warning={judge_share_warning}: training will warn from its "
+                "second intervention step; judge_token_target=0.03 reviews only a share of the intervened slots"
+            ]
+            * above
+        ),
+        f"  answer in correction {n['corrections_with_answer']} of {n['corrections']} corrections write a final answer "
+        "(\\boxed{}, '#### N', 'the answer is'): the reward reads it, so what the policy writes after it goes "
+        "unchecked",
     ]
 
 

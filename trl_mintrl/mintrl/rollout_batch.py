@@ -134,6 +134,8 @@ class RolloutMeasures:
     reviews: float  # reviews made (each is `judge_votes` judge calls)
     reward_control: float  # mean reward of the controls
     reward_intervened: float | None  # mean reward of the intervened rollouts; None when there are none
+    length_control: float  # the controls' mean length, every policy token (no tool results)
+    clipped_control: float  # the share of the controls cut at max_completion_length
 
     @classmethod
     def of(cls, rewards: torch.Tensor, rollout: RolloutBatch) -> RolloutMeasures:
@@ -146,6 +148,8 @@ class RolloutMeasures:
             reviews=rollout.stat("reviews").sum().item(),
             reward_control=torch.nanmean(rewards[rollout.is_control]).item(),
             reward_intervened=torch.nanmean(rewards[intervened]).item() if intervened.any() else None,
+            length_control=rollout.stat("completion_tokens")[rollout.is_control].mean().nan_to_num().item(),
+            clipped_control=rollout.stat("truncated")[rollout.is_control].mean().nan_to_num().item(),
         )
 
     @property

@@ -10,6 +10,7 @@ import torch
 
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
 from .judge_factory import JudgeFailureWarning, JudgeOutage
+from .regime_watch import RegimeWatch
 from .rollout_batch import RolloutBatch, RolloutMeasures
 
 
@@ -23,6 +24,9 @@ class InterventionSchedule:
     def _init_schedule(self, args, main_process: bool = True) -> None:
         self.judge_failure_warning = JudgeFailureWarning(args, enabled=main_process)
         self.judge_outage = JudgeOutage(args, main_process=main_process)
+        self.regime_watch = RegimeWatch(
+            args.judge_share_warning, args.control_length_warning, args.max_completion_length, enabled=main_process
+        )
         self.judge_failures_total = 0
         self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
         self.interventions_stopped_at: int | None = None
@@ -39,11 +43,13 @@ class InterventionSchedule:
         return self.judge is not None and step < self.args.intervention_steps and self.interventions_stopped_at is None
 
     def _step_schedule(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
-        """After a training batch: the judge-failure count and warning, the outage watch, one budget-controller step
-        and the adaptive switch-off. `rollout` and `measured` are over the global rows (the judge's last error aside,
+        """After a training batch: the judge-failure count and warning, the outage watch, one budget-controller step,
+        the regime warnings and the adaptive switch-off. `rollout` and `measured` are over the global rows (the judge's last error aside,
         which only words the log lines): every process takes the same decision."""
         if self.intervention_budget is not None and rollout.intervening:
             self._update_intervention_budget(measured.judge_token_share)
+        if rollout.intervening:
+            self.regime_watch.update(measured.judge_token_share, measured.length_control, measured.clipped_control)
         self.judge_failures_total += int(measured.judge_failures)
         self.judge_failure_warning.update(
             measured.reviews * self.args.judge_votes,
@@ -80,6 +86,7 @@ class InterventionSchedule:
             "reward_gap_ema": self.reward_gap_ema,
             "interventions_stopped_at": self.interventions_stopped_at,
             "judge_outage_steps": self.judge_outage.failed_steps,
+            "regime_watch": self.regime_watch.state_dict(),
         }
         if self.intervention_budget is not None:
             state["intervention_budget"] = self.intervention_budget.to_dict()
@@ -93,6 +100,8 @@ class InterventionSchedule:
         if self.intervention_budget is not None:
             self.intervention_budget = BudgetState.from_dict(state["intervention_budget"])
         self.judge_outage.failed_steps = int(state.get("judge_outage_steps", 0))  # added later: older checkpoints
+        if "regime_watch" in state:  # added later too
+            self.regime_watch.load_state_dict(state["regime_watch"])
 
 
 def reviewed_rows(

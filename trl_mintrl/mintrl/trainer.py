@@ -55,7 +55,7 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
 
     extra_state_file = STATE_FILE
     # added later: older checkpoints start them afresh
-    optional_extra_state_keys = frozenset({"judge_absorption", "judge_outage_steps"})
+    optional_extra_state_keys = frozenset({"judge_absorption", "judge_outage_steps", "regime_watch"})
     _tag_names = ["trl", "mintrl"]
     _name = "MInTRL"
     _paper = PAPER

@@ -53,6 +53,16 @@ def gsm8k_answer(text: str) -> str | None:
     return None if match is None else match.group("number").replace(",", "")
 
 
+_ANSWER_PHRASE = re.compile(r"\banswer(?:\s+is\b|\s*:)", re.IGNORECASE)  # "The answer is 12", "Answer: 12"
+
+
+def writes_final_answer(text: str) -> bool:
+    """Whether `text` holds a final answer in a form `math_reward` reads: a `\\boxed{}`, a GSM8K `#### N` line or an
+    answer phrase ("the answer is", "Answer:"). A judge correction that does is what makes the policy's tail after it
+    free: the reward is already decided."""
+    return last_boxed(text) is not None or gsm8k_answer(text) is not None or bool(_ANSWER_PHRASE.search(text))
+
+
 def completion_text(completion: str | list[dict]) -> str:
     """The text of a completion: the string itself, or the content of the last message of a conversation."""
     if isinstance(completion, str):

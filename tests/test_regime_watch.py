@@ -1,0 +1,87 @@
+"""MInTRL's regime warnings: the judge's share of the tokens far above the paper's, and the controls' length climbing
+toward the cap while the judge intervenes. Fed with the per-step numbers of the committed real-model and toy runs,
+then end to end through the trainer."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from mintrl_helpers import mintrl_args, scripted_trainer
+
+from trl_mintrl.mintrl.regime_watch import RegimeWatch
+
+LOGGER = "trl_mintrl.mintrl.regime_watch"
+
+
+def watch(**overrides) -> RegimeWatch:
+    return RegimeWatch(**{"max_judge_share": 0.25, "control_length_climb": 0.5, "max_completion_length": 64,
+                          **overrides})  # fmt: skip
+
+
+def feed(w: RegimeWatch, shares, lengths=None, clipped=None) -> list[list[str]]:
+    lengths = lengths or [22.0] * len(shares)
+    clipped = clipped or [0.0] * len(shares)
+    return [w.update(s, n, c) for s, n, c in zip(shares, lengths, clipped, strict=True)]
+
+
+def test_the_share_warning_speaks_at_the_second_step_of_a_share_far_above_the_papers():
+    # SmolLM2 in band, fresh seed 3: 55%, 49% at the first two intervention steps
+    assert feed(watch(), [0.55, 0.49, 0.35, 0.41]) == [[], ["share"], [], []]  # once per run
+    # the toy benchmark's in-band arm, where MInTRL gained: 16-23% a step
+    assert feed(watch(), [0.21, 0.23, 0.16, 0.16, 0.19, 0.16, 0.18, 0.2, 0.16, 0.22, 0.26, 0.14]) == [[]] * 12
+    # judge_token_target's controller: every slot reviewed at the first step only
+    assert feed(watch(), [0.45, 0.03, 0.04, 0.03]) == [[]] * 4
+    assert feed(watch(max_judge_share=None), [0.55, 0.49]) == [[], []]
+
+
+def test_the_length_warning_speaks_when_the_controls_climb_halfway_to_the_cap():
+    # fresh seed 3's controls (every token): 22 -> 52 by the fifth intervention step; the share cut at the cap with it
+    lengths, clipped = [22.06, 22.56, 28.12, 35.44, 51.75, 50.5], [0.0, 0.0, 0.0, 0.19, 0.44, 0.59]
+    said = feed(watch(max_judge_share=None), [0.5] * 6, lengths, clipped)
+    assert said == [[], [], [], [], ["length"], []]  # (35.44 + 51.75) / 2 >= 22.06 + 0.5 * (64 - 22.06)
+    # the reachable regime's controls stayed at 21-23 tokens
+    assert feed(watch(), [0.25] * 4, [21.5, 20.9, 22.7, 22.1], [0.0] * 4) == [[]] * 4
+    # long but never cut (answers that end on their own), or at the cap from the start (no climb): no warning
+    assert feed(watch(max_judge_share=None), [0.5] * 3, [22.0, 60.0, 62.0], [0.0, 0.1, 0.1]) == [[]] * 3
+    assert feed(watch(max_judge_share=None), [0.5] * 3, [64.0, 64.0, 64.0], [1.0, 1.0, 1.0]) == [[]] * 3
+
+
+def test_the_warnings_name_their_fixes():
+    share = watch(max_judge_share=0.25)
+    feed(share, [0.55, 0.49])
+    assert "judge_token_target" in share.message("share") and "49-55%" in share.message("share")
+    length = watch(max_judge_share=None)
+    feed(length, [0.5, 0.5, 0.5], [22.0, 45.0, 50.0], [0.0, 0.3, 0.5])
+    text = length.message("length")
+    assert "mask_truncated_completions=True" in text and "from 22 to 48 tokens" in text
+
+
+@pytest.mark.parametrize("field", ["judge_share_warning", "control_length_warning"])
+@pytest.mark.parametrize("value", [0.0, 1.0, -0.1])
+def test_thresholds_outside_zero_one_are_refused(cpu_args, field, value):
+    with pytest.raises(ValueError, match=field):
+        mintrl_args(cpu_args, **{field: value})
+
+
+def test_the_trainer_warns_from_its_second_intervention_step_and_keeps_the_state(
+    tiny_model_path, cpu_args, toy_dataset, caplog, tmp_path
+):
+    # the scripted judge replaces each intervened rollout's first chunk: ~15% of the tokens, every step
+    args = mintrl_args(cpu_args, max_steps=1, save_strategy="steps", save_steps=1, judge_share_warning=0.1)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        first = scripted_trainer(tiny_model_path, args, toy_dataset)
+        first.train()
+        assert not [r for r in caplog.records if r.name == LOGGER]
+        resumed = scripted_trainer(
+            tiny_model_path, mintrl_args(cpu_args, max_steps=2, judge_share_warning=0.1), toy_dataset
+        )
+        resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+    [record] = [r for r in caplog.records if r.name == LOGGER]  # the restored window held step 1's share
+    assert "judge_token_target" in record.getMessage()
+    assert resumed.regime_watch.warned == {"share"} and len(resumed.regime_watch.shares) == 2
+    quiet = scripted_trainer(tiny_model_path, mintrl_args(cpu_args, max_steps=2), toy_dataset)  # default 0.25
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        quiet.train()
+    assert not [r for r in caplog.records if r.name == LOGGER]

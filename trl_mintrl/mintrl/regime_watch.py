@@ -1,0 +1,109 @@
+"""Early warnings that a MInTRL run has left the regime its paper describes, each naming the settings that bring it
+back. Fed once per training batch with measures over all processes, so every process takes the same decision.
+
+- The judge's share of the completion tokens. The paper's corrections are at most 64 tokens in rollouts of thousands,
+  2-4% of the tokens, and its intensity ablation found the gain largest there and negative (below no intervention)
+  near 40%. On SmolLM2-135M with 22-token answers one reference sentence is half a rollout: the judge wrote 34-38% of
+  the tokens, and the completions of every such run grew to the cap.
+- The controls' length. Controls are plain policy samples, so a control length climbing toward
+  `max_completion_length` while the judge intervenes is the policy learning to run on from what the intervened
+  rollouts reward. In those runs the controls went from 22 tokens to 47-52 of the 64 by the fourth intervention step
+  and to the cap after it.
+
+Both look at the last `WINDOW` intervention steps, so they can speak from the second one, and each warns once per
+run. With `judge_token_target` the controller's first step runs with every slot reviewed; the share warning needs
+every step of its window above the threshold, so that first step alone never triggers it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+WINDOW = 2  # intervention steps a warning looks at
+CLIPPED_CONTROLS = 0.25  # share of the controls cut at the cap that, with the length, makes the climb a warning
+
+
+@dataclass
+class RegimeWatch:
+    """The two warnings of the module's docstring. `max_judge_share`: warn when the judge's share of the completion
+    tokens is above it on each of the last `WINDOW` intervention steps (None: never). `control_length_climb`: warn
+    when the controls' mean length over the last `WINDOW` intervention steps has covered this share of the way from
+    their length at the first intervention step to `max_completion_length`, with at least `CLIPPED_CONTROLS` of them
+    cut at the cap (None: never)."""
+
+    max_judge_share: float | None
+    control_length_climb: float | None
+    max_completion_length: int
+    enabled: bool = True  # False on every process but the main one: they decide alike, one of them logs
+    shares: list[float] = field(default_factory=list)
+    control_lengths: list[float] = field(default_factory=list)
+    control_clipped: list[float] = field(default_factory=list)
+    start_length: float | None = None
+    warned: set[str] = field(default_factory=set)  # "share", "length"
+
+    def update(self, judge_share: float, control_length: float, control_clipped: float) -> list[str]:
+        """One intervention step's judge-token share, controls' mean length (every token) and share cut at the cap.
+        Returns the warnings it logged (each once per run)."""
+        self.shares = [*self.shares, judge_share][-WINDOW:]
+        self.control_lengths = [*self.control_lengths, control_length][-WINDOW:]
+        self.control_clipped = [*self.control_clipped, control_clipped][-WINDOW:]
+        if self.start_length is None:
+            self.start_length = control_length
+        said = [name for name, check in (("share", self._share), ("length", self._length)) if check()]
+        if self.enabled:
+            for name in said:
+                logger.warning(self.message(name))
+        self.warned.update(said)
+        return said
+
+    def _share(self) -> bool:
+        limit = self.max_judge_share
+        full = len(self.shares) == WINDOW
+        return limit is not None and "share" not in self.warned and full and min(self.shares) > limit
+
+    def _length(self) -> bool:
+        climb, start = self.control_length_climb, self.start_length
+        if climb is None or "length" in self.warned or len(self.control_lengths) < WINDOW:
+            return False
+        length = sum(self.control_lengths) / WINDOW
+        clipped = sum(self.control_clipped) / WINDOW
+        climbed = length > start and length >= start + climb * (self.max_completion_length - start)
+        return climbed and clipped >= CLIPPED_CONTROLS
+
+    def message(self, name: str) -> str:
+        if name == "share":
+            return (
+                f"MInTRL judge: the judge wrote {100 * min(self.shares):.0f}-{100 * max(self.shares):.0f}% of the "
+                f"completion tokens over the last {WINDOW} intervention steps, above judge_share_warning="
+                f"{self.max_judge_share} and far from the paper's 2-4% (its ablation found ~40% worse than no "
+                "intervention at all): each correction is a large part of its rollout, not a local fix. Fixes: "
+                "judge_token_target=0.03 (review only a share of the intervened slots), or corrections that are "
+                "short against the rollout (max_correction_tokens, max_reviews; longer problems or "
+                "max_completion_length). Shown once per run; mintrl/judge_token_frac is logged every step."
+            )
+        length = sum(self.control_lengths) / WINDOW
+        clipped = sum(self.control_clipped) / WINDOW
+        return (
+            f"MInTRL: the control rollouts (plain policy samples) grew from {self.start_length:.0f} to {length:.0f} "
+            f"tokens of max_completion_length={self.max_completion_length} while the judge intervenes, "
+            f"{100 * clipped:.0f}% of them cut at the cap: the policy is learning to run on. Everything the policy "
+            "writes after the judge's last correction shares the rollout's advantage, and a cut rollout stays in the "
+            "regression. Fixes: mask_truncated_completions=True (cut rollouts leave the regression), a judge that "
+            "leaves the final answer line to the policy, judge_token_target=0.03. Shown once per run; "
+            "mintrl/length_control and mintrl/clipped_ratio_control are logged every step."
+        )
+
+    def state_dict(self) -> dict:
+        return {"shares": self.shares, "control_lengths": self.control_lengths,
+                "control_clipped": self.control_clipped, "start_length": self.start_length,
+                "warned": sorted(self.warned)}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.shares = [float(v) for v in state["shares"]]
+        self.control_lengths = [float(v) for v in state["control_lengths"]]
+        self.control_clipped = [float(v) for v in state["control_clipped"]]
+        self.start_length = None if state["start_length"] is None else float(state["start_length"])
+        self.warned = set(state["warned"])
