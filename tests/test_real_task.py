@@ -9,8 +9,12 @@ import pytest
 
 from benchmarks.real.judge import RuleJudge, correct_step, review_chunk, rule_judge
 from benchmarks.real.task import (
+    CHAIN_LOW,
     CHAT,
+    DECISIVE_OP,
+    EASY_OPS,
     INSTRUCTION,
+    MAX_VALUE,
     THEMES,
     Problem,
     apply,
@@ -96,6 +100,29 @@ def test_a_division_that_changes_what_is_counted_is_only_the_last_step():
             assert all(op != "/" for _, op, _, _ in problem.computations[:-1])
         if problem.computations[-1][1] == "/" and problem.theme != "people":
             assert "each" in problem.question.rsplit(".", 1)[-1]
+
+
+def test_a_chain_is_easy_steps_and_one_decisive_step_the_judge_reads():
+    chains = make_problems(200, (7, 8, 9), seed=4, family="chain")
+    for problem in chains:
+        decisive = [i for i, (_, op, _, _) in enumerate(problem.computations) if op == DECISIVE_OP]
+        assert len(decisive) == 1 and decisive[0] >= 1  # one, never the first step
+        for i, (a, op, b, c) in enumerate(problem.computations):
+            assert c == apply(a, op, b) and CHAIN_LOW <= c <= MAX_VALUE
+            assert (2 <= b <= 4) if i in decisive else (op in EASY_OPS and 2 <= b <= 9)
+        assert problem.num_steps in (7, 8, 9) and problem.answer == problem.computations[-1][3]
+        q = question(problem)  # the rule judge reads its reference and corrects its decisive step
+        prefix = "".join(step + "\n" for step in problem.steps[: decisive[0]])
+        assert correct_step(q, prefix, problem.solution) == problem.steps[decisive[0]] + "\n"
+        wrong = "".join(step + "\n" for step in problem.steps[: decisive[0]]) + "Jack has 1 * 2 = 3 cards.\n"
+        assert review(problem, wrong) == decisive[0]
+    easy = make_problems(50, 8, seed=4, family="chain-easy")
+    assert all(op in EASY_OPS for p in easy for _, op, _, _ in p.computations)
+    assert {p.key for p in chains}.isdisjoint(p.key for p in easy)
+    # the mixed family's problems are drawn as before families existed
+    assert make_problems(20, (1, 2), seed=3) == make_problems(20, (1, 2), seed=3, family="mixed")
+    with pytest.raises(ValueError, match="family"):
+        make_problems(1, 8, seed=0, family="chains")
 
 
 def test_splits_share_no_problem_and_are_deterministic():

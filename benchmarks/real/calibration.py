@@ -45,7 +45,7 @@ from benchmarks.provenance import MachineWatch, provenance  # noqa: E402
 
 from .judge import ANSWER, COMPUTATION, correct_step, evaluate, number, review_chunk  # noqa: E402
 from .scoring import chat_nll, sample  # noqa: E402
-from .task import calibration_problems, chat_dataset  # noqa: E402
+from .task import FAMILIES, calibration_problems, chat_dataset  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "real_calibration"
 _HASH = re.compile(r"####\s*\$?(-?\d+(?:,\d{3})*(?:\.\d+)?)")
@@ -59,6 +59,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="/tmp/smol/model", help="prepared SmolLM2 folder (trl-mintrl smollm2)")
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--family", choices=list(FAMILIES), default="mixed",
+                        help="the problems' family (benchmarks.real.task): mixed, or chain (MInTRL's own regime)")  # fmt: skip
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max_new_tokens", type=int, default=96)
@@ -216,7 +218,7 @@ def calibrate_difficulty(model, tokenizer, num_steps: int, args) -> tuple[dict, 
     from trl_mintrl.text import prompt_token_ids
 
     watch = MachineWatch()
-    problems = calibration_problems(num_steps, args.problems)
+    problems = calibration_problems(num_steps, args.problems, family=args.family)
     by_problem = [prompt_token_ids(tokenizer, p.prompt) for p in problems]
     prompts = [ids for ids in by_problem for _ in range(args.samples)]
     began = time.perf_counter()
@@ -283,7 +285,7 @@ def rescore(out, argv: list[str]) -> dict:
     results = json.loads(_path(out, ".json").read_text())
     stored = json.loads(_path(out, ".samples.json").read_text())
     for key, record in results["difficulties"].items():
-        problems = calibration_problems(int(key), record["problems"])
+        problems = calibration_problems(int(key), record["problems"], family=results["config"].get("family", "mixed"))
         samples = stored[key]
         if [p.solution for p in problems for _ in range(record["samples_per_problem"])] != samples["solutions"]:
             raise ValueError(f"num_steps={key}: the stored samples are not of this commit's calibration problems")
@@ -312,7 +314,7 @@ def _agreement(kept: list[bool], right: list[bool], capped: list[bool]) -> dict:
     }
 
 
-CONFIG_KEYS = ("problems", "samples", "max_new_tokens", "seed", "model", "temperature", "top_k")
+CONFIG_KEYS = ("problems", "samples", "max_new_tokens", "seed", "model", "temperature", "top_k", "family")
 
 
 def config_of(args) -> dict:
@@ -323,7 +325,8 @@ def load_previous(path: Path, config: dict, fresh: bool) -> dict:
     if fresh or not path.is_file():
         return {}
     previous = json.loads(path.read_text())
-    same = {"temperature": 1.0, "top_k": 0, **previous.get("config", {})} == config  # sampler recorded since
+    # the sampler and the family are recorded since; before, they were these
+    same = {"temperature": 1.0, "top_k": 0, "family": "mixed", **previous.get("config", {})} == config
     return previous.get("difficulties", {}) if same else {}
 
 

@@ -19,6 +19,12 @@ question gives from the ones a solution makes up. Themes: `people` (objects a pe
 (operand 2-6, exact); every running value stays in 2..`MAX_VALUE`. A division that changes what is counted (dollars
 per person, items per shelf) is only drawn as the last step, and the question then asks for it.
 
+A second family, `chain` (`make_chain_problem`), is built for MInTRL's own regime, a short correction inside a long
+rollout the policy writes: long chains of easy steps (`+` or `-` of one digit, values kept in 10..`MAX_VALUE`) with
+one decisive step of another operation (`*` by 2-4, never the first step), so that a model warmed up on the easy
+steps alone (`chain-easy`) gets most of a solution right but rarely the decisive step, and a judge's correction of
+that one step is a small part of the rollout.
+
 Splits (`make_splits`, `make_datasets`): `heldout` (the training difficulties), `heldout_longer` (more steps than
 training saw), `train`; drawn in that order from their own seeded streams, each skipping every problem an earlier
 split holds (a problem is its chain of computations, whatever the names and objects: `Problem.key`), so the held-out
@@ -37,6 +43,14 @@ INSTRUCTION = (
 )
 CALIBRATION_SEED = 4500  # calibration draws its own problems: fresh draws from the training distribution
 OPS = ("+", "-", "*", "/")
+FAMILIES = (
+    "mixed",
+    "chain",
+    "chain-easy",
+)  # `make_problem`'s; `make_chain_problem`'s with and without its decisive step
+EASY_OPS = ("+", "-")
+CHAIN_LOW = 10  # a chain's running value never goes below it
+DECISIVE_OP = "*"
 
 NAMES = (
     ("Jack", "he"), ("Mia", "she"), ("Liam", "he"), ("Emma", "she"), ("Noah", "he"), ("Olivia", "she"),
@@ -284,11 +298,52 @@ def make_problem(rng: random.Random, num_steps: int) -> Problem:
     return Problem(theme.name, " ".join(sentences), tuple(steps), tuple(computations))
 
 
-def make_problems(n: int, steps: int | tuple[int, ...], seed: int | str, exclude: set | None = None) -> list[Problem]:
-    """`n` distinct problems (by `Problem.key`), their `num_steps` cycling through `steps`; deterministic in `seed`
-    and `steps`. Problems whose key is in `exclude` are skipped (and not returned)."""
+def make_chain_problem(rng: random.Random, num_steps: int, decisive: bool = True) -> Problem:
+    """A `chain` problem (module docstring): `num_steps` steps of `EASY_OPS` with operands 2-9 on a value starting at
+    20-60 and kept in `CHAIN_LOW`..`MAX_VALUE`; with `decisive`, the step at a random position after the first is
+    `DECISIVE_OP` by 2-4 instead. The question's and the solution's sentences are the themes' own."""
+    if num_steps < 2:
+        raise ValueError(f"a chain needs num_steps >= 2 (the decisive step is never the first), got {num_steps}")
+    theme = rng.choice(THEMES)
+    slots = theme.slots(rng)
+    value = rng.randint(20, 60)
+    sentences, steps, computations = [theme.start.format(v=value, **slots)], [], []
+    at = rng.randint(1, num_steps - 1) if decisive else None
+    while len(computations) < num_steps:
+        if len(computations) == at:
+            op, high = DECISIVE_OP, min(4, MAX_VALUE // value)
+        else:
+            op = rng.choice(EASY_OPS)
+            high = min(9, MAX_VALUE - value) if op == "+" else min(9, value - CHAIN_LOW)
+        if high < 2:  # no operand keeps the value in range: the easy step goes the other way, the decisive one waits
+            if op == DECISIVE_OP:
+                at += 1 if at < num_steps - 1 else 0
+                op, high = "-", min(9, value - CHAIN_LOW)
+            else:
+                continue
+        b = rng.randint(2, high)
+        c = apply(value, op, b)
+        asked, written = theme.ops[op]
+        fresh = {"thing": rng.choice(THINGS), "rel": rng.choice(RELATIVES), "job": rng.choice(JOBS)}
+        sentences.append(rng.choice(asked).format(b=b, **{**slots, **fresh}))
+        steps.append(written.format(a=value, b=b, c=c, **slots))
+        computations.append((value, op, b, c))
+        value = c
+    sentences.append(theme.question.format(**slots))
+    return Problem(theme.name, " ".join(sentences), tuple(steps), tuple(computations))
+
+
+def make_problems(
+    n: int, steps: int | tuple[int, ...], seed: int | str, exclude: set | None = None, family: str = "mixed"
+) -> list[Problem]:
+    """`n` distinct problems (by `Problem.key`) of `family` (`FAMILIES`), their `num_steps` cycling through `steps`;
+    deterministic in `seed`, `steps` and `family`. Problems whose key is in `exclude` are skipped (and not
+    returned)."""
     steps = (steps,) if isinstance(steps, int) else tuple(steps)
-    rng = random.Random(f"real-task/{seed}/{steps}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    # the mixed family's stream is named as before families existed: its problems stay the same
+    rng = random.Random(f"real-task/{seed}/{steps}" if family == "mixed" else f"real-task/{family}/{seed}/{steps}")
     seen = set(exclude or ())
     out: list[Problem] = []
     tries = 0
@@ -296,7 +351,11 @@ def make_problems(n: int, steps: int | tuple[int, ...], seed: int | str, exclude
         tries += 1
         if tries > 100 * n + 1000:
             raise RuntimeError(f"could not draw {n} distinct problems with steps {steps}: the space is too small")
-        problem = make_problem(rng, steps[len(out) % len(steps)])
+        num_steps = steps[len(out) % len(steps)]
+        if family == "mixed":
+            problem = make_problem(rng, num_steps)
+        else:
+            problem = make_chain_problem(rng, num_steps, decisive=family == "chain")
         if problem.key not in seen:
             seen.add(problem.key)
             out.append(problem)
@@ -313,9 +372,10 @@ def make_splits(
     n_heldout: int = 200,
     n_longer: int = 200,
     seed: int = 0,
+    family: str = "mixed",
 ) -> dict[str, list[Problem]]:
     """`heldout` (at `train_steps`), `heldout_longer` (at `longer_steps`) and `train` (at `train_steps`), drawn in
-    that order, each from its own stream, none sharing a problem (`Problem.key`) with another."""
+    that order, each from its own stream, none sharing a problem (`Problem.key`) with another; of `family`."""
     if min(longer_steps) <= max(train_steps):
         raise ValueError(f"longer_steps {longer_steps} must all exceed train_steps {train_steps}")
     plan = {
@@ -326,15 +386,15 @@ def make_splits(
     splits, used = {}, set()
     for name in SPLIT_ORDER:
         n, steps = plan[name]
-        splits[name] = make_problems(n, steps, seed=f"{seed}/{name}", exclude=used)
+        splits[name] = make_problems(n, steps, seed=f"{seed}/{name}", exclude=used, family=family)
         used |= {p.key for p in splits[name]}
     return splits
 
 
-def calibration_problems(num_steps: int, n: int, seed: int = CALIBRATION_SEED) -> list[Problem]:
+def calibration_problems(num_steps: int, n: int, seed: int = CALIBRATION_SEED, family: str = "mixed") -> list[Problem]:
     """Problems for calibrating a difficulty before any method runs: fresh draws from the training distribution
     (their own stream; not a split, so they may coincide with a split's problem)."""
-    return make_problems(n, num_steps, seed=f"calibration/{seed}")
+    return make_problems(n, num_steps, seed=f"calibration/{seed}", family=family)
 
 
 def make_datasets(**kwargs) -> dict:

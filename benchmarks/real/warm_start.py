@@ -6,6 +6,7 @@ SFT epoch (`WARMUP`: 256 ONE-step problems, their reference solutions written th
 `#### N`, batches of 8, AdamW at a constant rate, grad norm clipped at 1) on problems of none of the regimes' splits:
 
     python -m benchmarks.real.warm_start [--model DIR]   # builds it (once) and prints its folder
+    python -m benchmarks.real.warm_start --family chain-easy   # the chain family's (`WARMUP_CHAIN`)
 
 The checkpoint (538 MB, not committed) is cached beside the prepared model, in `smollm2-warm-<hash>` where the hash
 covers the settings and the base model's GGUF SHA-256, and rebuilt the same way when missing (one CPU thread, no
@@ -39,6 +40,11 @@ SPLIT_SEED = 0
 # regime -> (train and held-out steps, held-out-longer steps)
 REGIMES = {"in-band": ((2,), (3,)), "reachable": ((1,), (2,))}
 WARMUP = dict(problems=256, num_steps=1, seed="warmup/0", batch_size=8, learning_rate=3e-5)
+# the warm-up for the `chain` family (MInTRL's own regime, `task.make_chain_problem`): long chains of the easy steps
+# alone, so that the decisive step is what the model has not been shown
+WARMUP_CHAIN = dict(problems=256, num_steps=[7, 8, 9], seed="warmup-chain/0", batch_size=8, learning_rate=3e-5,
+                    family="chain-easy")  # fmt: skip
+WARMUPS = {"mixed": WARMUP, "chain-easy": WARMUP_CHAIN}
 MARKER = "warm_start.json"
 DEFAULT_MODEL = Path(os.environ.get("TRL_MINTRL_SMOLLM2_DIR", Path.home() / ".cache" / "trl-mintrl" / "smollm2"))
 
@@ -60,9 +66,13 @@ def train_problems(regime: str, n: int, seed: int) -> list:
 
 
 def warmup_problems(settings: dict) -> list:
-    """The warm-up's problems: `settings["problems"]` problems of `num_steps` steps, none in any regime's split."""
+    """The warm-up's problems: `settings["problems"]` problems of `num_steps` steps (of `settings["family"]`, by
+    default the mixed one), none in any regime's split."""
     used = {p.key for regime in REGIMES for split in regime_splits(regime).values() for p in split}
-    return make_problems(settings["problems"], settings["num_steps"], seed=settings["seed"], exclude=used)
+    steps = settings["num_steps"]
+    steps = tuple(steps) if isinstance(steps, list) else steps
+    family = settings.get("family", "mixed")
+    return make_problems(settings["problems"], steps, seed=settings["seed"], exclude=used, family=family)
 
 
 def settings_hash(settings: dict, base: Path) -> str:
@@ -185,10 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the prepared SmolLM2 folder")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--family", choices=list(WARMUPS), default="mixed",
+                        help="whose warm-up: the mixed problems' (`WARMUP`) or the chain family's easy steps")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from trl_mintrl.smollm2 import prepare_smollm2
 
-    print(build_warm_start(prepare_smollm2(args.model), threads=args.threads))
+    print(build_warm_start(prepare_smollm2(args.model), WARMUPS[args.family], threads=args.threads))
 
 
 if __name__ == "__main__":
