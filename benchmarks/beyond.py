@@ -209,10 +209,11 @@ def arm_name(label: str, kind: str | None, rate: float) -> str:
 
 
 def total_judge_tokens(run: dict) -> float:
-    """Judge tokens over the run: each step's judge-token share x its mean completion length x its rollouts."""
+    """Judge tokens over the run, from each step's judge-token share f (judge / all completion tokens), TRL's
+    `completions/mean_length` (the policy's tokens only: 1 - f of them) and its rollouts: f / (1 - f) x that x rows."""
     rows = run["prompts_per_step"] * ROLLOUTS
     return sum(
-        e["mintrl/judge_token_frac"] * e["completions/mean_length"] * rows
+        e["mintrl/judge_token_frac"] / (1 - e["mintrl/judge_token_frac"]) * e["completions/mean_length"] * rows
         for e in run["logs"]
         if "mintrl/judge_token_frac" in e
     )

@@ -261,3 +261,14 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
         "| MInTRL + SORT | mintrl-const | 2 | 20.0 ± 14.1 | +20.0 [-107.1, +147.1] | -20.0 [-274.1, +234.1] |",
     ):
         assert row in readme_text, row
+
+
+def test_judge_tokens_are_counted_from_the_share_of_every_completion_token():
+    """TRL's completions/mean_length counts the policy's tokens only: at a judge share f the judge wrote f / (1 - f)
+    of that per rollout (a share of 0.5 over 10 policy tokens is 10 judge tokens, not 5)."""
+    from benchmarks.beyond import ROLLOUTS, total_judge_tokens
+
+    logs = [{"mintrl/judge_token_frac": 0.5, "completions/mean_length": 10.0},
+            {"mintrl/judge_token_frac": 0.2, "completions/mean_length": 20.0}, {"completions/mean_length": 30.0}]  # fmt: skip
+    run = {"prompts_per_step": 2, "logs": logs}
+    assert total_judge_tokens(run) == pytest.approx((10.0 + 5.0) * 2 * ROLLOUTS)
