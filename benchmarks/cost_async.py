@@ -762,6 +762,18 @@ def _log_mean(run_list: list[dict], key: str, from_step: int) -> float | None:
     return _mean(values) if values else None
 
 
+def _completion_length(arm: str, run_list: list[dict], from_step: int) -> float | None:
+    """Mean completion tokens, the judge's included, over the steps after `from_step`. `MInTRLTrainer`'s TRL
+    `completions/mean_length` counts the policy's tokens only (1 - f of them at judge share f); the asynchronous
+    worker's, and GRPO's, count every token."""
+    method, synchronous, _ = ARMS[arm]
+    values = []
+    for entry in (e for r in run_list for e in r["logs"] if "completions/mean_length" in e and e["step"] > from_step):
+        share = entry.get("mintrl/judge_token_frac", 0.0) if method == "mintrl" and synchronous else 0.0
+        values.append(entry["completions/mean_length"] / (1 - share))
+    return _mean(values) if values else None
+
+
 def _staleness_text(run_list: list[dict]) -> str:
     total = collections.Counter()
     for run in run_list:
@@ -852,7 +864,7 @@ def render(saved: dict) -> str:
             f"{_mean(r['trainer_cpu_seconds'] / steps for r in run_list):.2f}",
             f"{_mean(r['server_cpu_seconds'] / steps for r in run_list):.2f}",
             f"{_mean(r['first_step_seconds'] for r in run_list):.1f}",
-            fmt(_log_mean(run_list, "completions/mean_length", warmup), ".0f"),
+            fmt(_completion_length(arm, run_list, warmup), ".0f"),
             fmt(_log_mean(run_list, "mintrl/judge_token_frac", warmup), ".3f"),
             fmt(_log_mean(run_list, "perf/rollout_wait_s", warmup)),
             fmt(_log_mean(run_list, "mintrl/admission_wait_s", warmup)),
@@ -911,7 +923,7 @@ def server_work_table(runs: list[dict], arms: list[str], shape: dict) -> list[st
             for name, seconds in r["server_cpu_by_process_per_step"].items():
                 processes[name].append(seconds)
         by_process = ", ".join(f"{name} {_mean(v):.2f}" for name, v in sorted(processes.items()) if _mean(v) >= 0.01)
-        length = _log_mean(run_list, "completions/mean_length", 0)
+        length = _completion_length(arm, run_list, 0)
         lines.append(
             f"| {arm} | {counter('prompt_tokens_total'):.0f} | {counter('prefix_cache_hits_total'):.0f} | "
             f"{counter('generation_tokens_total'):.0f} | {'-' if length is None else f'{length * rows:.0f}'} | "
