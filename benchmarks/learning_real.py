@@ -471,19 +471,33 @@ def cost_rows(results: dict) -> list[str]:
     return lines
 
 
+EVERY_TOKEN_LENGTH = "length, every token"  # derived per step (`logged`), not a logged key
+
+
+def logged(entry: dict, key: str) -> float | None:
+    """A step's value of `key`; for `EVERY_TOKEN_LENGTH`, the mean completion tokens with the judge's: TRL's
+    `completions/mean_length` counts the policy's only, 1 - f of them at judge-token share f."""
+    if key != EVERY_TOKEN_LENGTH:
+        return entry.get(key)
+    if entry.get("completions/mean_length") is None:
+        return None
+    return entry["completions/mean_length"] / (1 - (entry.get("mintrl/judge_token_frac") or 0.0))
+
+
 def phase_means(run: dict, key: str) -> tuple[float | None, float | None]:
-    """Mean of a logged metric over the first and the last quarter of the steps that log it (at least one step
-    each)."""
-    values = [e[key] for e in run.get("logs", []) if e.get(key) is not None]
+    """Mean of a logged metric (`logged`) over the first and the last quarter of the steps that log it (at least one
+    step each)."""
+    values = [value for e in run.get("logs", []) if (value := logged(e, key)) is not None]
     if not values:
         return None, None
     q = max(1, len(values) // 4)
     return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
 
 
-# "at the cap %": completions that reached max_completion_length; "IS clip ratio": TRL's importance-sampling clip
-# (GRPO's; MInTRL has none); "after correction": the policy's tokens after the judge's last one per revised rollout
-HEALTH = (("entropy", "entropy", 1), ("length", "completions/mean_length", 1), ("reward", "reward", 1),
+# "length": every completion token, the judge's included; "at the cap %": completions that reached
+# max_completion_length; "IS clip ratio": TRL's importance-sampling clip (GRPO's; MInTRL has none); "after correction":
+# the policy's tokens after the judge's last one per revised rollout
+HEALTH = (("entropy", "entropy", 1), ("length", EVERY_TOKEN_LENGTH, 1), ("reward", "reward", 1),
           ("at the cap %", "completions/clipped_ratio", 100), ("IS clip ratio", "clip_ratio/region_mean", 1),
           ("judge share %", "mintrl/judge_token_frac", 100), ("judge NLL", "mintrl/judge_token_nll", 1),
           ("after correction", "mintrl/policy_tokens_after_correction", 1))  # fmt: skip

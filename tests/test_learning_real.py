@@ -100,6 +100,8 @@ def test_the_paired_rows_are_computed_from_the_records():
     assert row(text, "in-band", "15.0", "grpo").split(" | ")[3] == "2 of 3"
     health = row(text, "in-band", "mintrl-const", "0")
     assert "20.00 → 10.00" in health and "0.90 → 0.60" in health  # judge share, entropy
+    # length with the judge's tokens: 40 policy tokens at a 20% share are 50 tokens; GRPO's are its own
+    assert "| 50.00 → 40.00 |" in health and "| 40.00 → 40.00 |" in row(text, "in-band", "grpo", "0")
 
 
 def test_a_changed_number_changes_its_tables():
