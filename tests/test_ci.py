@@ -60,3 +60,11 @@ def test_the_order_check_sees_an_extra_installed_first():
     )
     between = [*steps[: install + 1], extras, *steps[install + 1 :]]
     assert any("between the README's install" in p for p in order_problems(between, setup, tests))
+
+
+def test_ci_runs_ruff_at_the_dev_extras_pin():
+    """The lint step: ruff's checks and its format check, at the version pinned in the "dev" extra."""
+    steps = ci_steps(REPO / ".ci" / "run")
+    pin = re.search(r'"(ruff==[^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    assert f".venv/bin/pip install -q {pin}" in steps
+    assert ".venv/bin/ruff check ." in steps and ".venv/bin/ruff format --check ." in steps
