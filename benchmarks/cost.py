@@ -826,8 +826,8 @@ def _schedule_label(schedule: str) -> str:
 
 
 def _rollout_of(schedule: str, policy, judge, tok, settings):
+    from trl_mintrl.mintrl.continuous import ContinuousRollout
     from trl_mintrl.mintrl.rollout import InterventionRollout
-    from trl_mintrl.mintrl.scheduler import ContinuousRollout
 
     if schedule == "barrier":
         return InterventionRollout(policy, judge, tok, settings)

@@ -15,7 +15,7 @@ from mintrl_helpers import ONE_STEP_ROWS, multi_process_args, role_reward  # noq
 
 from trl_mintrl import MInTRLTrainer  # noqa: E402
 from trl_mintrl.cpu import exit_launched_process  # noqa: E402
-from trl_mintrl.mintrl.judge_factory import JudgeOutageError  # noqa: E402
+from trl_mintrl.mintrl.judge_watch import JudgeOutageError  # noqa: E402
 
 
 def main(model_path: str, out_dir: str, judge_url: str):

@@ -17,7 +17,7 @@ from mintrl_helpers import RecordingTrainer, mintrl_args, revise_first_step_judg
 from test_async_packing import collate_through_trl
 from test_async_trainer import BETA, KAPPA, ScriptedWorker, async_args, make_trainer, sequence_log_probs
 from test_async_worker import STEP, drain_metrics, stopped_at_exit, train, worker_args
-from test_mintrl_scheduler import FakeLM
+from test_mintrl_continuous import FakeLM
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from trl.chat_template_utils import qwen3_chat_template
 

@@ -20,7 +20,7 @@ from mintrl_helpers import mintrl_fields, revise_first_step_judge, role_reward
 from openai_server import ScriptedServer
 from peft import LoraConfig
 from test_async_packing import collate_through_trl
-from test_mintrl_scheduler import FakeLM
+from test_mintrl_continuous import FakeLM
 from transformers import AutoModelForCausalLM
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
@@ -31,7 +31,7 @@ from trl_mintrl.mintrl.async_.config import REFUSED_ASYNC_FIELDS
 from trl_mintrl.mintrl.async_.trainer import STATE_FILE
 from trl_mintrl.mintrl.async_.transfer import DiskReloadTransfer
 from trl_mintrl.mintrl.async_.worker import MInTRLRolloutWorker
-from trl_mintrl.mintrl.judge_factory import JudgeOutageError
+from trl_mintrl.mintrl.judge_watch import JudgeOutageError
 
 BETA, KAPPA = 0.05, -0.2
 TRL_TRACE_THREAD = "rollout-trace-logger"  # TRL's RolloutQueueDataset starts this daemon and never stops it

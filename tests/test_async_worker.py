@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import free_port, toy_rows
 from mintrl_helpers import CORRECTION, mintrl_args, revise_first_step_judge, role_reward
-from test_mintrl_scheduler import FakeLM, FakeStream
+from test_mintrl_continuous import FakeLM, FakeStream
 from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
 from trl_mintrl.engines.base import Generation

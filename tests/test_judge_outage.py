@@ -22,12 +22,14 @@ from openai_server import ScriptedServer
 
 from trl_mintrl import MInTRLTrainer
 from trl_mintrl.cli.train import main
-from trl_mintrl.mintrl.judge_factory import JudgeOutageError, check_judge_endpoint
+from trl_mintrl.mintrl.judge_factory import check_judge_endpoint
+from trl_mintrl.mintrl.judge_watch import JudgeOutageError
 from trl_mintrl.mintrl.trainer import STATE_FILE
 from trl_mintrl.resume import checkpoint_problem
 
 REPO = Path(__file__).resolve().parent.parent
 FACTORY_LOG = "trl_mintrl.mintrl.judge_factory"
+WATCH_LOG = "trl_mintrl.mintrl.judge_watch"
 
 
 @pytest.fixture(autouse=True)
@@ -147,10 +149,10 @@ def test_unreachable_judge_with_continue_policy_warns_loudly(
         cpu_args, closed_url, judge_check_endpoint=False, judge_outage_policy="continue", judge_outage_steps=1
     )
     trainer = MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset)
-    with caplog.at_level(logging.WARNING, logger=FACTORY_LOG):
+    with caplog.at_level(logging.WARNING, logger=WATCH_LOG):
         trainer.train()
     assert trainer.state.global_step == 2 and trainer.judge_outage.failed_steps == 2
-    messages = [r.getMessage() for r in caplog.records if r.name == FACTORY_LOG]
+    messages = [r.getMessage() for r in caplog.records if r.name == WATCH_LOG]
     failure_warnings = [m for m in messages if "judge requests got no answer this step" in m]
     assert len(failure_warnings) == 1 and "ConnectionRefusedError" in failure_warnings[0]
     assert "judge_base_url=" in failure_warnings[0] and "token cap" not in " ".join(messages)

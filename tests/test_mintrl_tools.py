@@ -11,8 +11,8 @@ import pytest
 import torch
 from datasets import Dataset
 from mintrl_helpers import RecordingTrainer, mintrl_args
+from test_mintrl_continuous import FakeLM, _hash, hashed_judge
 from test_mintrl_rollout import ScriptedPolicy
-from test_mintrl_scheduler import FakeLM, _hash, hashed_judge
 from transformers import AutoTokenizer
 from trl.chat_template_utils import qwen3_chat_template
 
@@ -20,9 +20,9 @@ from trl_mintrl.engines.base import Generation
 from trl_mintrl.judges import CorrectionRequest, FunctionJudge, ReviewRequest
 from trl_mintrl.losses import advantage_regression_loss, mintrl_anchors, regression_token_masks
 from trl_mintrl.mintrl import trainer as mintrl_trainer
+from trl_mintrl.mintrl.continuous import ContinuousRollout
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
 from trl_mintrl.mintrl.rollout_batch import RolloutBatch
-from trl_mintrl.mintrl.scheduler import ContinuousRollout
 from trl_mintrl.mintrl.tools import run_tool_calls
 
 CALL = re.compile(r"\[\[(\w+) (\w+)\]\]")  # the scripted tools' call notation: [[tool argument]]

@@ -259,7 +259,7 @@ def test_trainers_and_the_async_worker_pass_step_split_to_the_rollout(tiny_model
     """Every place that builds the rollout's settings takes `step_split` from the config."""
     from mintrl_helpers import mintrl_args, revise_first_step_judge, role_reward, scripted_trainer
     from test_async_worker import worker_args
-    from test_mintrl_scheduler import FakeLM
+    from test_mintrl_continuous import FakeLM
 
     from trl_mintrl.mintrl import trainer as trainer_module
     from trl_mintrl.mintrl.async_.worker import MInTRLRolloutWorker

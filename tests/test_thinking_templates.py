@@ -168,7 +168,7 @@ def test_trainer_counts_thinking_failures_and_warns_once(
     overrides = {} if kwargs is None else {"judge_chat_template_kwargs": kwargs}
     trainer = _self_judge_trainer(tiny_model_path, cpu_args, toy_dataset, thinking_tokenizer, **overrides)
     trainer.judge.engine = ThinkingJudgeEngine(thinking_tokenizer)
-    with caplog.at_level(logging.WARNING, logger="trl_mintrl.mintrl.judge_factory"):
+    with caplog.at_level(logging.WARNING, logger="trl_mintrl.mintrl.judge_watch"):
         trainer.train()
     steps = [e for e in trainer.state.log_history if "mintrl/judge_failures" in e]
     assert len(steps) == 2

@@ -8,8 +8,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from trl_mintrl.engines.vllm import VLLMEngine
+from trl_mintrl.mintrl.continuous import ContinuousRollout
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings
-from trl_mintrl.mintrl.scheduler import ContinuousRollout
 
 from .test_vllm_continuous import STATS, hashed_judge, trajectories
 

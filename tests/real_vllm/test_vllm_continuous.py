@@ -12,8 +12,8 @@ from transformers import AutoTokenizer
 
 from trl_mintrl.engines.vllm import VLLMEngine
 from trl_mintrl.judges import FunctionJudge, GeneratingJudge
+from trl_mintrl.mintrl.continuous import ContinuousRollout
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
-from trl_mintrl.mintrl.scheduler import ContinuousRollout
 from trl_mintrl.text import chat_token_ids
 
 STATS = ("completion_ids", "env_mask", "reviews", "revisions", "judge_failures", "votes_usable",

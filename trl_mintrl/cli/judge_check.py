@@ -203,7 +203,7 @@ class _Messages(logging.Handler):
 def trainer_failure_warning(args, rollout, measured) -> str | None:
     """What the trainer's `JudgeFailureWarning` would log after this batch (None: nothing), fed as the trainer's
     schedule feeds it: the check names the fields to change in the trainer's words, and by its rule."""
-    from ..mintrl.judge_factory import JudgeFailureWarning
+    from ..mintrl.judge_watch import JudgeFailureWarning
 
     logger = logging.getLogger(JudgeFailureWarning.__module__)
     captured, propagate = _Messages(), logger.propagate

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
             if os.environ.get("RANK", "0") == "0":  # one line, not one per process
                 print(f"trl-mintrl train: {finished}")
             return
-    from ..mintrl.judge_factory import JudgeOutageError  # the judge stopped answering: stopped with a checkpoint
+    from ..mintrl.judge_watch import JudgeOutageError  # the judge stopped answering: stopped with a checkpoint
 
     try:
         trainer = run(recipe)

@@ -199,7 +199,7 @@ class Judge(ABC):
     """Reviews and corrects batches of trajectories. Implementations batch internally (one model call, or bounded
     concurrent HTTP requests) and return one result per request, in order.
 
-    `concurrent_batches`: how many `review`/`correct` calls the continuous rollout (mintrl/scheduler.py) may have
+    `concurrent_batches`: how many `review`/`correct` calls the continuous rollout (mintrl/continuous.py) may have
     in flight at once, each from its own worker thread. 1 (the default) suits a judge whose backend batches: the
     requests that arrive during a call all go into the next one. A judge whose calls do not share state may allow
     more.

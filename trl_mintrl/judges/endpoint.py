@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from .._version import __version__
 from .base import Correction, CorrectionRequest, ReviewRequest, TransportStatus, Verdict
+from .model_judge import TemplatedJudge
 from .parsing import parse_correction, parse_verdict
-from .templated import TemplatedJudge
 
 logger = logging.getLogger(__name__)
 

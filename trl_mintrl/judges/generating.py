@@ -12,8 +12,8 @@ import logging
 from ..engines.base import Generation, GenerationEngine
 from ..text import NO_THINKING, chat_token_ids
 from .base import Correction, CorrectionRequest, ReviewRequest, Verdict
+from .model_judge import TemplatedJudge
 from .parsing import parse_correction, parse_verdict
-from .templated import TemplatedJudge
 
 logger = logging.getLogger(__name__)
 

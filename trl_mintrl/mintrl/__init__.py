@@ -1,9 +1,9 @@
 """MInTRL: judge interventions during rollout + sequence-level advantage regression."""
 
 from .config import MInTRLConfig
+from .continuous import ContinuousRollout
 from .judge_factory import build_judge
 from .rollout import InterventionRollout, RolloutSettings, Trajectory
-from .scheduler import ContinuousRollout
 from .steps import split_steps
 from .trainer import MInTRLTrainer
 

@@ -17,7 +17,7 @@ may write a tool call: the turn it ends in runs it.
 
 This lock-step schedule is the reference. The steps of one trajectory (`take_chunk`, `take_verdicts`,
 `take_correction` and the requests they lead to) are separate methods, so the continuous schedule
-(`scheduler.ContinuousRollout`), where each trajectory advances on its own, runs exactly the same logic.
+(`continuous.ContinuousRollout`), where each trajectory advances on its own, runs exactly the same logic.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ class InterventionRollout:
             self.take_correction(cut, correction)
 
     # ----------------------------------------------------------------------------------------------------------------
-    # One trajectory's steps, shared by this lock-step schedule and the continuous one (scheduler.py): each takes
+    # One trajectory's steps, shared by this lock-step schedule and the continuous one (continuous.py): each takes
     # one answer (a chunk, a chunk's verdicts, a correction) and says what the trajectory waits for next.
 
     def next_prompt(self, t: Trajectory) -> list[int]:

@@ -14,7 +14,7 @@ The trainer only wires TRL's seams:
   rows that `mask_truncated_completions` masks leave it, normalised over the generation batch as TRL's own loss is.
 `rollout_func` hands its per-row roles and statistics to the advantage code as one `RolloutBatch` (rollout_batch.py),
 in the batch's `GenerationBatch` record (`trainer_base.py`); `_score_batch` steps the schedule's controllers
-(`InterventionSchedule`, schedule.py) from it, then logs.
+(`InterventionSchedule`, intervention_schedule.py) from it, then logs.
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from ..text import question_text
 from ..trainer_base import GenerationBatch, GRPOTrainerBase, default_output_dir
 from .absorption import AbsorptionTracker
 from .config import MInTRLConfig
-from .judge_factory import RaisesOnJudgeOutage, build_judge, check_judge_backend, check_judge_votes
+from .continuous import check_rollout_schedule, rollout_for
+from .intervention_schedule import InterventionSchedule, reviewed_rows
+from .judge_factory import build_judge, check_judge_backend, check_judge_votes
+from .judge_watch import RaisesOnJudgeOutage
 from .loss_metrics import log_loss_totals
 from .paper import PAPER
 from .rollout import RolloutSettings, Trajectory
 from .rollout_batch import RolloutBatch, RolloutMeasures, rollout_metrics
-from .schedule import InterventionSchedule, reviewed_rows
-from .scheduler import check_rollout_schedule, rollout_for
 from .tools import TRLToolEnvironment, check_tool_processing_class
 
 STATE_FILE = "mintrl_state.json"

@@ -33,7 +33,8 @@ from ...losses import mintrl_anchors, packed_advantage_regression_loss
 from ...model_card import ModelCardMixin
 from ...trainer_base import ExtraStateMixin, default_output_dir
 from ..absorption import AbsorptionTracker
-from ..judge_factory import RaisesOnJudgeOutage, build_judge, check_judge_backend, check_judge_votes
+from ..judge_factory import build_judge, check_judge_backend, check_judge_votes
+from ..judge_watch import RaisesOnJudgeOutage
 from ..loss_metrics import log_loss_totals
 from ..paper import PAPER
 from .collator import MInTRLRolloutCollator

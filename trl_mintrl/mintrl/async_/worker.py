@@ -43,10 +43,10 @@ from ...judges import Judge, TransportStatus
 from ...losses import control_baseline_advantages
 from ...text import prompt_token_ids, question_text
 from ...trainer_base import GenerationBatch
+from ..continuous import rollout_for
+from ..intervention_schedule import InterventionSchedule, reviewed_rows
 from ..rollout import RolloutSettings, Trajectory
 from ..rollout_batch import RolloutBatch, RolloutMeasures, is_truncated, rollout_metrics
-from ..schedule import InterventionSchedule, reviewed_rows
-from ..scheduler import rollout_for
 from .collator import trajectory_sample
 from .tools import WorkerTools
 

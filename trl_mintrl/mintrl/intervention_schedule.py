@@ -9,7 +9,7 @@ import math
 import torch
 
 from .budget import BudgetState, next_intervention_share, reviewed_slot_count, reviewed_slots
-from .judge_factory import JudgeFailureWarning, JudgeOutage
+from .judge_watch import JudgeFailureWarning, JudgeOutage
 from .regime_watch import RegimeWatch
 from .rollout_batch import RolloutBatch, RolloutMeasures
 

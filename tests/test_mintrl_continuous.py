@@ -1,4 +1,4 @@
-"""The continuous rollout (mintrl/scheduler.py) against the lock-step reference, with a deterministic fake language
+"""The continuous rollout (mintrl/continuous.py) against the lock-step reference, with a deterministic fake language
 model that batches continuously (one token per running request per step) and deterministic judges."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from trl_mintrl.engines.base import Generation, GenerationEngine, GenerationStream
 from trl_mintrl.judges import Correction, FunctionJudge, Judge, Verdict
+from trl_mintrl.mintrl.continuous import ContinuousRollout, rollout_for
 from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
-from trl_mintrl.mintrl.scheduler import ContinuousRollout, rollout_for
 
 STATS = ("completion_ids", "env_mask", "logprobs", "reviews", "revisions", "judge_failures", "votes_usable",
          "votes_agreeing", "vetoed", "finished")  # fmt: skip
