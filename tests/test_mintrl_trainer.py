@@ -142,11 +142,22 @@ def test_self_judge_and_model_judge_run_and_count_failures(tiny_model_path, cpu_
             assert trainer.judge.engine is trainer.policy_engine
         else:
             assert trainer.judge.engine is not trainer.policy_engine
+        assert trainer.judge.max_correction_tokens == 8  # judge_max_correction_tokens unset: the rollout's cap
         trainer.train()
         log = trainer.state.log_history[0]
         # an untrained tiny model never writes a valid verdict: every review fails, counts as KEEP, training goes on
         assert log["mintrl/judge_failures"] > 0
         assert log["mintrl/intervention_rate"] == 0.0
+
+
+def test_the_judges_correction_budget_is_its_own_field(tiny_model_path, cpu_args, toy_dataset):
+    """max_correction_tokens caps a correction in the policy's tokens; judge_max_correction_tokens is the judge's own
+    budget, in its tokens."""
+    args = mintrl_args(cpu_args, judge="self", max_correction_tokens=8, judge_max_correction_tokens=20)
+    trainer = MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset)
+    assert trainer.judge.max_correction_tokens == 20
+    with pytest.raises(ValueError, match="judge_max_correction_tokens"):
+        mintrl_args(cpu_args, judge_max_correction_tokens=0)
 
 
 def test_lora_trains_adapter_only(tiny_model_path, cpu_args, toy_dataset):

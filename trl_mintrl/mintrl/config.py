@@ -119,7 +119,13 @@ class MInTRLFields:
     max_reviews: int = field(
         default=4, metadata={"help": "Reviews per intervened rollout; afterwards the rest is generated unreviewed."}
     )
-    max_correction_tokens: int = field(default=64, metadata={"help": "Cap on a judge correction, in policy tokens."})
+    max_correction_tokens: int = field(
+        default=64,
+        metadata={
+            "help": "Cap on a judge correction inserted into a rollout, in the policy's tokens (a longer one is cut). "
+            "The judge's own budget for writing it, in its tokens, is judge_max_correction_tokens."
+        },
+    )
     step_split: str = field(
         default="line",
         metadata={
@@ -239,6 +245,13 @@ class MInTRLFields:
         default=256,
         metadata={
             "help": "Token budget of a judge review answer (reasoning + verdict line). A review cut by it fails."
+        },
+    )
+    judge_max_correction_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of a judge's correction answer, in the judge's own tokens (a model or endpoint judge; "
+            "a correction cut by it fails). None: max_correction_tokens, the same number as the rollout's cap."
         },
     )
     judge_review_template: str = field(
@@ -406,6 +419,11 @@ class MInTRLFields:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.judge_max_correction_tokens is not None and self.judge_max_correction_tokens < 1:
+            raise ValueError(
+                f"judge_max_correction_tokens must be >= 1 or None (max_correction_tokens), got "
+                f"{self.judge_max_correction_tokens}."
+            )
         for name in ("max_reviews", "intervention_steps", "judge_max_retries"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
@@ -527,7 +545,8 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
         max_reviews (`int`, *optional*, defaults to `4`):
             Reviews per intervened rollout; afterwards the rest is generated unreviewed.
         max_correction_tokens (`int`, *optional*, defaults to `64`):
-            Cap on a judge correction, in policy tokens.
+            Cap on a judge correction inserted into a rollout, in the policy's tokens (a longer one is cut; paper: 64).
+            The judge's own budget for writing it, in its tokens, is `judge_max_correction_tokens`.
         step_split (`str`, *optional*, defaults to `"line"`):
             Where a reviewed chunk splits into the steps the judge numbers (a REVISE keeps the steps before the
             flagged one): `"line"` at every line break (blank lines stay with the step before them), `"blank_line"`
@@ -613,7 +632,11 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
         judge_temperature (`float`, *optional*, defaults to `0.0`):
             Judge sampling temperature (`0.0`: greedy).
         judge_max_review_tokens (`int`, *optional*, defaults to `256`):
-            Token budget of a judge review answer (reasoning + verdict line). A review cut by it fails.
+            Token budget of a judge review answer (reasoning + verdict line), in the judge's tokens. A review cut by
+            it fails.
+        judge_max_correction_tokens (`int` or `None`, *optional*, defaults to `None`):
+            Token budget of a judge correction answer, in the judge's tokens (model and endpoint judges); a
+            correction cut by it fails. `None`: `max_correction_tokens`, the rollout's cap in the policy's tokens.
         judge_review_template (`str`, *optional*, defaults to `"math"`):
             Review prompt: a preset name (`"math"`, `"code"`) or a template string with named fields.
         judge_correction_template (`str`, *optional*, defaults to `"math"`):

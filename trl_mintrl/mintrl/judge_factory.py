@@ -101,6 +101,11 @@ def policy_model_path(trainer) -> str:
     return path
 
 
+def judge_correction_budget(args: MInTRLConfig) -> int:
+    """A model or endpoint judge's budget for writing a correction, in its own tokens."""
+    return args.max_correction_tokens if args.judge_max_correction_tokens is None else args.judge_max_correction_tokens
+
+
 def build_judge(args: MInTRLConfig, trainer) -> Judge | None:
     """The judge named by `args.judge`; None when the run never intervenes."""
     if args.intervention_steps == 0 or args.num_intervened_generations == 0:
@@ -109,7 +114,7 @@ def build_judge(args: MInTRLConfig, trainer) -> Judge | None:
         review_template=args.judge_review_template,
         correction_template=args.judge_correction_template,
         max_review_tokens=args.judge_max_review_tokens,
-        max_correction_tokens=args.max_correction_tokens,
+        max_correction_tokens=judge_correction_budget(args),
         temperature=args.judge_temperature,
     )
     if args.judge == "endpoint":  # the server renders the chat template

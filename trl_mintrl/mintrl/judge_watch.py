@@ -10,6 +10,7 @@ import os
 from transformers import TrainerCallback
 
 from .config import MInTRLConfig
+from .judge_factory import judge_correction_budget
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +62,13 @@ class JudgeFailureWarning:
         if args.judge == "endpoint":
             fix = (
                 "the endpoint renders its own chat template: turn thinking off on the server (vLLM/SGLang accept "
-                "chat_template_kwargs per request) or raise judge_max_review_tokens / max_correction_tokens"
+                "chat_template_kwargs per request) or raise judge_max_review_tokens / judge_max_correction_tokens"
             )
         else:
             fix = (
                 f"judge_chat_template_kwargs={args.judge_chat_template_kwargs} (use {{'enable_thinking': False}} for "
                 f"Qwen3-style templates), or raise judge_max_review_tokens={args.judge_max_review_tokens} / "
-                f"max_correction_tokens={args.max_correction_tokens}"
+                f"judge_max_correction_tokens={judge_correction_budget(args)}"
             )
         logger.warning(
             "MInTRL judge: %d unusable answers in %d reviews this step (a failed review counts as KEEP, a failed "
