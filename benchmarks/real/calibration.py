@@ -1,4 +1,4 @@
-"""MInTRL's two preconditions measured on SmolLM2-135M-Instruct before any method runs (SPEC 2.3), per difficulty.
+"""MInTRL's two preconditions measured on SmolLM2-135M-Instruct before any method runs (docs/mintrl.md), per difficulty.
 
     OMP_NUM_THREADS=1 python -m benchmarks.real.calibration --model /tmp/smol/model --steps 1 2 3 \\
         --problems 16 --samples 8 --max_new_tokens 96

@@ -6,7 +6,7 @@ savings, a bill), one computation per sentence of the question, all with integer
     Jack has 28 stickers. He gives 12 stickers to his sister. He finds 5 more stickers.
     How many stickers does Jack have now?
 
-Its reference solution is written the way the model writes (measured in SPEC 5: one step per line, each step a
+Its reference solution is written the way the model writes (measured on its own samples: one step per line, each step a
 sentence carrying its computation, GSM8K's `#### N` at the end):
 
     Jack has 28 - 12 = 16 stickers left.

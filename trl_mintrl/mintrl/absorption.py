@@ -1,4 +1,4 @@
-"""Are the judge's corrections being absorbed? A trend test on the policy's NLL of the judge's tokens (SPEC 2.2).
+"""Are the judge's corrections being absorbed? A trend test on the policy's NLL of the judge's tokens.
 
 MInTRL trains on judge tokens, so the policy's NLL of them falls as it internalises the corrections. A judge that
 writes far from the student (another notation, names or step format) keeps that NLL high: on the toy benchmark the

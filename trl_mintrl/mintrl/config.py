@@ -1,4 +1,4 @@
-"""`MInTRLConfig`: GRPOConfig plus the intervention, judge and regression settings of MInTRL (SPEC 2). Those
+"""`MInTRLConfig`: GRPOConfig plus the intervention, judge and regression settings of MInTRL. Those
 settings and their checks are `MInTRLFields`, which `AsyncMInTRLConfig` mixes into TRL's `AsyncGRPOConfig` too."""
 
 from __future__ import annotations

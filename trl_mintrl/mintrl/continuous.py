@@ -1,4 +1,4 @@
-"""MInTRL's rollout without round barriers (SPEC 2.1): every trajectory goes generate -> review -> correct at its
+"""MInTRL's rollout without round barriers: every trajectory goes generate -> review -> correct at its
 own pace.
 
 The lock-step schedule (`InterventionRollout.run`) makes every trajectory wait, each round, for the longest

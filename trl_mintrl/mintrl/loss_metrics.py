@@ -1,4 +1,4 @@
-"""What MInTRL's loss logs (SPEC 2.4), from sums its trainer has reduced over all processes, so that every process
+"""What MInTRL's loss logs, from sums its trainer has reduced over all processes, so that every process
 logs the same numbers and takes the same absorption decision whatever layout the loss was computed on (the padded
 rows of `MInTRLTrainer`, the packed loss terms of `AsyncMInTRLTrainer`)."""
 

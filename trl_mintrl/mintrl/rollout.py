@@ -1,4 +1,4 @@
-"""MInTRL's semi-on-policy rollout as an engine-agnostic, batched state machine (SPEC 2.1).
+"""MInTRL's semi-on-policy rollout as an engine-agnostic, batched state machine.
 
 Each round advances every unfinished trajectory together: one policy `generate` call for the batch, one judge
 `review` call for the trajectories that still have reviews left, one judge `correct` call for those the judge

@@ -1,4 +1,4 @@
-"""Step splitting and token-boundary cuts for the intervention loop (SPEC 2.1)."""
+"""Step splitting and token-boundary cuts for the intervention loop."""
 
 from __future__ import annotations
 

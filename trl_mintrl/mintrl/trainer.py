@@ -1,4 +1,4 @@
-"""`MInTRLTrainer`: GRPOTrainer with judge interventions during rollout and advantage regression (SPEC 2).
+"""`MInTRLTrainer`: GRPOTrainer with judge interventions during rollout and advantage regression.
 
 The trainer only wires TRL's seams:
 - `rollout_func` runs `InterventionRollout` or `ContinuousRollout` (`rollout_schedule`; controls and intervened

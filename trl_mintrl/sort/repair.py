@@ -1,4 +1,4 @@
-"""SORT's repair of all-wrong prompts (SPEC section 3) as a component, `ReferenceRepair`, that any trainer built on
+"""SORT's repair of all-wrong prompts as a component, `ReferenceRepair`, that any trainer built on
 `GRPOTrainerBase` can host: `SORTTrainer` (GRPO's update) and `MInTRLSORTTrainer` (MInTRL's regression) both do,
 through `WithReferenceRepair` (`sort/hosting.py`), so the main update stays the trainer's own and the repair is the
 same code.

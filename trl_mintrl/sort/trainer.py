@@ -1,4 +1,4 @@
-"""`SORTTrainer`: GRPO plus the plan-salience-weighted repair of all-wrong prompts (SPEC section 3).
+"""`SORTTrainer`: GRPO plus the plan-salience-weighted repair of all-wrong prompts.
 
 The repair is the `ReferenceRepair` component (`sort/repair.py`), hosted through `WithReferenceRepair`
 (`sort/hosting.py`) exactly as `MInTRLSORTTrainer` (`trl_mintrl.combined`) hosts it; the main update is TRL's GRPO

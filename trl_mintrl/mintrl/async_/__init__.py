@@ -1,5 +1,5 @@
 """Asynchronous MInTRL on TRL's `AsyncGRPOTrainer` (`trl.experimental.async_grpo`): generation, judging and training
-overlap, and a rollout written by older weights is regressed as it is (SPEC 2.3)."""
+overlap, and a rollout written by older weights is regressed as it is."""
 
 from .collator import MInTRLRolloutCollator, SampleMetrics
 from .config import AsyncMInTRLConfig

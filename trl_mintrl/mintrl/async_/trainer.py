@@ -1,4 +1,4 @@
-"""`AsyncMInTRLTrainer`: MInTRL on TRL's `AsyncGRPOTrainer`, generation, judging and training overlapping (SPEC 2.3).
+"""`AsyncMInTRLTrainer`: MInTRL on TRL's `AsyncGRPOTrainer`, generation, judging and training overlapping.
 
 TRL's trainer runs the loop: it syncs the weights to the vLLM server, starts the rollout worker, packs the rollouts
 it pushes into rows (`TreeRow`) and trains on them. This subclass only wires its seams:
