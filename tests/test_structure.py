@@ -2,11 +2,14 @@
 between trl_mintrl's modules run one way (no circle, lazy imports included), nothing private crosses a module
 border (an imported name, or another module's private attribute reached on an object), no function is over 60
 lines, and a module over 500 lines is one concern, named in LONG_MODULES. The benchmarks' imports run one way too:
-no circle, the toy task imports no study script, and the harness imports no task."""
+no circle, the toy task imports no study script, and the harness imports no task. No file cites a design document
+the repository does not hold."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -274,3 +277,17 @@ def test_the_benchmark_checks_see_a_lazy_circle():
         prefix="benchmarks",
     )
     assert circles(made_up.import_graph()) == [["benchmarks.study", "benchmarks.toy.judge"]]
+
+
+def test_no_file_cites_a_design_document_the_repository_does_not_hold():
+    """A reader cannot open the design document the project started from: code and docs say the thing itself, or
+    link a docs page. (Its name is spelt in two pieces here, so that this test does not cite it.)"""
+    name = re.compile(r"\b" + "SP" + r"EC\b")
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    citing = [
+        path
+        for path in tracked
+        if path.endswith((".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".txt")) or path.startswith(".ci/")
+        if name.search((REPO / path).read_text(errors="ignore"))
+    ]
+    assert not citing, f"files citing the design document: {citing}"
