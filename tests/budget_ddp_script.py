@@ -20,14 +20,14 @@ from trl_mintrl.judges import FunctionJudge  # noqa: E402
 
 class RecordingTrainer(MInTRLTrainer):
     def _score_batch(self, output, batch):
-        share_used = self.intervention_budget.share
+        share_used = self.schedule.intervention_budget.share
         super()._score_batch(output, batch)
         self.records = getattr(self, "records", [])
         local = self.process_slice(len(batch.inputs))
         self.records.append(
             {
                 "share_used": share_used,
-                "budget": self.intervention_budget.to_dict(),
+                "budget": self.schedule.intervention_budget.to_dict(),
                 "reviewed": (~batch.rollout.is_control).tolist(),
                 "judge_rows": (output["tool_mask"] == 0).any(dim=1).tolist(),
                 "first_row": local.start,

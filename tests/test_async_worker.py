@@ -256,7 +256,7 @@ def test_the_adaptive_switch_off_stops_interventions_from_the_next_batch(make_wo
     worker = make_worker(worker_args(cpu_args, max_staleness=2, intervention_stop_gap=10.0))
     consumed = train(worker, 3)
     assert interventions_per_batch(consumed) == [True, False, False]
-    assert worker.interventions_stopped_at == 0 and worker.reward_gap_ema is not None
+    assert worker.schedule.interventions_stopped_at == 0 and worker.schedule.reward_gap_ema is not None
 
 
 def test_a_resumed_worker_writes_the_batch_the_first_one_would_have(make_worker, cpu_args):

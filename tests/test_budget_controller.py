@@ -131,7 +131,7 @@ def test_controller_state_is_saved_and_restored_exactly(tiny_model_path, cpu_arg
     step3 = [e for e in straight.state.log_history if e.get("step") == 3 and "mintrl/intervention_share" in e]
     resumed3 = [e for e in resumed.state.log_history if e.get("step") == 3 and "mintrl/intervention_share" in e]
     assert resumed3[0]["mintrl/intervention_share"] == step3[0]["mintrl/intervention_share"] == saved["share"]
-    assert resumed.intervention_budget == straight.intervention_budget
+    assert resumed.schedule.intervention_budget == straight.schedule.intervention_budget
 
 
 @pytest.mark.slow

@@ -178,7 +178,7 @@ class BufferAtStart(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.buffer = self.trainer.repair.buffer.state_dict()
-        self.reward_gap_ema = self.trainer.reward_gap_ema
+        self.reward_gap_ema = self.trainer.schedule.reward_gap_ema
 
 
 def test_resume_restores_mintrl_state_and_the_repair_buffer(tiny_model_path, cpu_args, toy_dataset):

@@ -244,7 +244,7 @@ def test_real_trainers_are_learning_reals_arms_at_learning_rate_0(tiny_model_pat
     optimizer = sgd.create_optimizer()
     assert type(optimizer).__name__ == "SGD" and {g["lr"] for g in optimizer.param_groups} == {0.0}
     assert all(g["momentum"] == 0 for g in optimizer.param_groups)  # no state kept between steps
-    scheduled = {v: [trainers[v]._interventions_scheduled(s) for s in range(3)] for v in REAL_VARIANTS[1:]}
+    scheduled = {v: [trainers[v].schedule.scheduled(s) for s in range(3)] for v in REAL_VARIANTS[1:]}
     assert scheduled == {"mintrl_interventions": [True] * 3, "mintrl_after_phase": [False] * 3}
     first = {v: [row["prompt"] for row in next(iter(t.get_train_dataloader()))] for v, t in trainers.items()}
     assert first["grpo"] == first["mintrl_interventions"] == first["mintrl_after_phase"]

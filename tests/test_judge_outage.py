@@ -151,7 +151,7 @@ def test_unreachable_judge_with_continue_policy_warns_loudly(
     trainer = MInTRLTrainer(model=tiny_model_path, reward_funcs=role_reward, args=args, train_dataset=toy_dataset)
     with caplog.at_level(logging.WARNING, logger=WATCH_LOG):
         trainer.train()
-    assert trainer.state.global_step == 2 and trainer.judge_outage.failed_steps == 2
+    assert trainer.state.global_step == 2 and trainer.schedule.judge_outage.failed_steps == 2
     messages = [r.getMessage() for r in caplog.records if r.name == WATCH_LOG]
     failure_warnings = [m for m in messages if "judge requests got no answer this step" in m]
     assert len(failure_warnings) == 1 and "ConnectionRefusedError" in failure_warnings[0]
@@ -190,7 +190,7 @@ def test_outage_stops_the_run_with_a_checkpoint_that_resumes(tiny_model_path, cp
         resumed.train(resume_from_checkpoint=True)
     finally:
         server.close()
-    assert resumed.state.global_step == 3 and resumed.judge_outage.failed_steps == 0
+    assert resumed.state.global_step == 3 and resumed.schedule.judge_outage.failed_steps == 0
     assert resumed.state.log_history[-2]["mintrl/intervention_rate"] > 0  # the judge is back
 
 

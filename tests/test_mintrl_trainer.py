@@ -298,7 +298,7 @@ def test_adaptive_switch_off_when_corrections_stop_helping(tiny_model_path, cpu_
         judge=revise_first_step_judge({"review": 0, "correct": 0}),
     )
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-3"))
-    assert resumed.interventions_stopped_at == 0  # restored: the resumed run does not intervene again
+    assert resumed.schedule.interventions_stopped_at == 0  # restored: the resumed run does not intervene again
     new_logs = [e for e in resumed.state.log_history if "loss" in e and e["step"] == 4]
     assert [e["mintrl/interventions_active"] for e in new_logs] == [0.0]
 

@@ -79,7 +79,7 @@ def test_the_trainer_warns_from_its_second_intervention_step_and_keeps_the_state
         resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
     [record] = [r for r in caplog.records if r.name == LOGGER]  # the restored window held step 1's share
     assert "judge_token_target" in record.getMessage()
-    assert resumed.regime_watch.warned == {"share"} and len(resumed.regime_watch.shares) == 2
+    assert resumed.schedule.regime_watch.warned == {"share"} and len(resumed.schedule.regime_watch.shares) == 2
     quiet = scripted_trainer(tiny_model_path, mintrl_args(cpu_args, max_steps=2), toy_dataset)  # default 0.25
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):

@@ -1,5 +1,5 @@
 """The intervention schedule (`InterventionSchedule`) and which rollouts of a batch are reviewed (`reviewed_rows`):
-shared by `MInTRLTrainer` and the asynchronous rollout worker (`async_/worker.py`), and kept out of the trainer's
+owned by `MInTRLTrainer` and by the asynchronous rollout worker (`async_/worker.py`), and kept out of the trainer's
 module so that the worker never imports the synchronous trainer."""
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from .rollout_batch import RolloutBatch, RolloutMeasures
 
 
 class InterventionSchedule:
-    """The intervention schedule and the judge's watch, stepped once per training batch with the batch's measures
-    over all processes: the budget controller, the judge-failure count, warning and outage watch, and the adaptive
-    switch-off. Shared by `MInTRLTrainer` and the asynchronous rollout worker (`async_/worker.py`), whose batches
-    are scored steps before they train. The host has `args` and `judge`, calls `_init_schedule`, and says which
-    optimizer step the batch being scored trains at (`_schedule_step`)."""
+    """The intervention schedule and the judge's watch, a part that `MInTRLTrainer` and the asynchronous rollout
+    worker (`async_/worker.py`, whose batches are scored steps before they train) each own as `schedule`. Stepped once
+    per training batch (`step`) with the batch's measures over all processes: the budget controller, the
+    judge-failure count, warning and outage watch, the regime warnings and the adaptive switch-off. Its state goes
+    into the host's checkpoints (`state_dict`)."""
 
-    def _init_schedule(self, args, main_process: bool = True) -> None:
+    def __init__(self, args, main_process: bool = True):
+        self.args = args
         self.judge_failure_warning = JudgeFailureWarning(args, enabled=main_process)
         self.judge_outage = JudgeOutage(args, main_process=main_process)
         self.regime_watch = RegimeWatch(
@@ -33,19 +34,16 @@ class InterventionSchedule:
         # judge_token_target's controller state (saved with checkpoints); None when the controller is off
         self.intervention_budget = BudgetState() if args.judge_token_target is not None else None
 
-    def _schedule_step(self) -> int:
-        """The optimizer step the batch being scored trains at."""
-        raise NotImplementedError
+    def scheduled(self, step: int) -> bool:
+        """Whether the batch of optimizer step `step` intervenes (the host also needs a judge): in the first
+        `intervention_steps` steps and, with `intervention_stop_gap`, only until corrections stop paying off."""
+        return step < self.args.intervention_steps and self.interventions_stopped_at is None
 
-    def _interventions_scheduled(self, step: int) -> bool:
-        """Whether the batch of optimizer step `step` intervenes: in the first `intervention_steps` steps and, with
-        `intervention_stop_gap`, only until corrections stop paying off."""
-        return self.judge is not None and step < self.args.intervention_steps and self.interventions_stopped_at is None
-
-    def _step_schedule(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
-        """After a training batch: the judge-failure count and warning, the outage watch, one budget-controller step,
-        the regime warnings and the adaptive switch-off. `rollout` and `measured` are over the global rows (the judge's last error aside,
-        which only words the log lines): every process takes the same decision."""
+    def step(self, rollout: RolloutBatch, measured: RolloutMeasures, step: int) -> None:
+        """After the training batch of optimizer step `step`: the judge-failure count and warning, the outage watch,
+        one budget-controller step, the regime warnings and the adaptive switch-off. `rollout` and `measured` are over
+        the global rows (the judge's last error aside, which only words the log lines): every process takes the same
+        decision."""
         if self.intervention_budget is not None and rollout.intervening:
             self._update_intervention_budget(measured.judge_token_share)
         if rollout.intervening:
@@ -59,9 +57,9 @@ class InterventionSchedule:
         )
         self.judge_outage.update(rollout.judge_requests, rollout.judge_unanswered, rollout.judge_last_error)
         if measured.reward_intervened is not None:
-            self._update_adaptive_schedule(measured.reward_intervened - measured.reward_control)
+            self._update_adaptive_schedule(measured.reward_intervened - measured.reward_control, step)
 
-    def _update_adaptive_schedule(self, reward_gap: float) -> None:
+    def _update_adaptive_schedule(self, reward_gap: float, step: int) -> None:
         """Moving average of the intervened-vs-control reward gap; below `intervention_stop_gap`, stop for good.
         The gap comes from gathered rewards, so every process takes the same decision."""
         if self.args.intervention_stop_gap is None or math.isnan(reward_gap):
@@ -70,7 +68,7 @@ class InterventionSchedule:
         ema = reward_gap if self.reward_gap_ema is None else decay * self.reward_gap_ema + (1 - decay) * reward_gap
         self.reward_gap_ema = ema
         if ema < self.args.intervention_stop_gap:
-            self.interventions_stopped_at = self._schedule_step()
+            self.interventions_stopped_at = step
 
     def _update_intervention_budget(self, judge_token_share: float) -> None:
         """One controller step from the share measured over the gathered batch (the same on every process)."""
@@ -79,7 +77,7 @@ class InterventionSchedule:
         budget.share = next_intervention_share(budget.share, judge_token_share, target, first=not budget.measured)
         budget.measured = budget.measured or judge_token_share > 0
 
-    def _schedule_state(self) -> dict:
+    def state_dict(self) -> dict:
         """The schedule's part of a checkpoint."""
         state = {
             "judge_failures_total": self.judge_failures_total,
@@ -92,7 +90,7 @@ class InterventionSchedule:
             state["intervention_budget"] = self.intervention_budget.to_dict()
         return state
 
-    def _load_schedule_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.judge_failures_total = int(state["judge_failures_total"])
         self.reward_gap_ema = None if state["reward_gap_ema"] is None else float(state["reward_gap_ema"])
         stopped = state["interventions_stopped_at"]

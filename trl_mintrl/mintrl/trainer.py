@@ -50,7 +50,7 @@ from .tools import TRLToolEnvironment, check_tool_processing_class
 STATE_FILE = "mintrl_state.json"
 
 
-class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, GRPOTrainerBase):
+class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, GRPOTrainerBase):
     """Minimal-Intervention RL. Used exactly like `GRPOTrainer`, plus an optional `judge` object (e.g. a
     `FunctionJudge`) that overrides `args.judge`."""
 
@@ -97,21 +97,18 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
         check_tool_processing_class(self)
         self.rollout_func = self._intervention_rollout
         self.judge = judge if judge is not None else build_judge(args, self)
-        self._init_schedule(args, main_process=self.accelerator.is_main_process)
-        self.add_callback(self.judge_outage)  # saves and stops after the step in which "stop" decides
+        self.schedule = InterventionSchedule(args, main_process=self.accelerator.is_main_process)
+        self.add_callback(self.schedule.judge_outage)  # saves and stops after the step in which "stop" decides
         self.absorption = AbsorptionTracker(args.absorption_window, args.absorption_max_nll, args.absorption_min_fall)
 
     def _judge_outage_stop_reason(self) -> str | None:
-        return self.judge_outage.stop_reason
+        return self.schedule.judge_outage.stop_reason
 
     # ----- schedule -----
     def interventions_active(self) -> bool:
         """Interventions run for the first `intervention_steps` optimizer steps of training (and, with
         `intervention_stop_gap`, only until corrections stop paying off); never in evaluation."""
-        return self.model.training and self._interventions_scheduled(self.state.global_step)
-
-    def _schedule_step(self) -> int:
-        return self.state.global_step
+        return self.model.training and self.judge is not None and self.schedule.scheduled(self.state.global_step)
 
     def _reviewed_columns(self, rows: slice, column: torch.Tensor) -> torch.Tensor:
         """(rows,) bool: which of this process's rows are reviewed (`reviewed_rows`). The controller's state is the
@@ -119,7 +116,12 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
         batch_rows = (rows.stop - rows.start) * self.accelerator.num_processes
         args = self.args
         return reviewed_rows(
-            rows, batch_rows, self.group_size(), args.num_control_generations, self.intervention_budget, column.device
+            rows,
+            batch_rows,
+            self.group_size(),
+            args.num_control_generations,
+            self.schedule.intervention_budget,
+            column.device,
         )
 
     # ----- rollout (TRL's rollout_func seam) -----
@@ -227,12 +229,12 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
         measured = RolloutMeasures.of(rewards, rollout)
         self._log_rollout_metrics(rollout, measured)
         if self._mode() == "train":
-            self._step_schedule(rollout, measured)
+            self.schedule.step(rollout, measured, self.state.global_step)
 
     def _log_rollout_metrics(self, rollout: RolloutBatch, measured: RolloutMeasures) -> None:
         """`rollout` and `measured` are over the global rows: every process logs the same numbers."""
         mode = self._mode()
-        budget = self.intervention_budget
+        budget = self.schedule.intervention_budget
         # the controller's setting of this batch, logged while it acts on training batches
         share = budget.share if budget is not None and rollout.intervening and mode == "train" else None
         metrics = self._metrics[mode]
@@ -312,13 +314,13 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, InterventionSchedule, G
         return {
             "judge": self.judge.state_dict() if self.judge is not None else {},
             "judge_absorption": self.absorption.state_dict(),
-            **self._schedule_state(),
+            **self.schedule.state_dict(),
         }
 
     def _load_extra_state(self, state: dict) -> None:
         if self.judge is not None:
             self.judge.load_state_dict(state["judge"])
-        self._load_schedule_state(state)
+        self.schedule.load_state_dict(state)
         if "judge_absorption" in state:
             self.absorption.load_state_dict(state["judge_absorption"])
 

@@ -80,7 +80,7 @@ def check_logprobs_mode(engine: GenerationEngine) -> None:
         )
 
 
-class MInTRLRolloutWorker(InterventionSchedule):
+class MInTRLRolloutWorker:
     """TRL's `RolloutWorkerProtocol` for MInTRL, run as a thread of the trainer's main process.
 
     Args:
@@ -154,13 +154,12 @@ class MInTRLRolloutWorker(InterventionSchedule):
 
         self.rollout_buffer: queue.Queue[RolloutSample] = queue.Queue()
         self.metrics_queue: queue.Queue[dict] = queue.Queue(maxsize=4096)  # full: metrics are dropped, never waited on
-        self._init_schedule(args)
+        self.schedule = InterventionSchedule(args)
         # (step, reason) once judge_outage_policy="stop" decides, on the batch of optimizer `step`: the trainer stops
         # after that step, which trains up to max_staleness steps after the worker scored its batch
         self.judge_outage_stop: tuple[int, str] | None = None
         self.next_step = 0  # the optimizer step that trains the next batch
         self.prompt_index = 0  # the next prompt's position, counted over epochs (row: position % len(dataset))
-        self._step = 0  # the step of the batch being built (`_schedule_step`)
         self._state_lock = threading.Lock()  # the schedule's state: written by the thread, read by `state_dict`
         self._states_at_start: dict[int, dict] = {}  # step -> the state when its batch started (exact resumes)
         self._version = 0
@@ -267,7 +266,7 @@ class MInTRLRolloutWorker(InterventionSchedule):
         with self._state_lock:
             self.next_step = int(state["next_step"])
             self.prompt_index = int(state["prompt_index"])
-            self._load_schedule_state(state)
+            self.schedule.load_state_dict(state)
             if self.judge is not None:
                 self.judge.load_state_dict(state.get("judge", {}))  # added later: older checkpoints have none
         self.update_model_version(int(state["model_version"]))
@@ -278,11 +277,8 @@ class MInTRLRolloutWorker(InterventionSchedule):
             "next_step": self.next_step,
             "prompt_index": self.prompt_index,
             "judge": judge,
-            **self._schedule_state(),
+            **self.schedule.state_dict(),
         }
-
-    def _schedule_step(self) -> int:
-        return self._step
 
     # ----------------------------------------------------------------------------------------------------------------
     # the thread
@@ -328,11 +324,13 @@ class MInTRLRolloutWorker(InterventionSchedule):
         advantages = control_baseline_advantages(rewards, is_control, self.group_size)
         measured = RolloutMeasures.of(rewards, rollout)
         with self._state_lock:
-            share = self.intervention_budget.share if self.intervention_budget is not None and intervening else None
+            budget = self.schedule.intervention_budget
+            share = budget.share if budget is not None and intervening else None
             metrics = rollout_metrics(rollout, measured, self.args, share)
-            self._step_schedule(rollout, measured)
-            if self.judge_outage.stop_reason is not None and self.judge_outage_stop is None:
-                self.judge_outage_stop = (step, self.judge_outage.stop_reason)
+            self.schedule.step(rollout, measured, step)
+            outage = self.schedule.judge_outage.stop_reason
+            if outage is not None and self.judge_outage_stop is None:
+                self.judge_outage_stop = (step, outage)
             self.next_step = step + 1
             self.prompt_index = first_prompt + self.groups_per_step
 
@@ -372,12 +370,12 @@ class MInTRLRolloutWorker(InterventionSchedule):
             self._states_at_start[step] = self._state()
             keep_from = step - (self.max_staleness + 2) * self.weight_sync_steps  # older ones are trained already
             self._states_at_start = {s: v for s, v in self._states_at_start.items() if s >= keep_from}
-            self._step = step
-            intervening = self._interventions_scheduled(step)
+            intervening = self.judge is not None and self.schedule.scheduled(step)
             n_rows = self.groups_per_step * self.group_size
             if intervening:
                 rows = slice(0, n_rows)
-                reviewed = reviewed_rows(rows, n_rows, self.group_size, self.num_controls, self.intervention_budget)
+                budget = self.schedule.intervention_budget
+                reviewed = reviewed_rows(rows, n_rows, self.group_size, self.num_controls, budget)
                 is_control = ~reviewed
             else:
                 is_control = torch.ones(n_rows, dtype=torch.bool)
