@@ -293,11 +293,11 @@ def test_sort_recipe_trains_and_cards_name_method_base_model_and_recipe(tmp_path
 def test_model_card_mixin_is_added_once_and_first():
     from trl import GRPOTrainer
 
-    from trl_mintrl.model_card import ModelCardMixin, with_model_card
+    from trl_mintrl.trainer_base import TrainerExtras, with_trainer_extras
 
-    trainer_cls = with_model_card(GRPOTrainer)
-    assert trainer_cls.__name__ == "GRPOTrainer" and trainer_cls.__mro__[1:3] == (ModelCardMixin, GRPOTrainer)
-    assert with_model_card(trainer_cls) is trainer_cls
+    trainer_cls = with_trainer_extras(GRPOTrainer)
+    assert trainer_cls.__name__ == "GRPOTrainer" and trainer_cls.__mro__[1:3] == (TrainerExtras, GRPOTrainer)
+    assert with_trainer_extras(trainer_cls) is trainer_cls
 
 
 def test_resume_true_picks_the_last_complete_checkpoint_before_loading(tmp_path):

@@ -291,3 +291,14 @@ def test_no_file_cites_a_design_document_the_repository_does_not_hold():
         if name.search((REPO / path).read_text(errors="ignore"))
     ]
     assert not citing, f"files citing the design document: {citing}"
+
+
+def test_mintrl_trainer_reaches_grpo_trainer_through_at_most_two_classes():
+    """Following `train`, `_score_batch` or `_compute_loss` from `MInTRLTrainer` passes at most two classes before TRL's
+    own: the schedule, the judge's watch and the model card are parts or functions, not bases."""
+    from trl import GRPOTrainer
+
+    from trl_mintrl import MInTRLTrainer
+
+    between = MInTRLTrainer.__mro__[1 : MInTRLTrainer.__mro__.index(GRPOTrainer)]
+    assert len(between) <= 2, [c.__name__ for c in between]

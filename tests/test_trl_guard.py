@@ -41,7 +41,7 @@ EXPECTED_SIGNATURES = {
     "train": (["resume_from_checkpoint"], "GRPOTrainerBase.train: resume_from_checkpoint=True -> last complete one"),
     "training_step": (["model", "inputs", "num_items_in_batch"], "SORT joint repair: first micro-batch via _step"),
     "compute_loss_context_manager": ([], "SORT's separate repair step (autocast around the repair forward)"),
-    "create_model_card": (["model_name", "dataset_name", "tags"], "model_card.ModelCardMixin.create_model_card"),
+    "create_model_card": (["model_name", "dataset_name", "tags"], "trainer_base.TrainerExtras.create_model_card"),
     "_tool_call_loop": (
         ["prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields"],
         "MInTRLTrainer._tool_call_loop: hands back what the intervention rollout's tools did",

@@ -6,9 +6,10 @@ dataset rows, the rollout function's result, the rewards gathered across process
 reads it once TRL is done (to adjust the advantages and take the batch's decisions), and the record is then
 cleared, so no stage can read another batch's state or depend on the order of TRL's hooks.
 
-`ExtraStateMixin` (also used by the asynchronous MInTRL trainer) owns the extra training state a trainer saves with
-each checkpoint: one JSON file, written atomically, and refused on resume when it is missing or corrupt rather than
-silently reset.
+`TrainerExtras` (also the asynchronous MInTRL trainer's base, and the CLI's for TRL's own trainers) is what a
+trl-mintrl trainer adds to a TRL trainer's outputs: the extra training state it saves with each checkpoint (one JSON
+file, written atomically, and refused on resume when it is missing or corrupt rather than silently reset), and a
+model card that names the method, its paper and the recipe, in the output folder and every checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from trl.trainer.utils import get_config_model_id
 
 from .engines import GenerationEngine, engine_for_trainer
 from .input_checks import check_trainer_inputs
+from .model_card import CARD, add_recipe_section, copy_card, recipe_section
 from .resume import TRAINER_STATE, finished_run, resolve_resume_from_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -51,13 +53,15 @@ class GenerationBatch:
         return rewards
 
 
-class ExtraStateMixin:
-    """Training state beyond TRL's, in every checkpoint folder and back on resume, for a trainer on TRL's `Trainer`
-    (mix in before the TRL class). A trainer sets `extra_state_file` and implements `_extra_state()` /
-    `_load_extra_state(state)`: the state is written, atomically, before TRL's files, and a resume without a usable
-    one is refused rather than silently started afresh."""
+class TrainerExtras:
+    """What a trl-mintrl trainer adds to a TRL trainer class (mix in before it): training state beyond TRL's, in every
+    checkpoint folder and back on resume, and a model card (`model_card.py`). A trainer with extra state sets
+    `extra_state_file` and implements `_extra_state()` / `_load_extra_state(state)`: the state is written, atomically,
+    before TRL's files, and a resume without a usable one is refused rather than silently started afresh. `recipe`
+    ({"path": ..., "command": ...}) is set by `trl-mintrl train` for the card."""
 
-    extra_state_file: str  # file name of the subclass's extra state inside a checkpoint folder
+    extra_state_file: str | None = None  # file name of the subclass's extra state in a checkpoint folder (None: none)
+    recipe: dict | None = None
 
     # keys of `_extra_state()` added after checkpoints were first written: a checkpoint without one still resumes
     optional_extra_state_keys: frozenset[str] = frozenset()
@@ -80,9 +84,8 @@ class ExtraStateMixin:
         the end of the run resumes to nothing: transformers would train one step past `max_steps` and, with
         `save_total_limit`, delete the very checkpoint it resumed from."""
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = resolve_resume_from_checkpoint(
-                True, self.args.output_dir, [self.extra_state_file]
-            )
+            required = [self.extra_state_file] if self.extra_state_file else []
+            resume_from_checkpoint = resolve_resume_from_checkpoint(True, self.args.output_dir, required)
         if isinstance(resume_from_checkpoint, str):
             finished = finished_run(resume_from_checkpoint, self.args.max_steps, self.args.num_train_epochs)
             if finished:
@@ -98,7 +101,8 @@ class ExtraStateMixin:
         if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
             self._load_from_checkpoint(checkpoint)
         self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
-        self._load_extra_state_from(checkpoint)
+        if self.extra_state_file:
+            self._load_extra_state_from(checkpoint)
         losses = [entry["train_loss"] for entry in self.state.log_history if "train_loss" in entry]
         return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
 
@@ -108,16 +112,28 @@ class ExtraStateMixin:
 
     def _save_checkpoint(self, model, trial):
         # Written before TRL's files, so a folder that has TRL's `trainer_state.json` (written last) has ours too.
-        if self.args.should_save:
-            folder = self._checkpoint_folder(trial)
+        folder = self._checkpoint_folder(trial)
+        if self.args.should_save and self.extra_state_file:
             os.makedirs(folder, exist_ok=True)
             write_json_atomically(os.path.join(folder, self.extra_state_file), self._extra_state())
-        super()._save_checkpoint(model, trial)
+        super()._save_checkpoint(model, trial)  # TRL writes the model card to output_dir first
+        if self.is_world_process_zero():
+            copy_card(self.args.output_dir, folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
+        if checkpoint is not None and self.extra_state_file:
             self._load_extra_state_from(checkpoint)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        if model_name is None:  # as TRL's `_save_checkpoint` names it
+            model_name = (self.args.hub_model_id or self.args.output_dir).rstrip("/").split("/")[-1]
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if self.is_world_process_zero():
+            base_model = get_config_model_id(self.model.config)
+            section = recipe_section(self._name, self._paper, base_model, self.recipe)
+            path = os.path.join(self.args.output_dir, CARD)
+            add_recipe_section(path, base_model, self.args.output_dir, self.args.hub_model_id, section)
 
     def _load_extra_state_from(self, checkpoint: str) -> None:
         path = os.path.join(checkpoint, self.extra_state_file)
@@ -128,10 +144,10 @@ class ExtraStateMixin:
             raise ValueError(f"{_refusal(path)} It holds a malformed {type(self).__name__} state ({err}).") from err
 
 
-class GRPOTrainerBase(ExtraStateMixin, GRPOTrainer):
+class GRPOTrainerBase(TrainerExtras, GRPOTrainer):
     """Base of `MInTRLTrainer` and `SORTTrainer`. A subclass sets `extra_state_file` and implements
-    `_extra_state()` / `_load_extra_state(state)`; `ExtraStateMixin` writes that state into every checkpoint folder
-    and restores it on resume.
+    `_extra_state()` / `_load_extra_state(state)`; `TrainerExtras` writes that state into every checkpoint folder
+    and restores it on resume, and writes the model card.
 
     A component the trainer hosts (SORT's `ReferenceRepair`) reaches the trainer's internals through the public
     methods below (`group_size`, `process_slice`, `tokenizer`, `tokenize_prompts`, `log_train_metric`,
@@ -276,3 +292,11 @@ def default_output_dir(model, method: str) -> str:
     """`<model name>-<method>`: the output folder of a trainer built without `args`, named as TRL names GRPO's."""
     model_id = model if isinstance(model, str) else get_config_model_id(model.config)
     return f"{model_id.split('/')[-1]}-{method}"
+
+
+def with_trainer_extras(trainer_cls: type) -> type:
+    """`trainer_cls` itself when it already carries `TrainerExtras`, else a subclass of the same name that does (TRL's
+    own trainers, as `trl-mintrl train grpo` builds them: the model card, no extra state)."""
+    if issubclass(trainer_cls, TrainerExtras):
+        return trainer_cls
+    return type(trainer_cls.__name__, (TrainerExtras, trainer_cls), {"__module__": trainer_cls.__module__})

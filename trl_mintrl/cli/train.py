@@ -143,13 +143,13 @@ def build_trainer(recipe: Recipe):
     judge-check` rolls out with."""
     from trl import get_peft_config, get_quantization_config
 
-    from ..model_card import with_model_card
+    from ..trainer_base import with_trainer_extras
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
     _prepare_model(recipe)
     train_dataset, eval_dataset = _load_datasets(recipe)
     module, _, trainer_name = METHODS[recipe.method]
-    trainer_cls = with_model_card(getattr(importlib.import_module(module), trainer_name))
+    trainer_cls = with_trainer_extras(getattr(importlib.import_module(module), trainer_name))
     extra = {}
     if script_args.judge_function is not None:
         extra["judge"] = import_dotted(script_args.judge_function, recipe_folders(recipe.config_path))()

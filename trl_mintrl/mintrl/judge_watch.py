@@ -86,21 +86,12 @@ class JudgeOutageError(RuntimeError):
     """Training stopped because the judge gave no answer for `judge_outage_steps` steps (`judge_outage_policy`)."""
 
 
-class RaisesOnJudgeOutage:
-    """Mixed into a MInTRL trainer (before the Trainer class): `train()` raises `JudgeOutageError` when
-    `judge_outage_policy="stop"` ended it, after the checkpoint of the step it stopped at was written, so that a script
-    does not carry on as if training had finished. The trainer says why it stopped (`_judge_outage_stop_reason`)."""
-
-    def _judge_outage_stop_reason(self) -> str | None:
-        raise NotImplementedError
-
-    def train(self, *args, **kwargs):
-        output = super().train(*args, **kwargs)
-        reason = self._judge_outage_stop_reason()
-        if reason is not None:
-            checkpoint = os.path.abspath(self._checkpoint_folder(None))
-            raise JudgeOutageError(f"{reason} Checkpoint: {checkpoint}")
-        return output
+def raise_if_judge_stopped(reason: str | None, checkpoint_folder: str) -> None:
+    """After a MInTRL trainer's `train()`: raise `JudgeOutageError` when `judge_outage_policy="stop"` ended it
+    (`reason`), naming the checkpoint the step it stopped at wrote, so that a script does not carry on as if training
+    had finished."""
+    if reason is not None:
+        raise JudgeOutageError(f"{reason} Checkpoint: {os.path.abspath(checkpoint_folder)}")
 
 
 class JudgeOutage(TrainerCallback):

@@ -32,7 +32,6 @@ from ..losses import (
     mintrl_anchors,
     regression_token_masks,
 )
-from ..model_card import ModelCardMixin
 from ..text import question_text
 from ..trainer_base import GenerationBatch, GRPOTrainerBase, default_output_dir
 from .absorption import AbsorptionTracker
@@ -40,7 +39,7 @@ from .config import MInTRLConfig
 from .continuous import check_rollout_schedule, rollout_for
 from .intervention_schedule import InterventionSchedule, reviewed_rows
 from .judge_factory import build_judge, check_judge_backend, check_judge_votes
-from .judge_watch import RaisesOnJudgeOutage
+from .judge_watch import raise_if_judge_stopped
 from .loss_metrics import log_loss_totals
 from .paper import PAPER
 from .rollout import RolloutSettings, Trajectory
@@ -50,7 +49,7 @@ from .tools import TRLToolEnvironment, check_tool_processing_class
 STATE_FILE = "mintrl_state.json"
 
 
-class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, GRPOTrainerBase):
+class MInTRLTrainer(GRPOTrainerBase):
     """Minimal-Intervention RL. Used exactly like `GRPOTrainer`, plus an optional `judge` object (e.g. a
     `FunctionJudge`) that overrides `args.judge`."""
 
@@ -101,8 +100,12 @@ class MInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, GRPOTrainerBase):
         self.add_callback(self.schedule.judge_outage)  # saves and stops after the step in which "stop" decides
         self.absorption = AbsorptionTracker(args.absorption_window, args.absorption_max_nll, args.absorption_min_fall)
 
-    def _judge_outage_stop_reason(self) -> str | None:
-        return self.schedule.judge_outage.stop_reason
+    def train(self, *args, **kwargs):
+        """`GRPOTrainer.train`; raises `JudgeOutageError` when `judge_outage_policy="stop"` ended it, after the
+        checkpoint of the step it stopped at was written."""
+        output = super().train(*args, **kwargs)
+        raise_if_judge_stopped(self.schedule.judge_outage.stop_reason, self._checkpoint_folder(None))
+        return output
 
     # ----- schedule -----
     def interventions_active(self) -> bool:

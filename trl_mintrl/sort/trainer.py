@@ -11,14 +11,13 @@ from __future__ import annotations
 import textwrap
 
 from ..engines.vllm import check_vllm_mode_supported
-from ..model_card import ModelCardMixin
 from ..trainer_base import GRPOTrainerBase, default_output_dir
 from .buffer import BUFFER_FILE
 from .config import SORTConfig
 from .hosting import WithReferenceRepair
 
 
-class SORTTrainer(WithReferenceRepair, ModelCardMixin, GRPOTrainerBase):
+class SORTTrainer(WithReferenceRepair, GRPOTrainerBase):
     """Selective Off-policy Reference Tuning: GRPO whose all-wrong prompts are repaired later from their references.
 
     Used exactly like [`~trl.GRPOTrainer`] (same arguments, plus an optional `planner`: a `trl_mintrl.sort.Planner`

@@ -9,7 +9,7 @@ it pushes into rows (`TreeRow`) and trains on them. This subclass only wires its
 - `get_train_dataloader` swaps in `MInTRLRolloutCollator`, which lays the judge-token mask out per loss term;
 - `compute_loss` is MInTRL's sequence-level regression on the packed loss terms: policy tokens anchored at the
   log-probs they were sampled with (by whatever weights wrote the rollout), judge tokens at `kappa`, no ratio;
-- checkpoints carry the trainer's and the worker's state (`ExtraStateMixin`), the judge's included;
+- checkpoints carry the trainer's and the worker's state (`TrainerExtras`), the judge's included;
 - `judge_outage_policy="stop"` stops after the optimizer step that trains the batch whose judge calls decided it
   (`JudgeOutageStop`), with a checkpoint and `JudgeOutageError`, as `MInTRLTrainer` does.
 """
@@ -30,11 +30,10 @@ from trl.import_utils import is_requests_available
 from ...input_checks import check_reference_column, context_length
 from ...judges import Judge
 from ...losses import mintrl_anchors, packed_advantage_regression_loss
-from ...model_card import ModelCardMixin
-from ...trainer_base import ExtraStateMixin, default_output_dir
+from ...trainer_base import TrainerExtras, default_output_dir
 from ..absorption import AbsorptionTracker
 from ..judge_factory import build_judge, check_judge_backend, check_judge_votes
-from ..judge_watch import RaisesOnJudgeOutage
+from ..judge_watch import raise_if_judge_stopped
 from ..loss_metrics import log_loss_totals
 from ..paper import PAPER
 from .collator import MInTRLRolloutCollator
@@ -70,7 +69,7 @@ class JudgeOutageStop(TrainerCallback):
         return control
 
 
-class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, AsyncGRPOTrainer):
+class AsyncMInTRLTrainer(TrainerExtras, AsyncGRPOTrainer):
     """Asynchronous Minimal-Intervention RL. Used like TRL's `AsyncGRPOTrainer` (the model as a path or Hub id that
     the vLLM server at `args.vllm_server_base_url` serves), plus an optional `judge` object (e.g. a `FunctionJudge`)
     that overrides `args.judge`, and TRL's `tools` and `environment_factory`, which the rollout worker runs.
@@ -141,8 +140,12 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
         self.judge_outage_stop = JudgeOutageStop(self)
         self.add_callback(self.judge_outage_stop)
 
-    def _judge_outage_stop_reason(self) -> str | None:
-        return self.judge_outage_stop.reason
+    def train(self, *args, **kwargs):
+        """`AsyncGRPOTrainer.train`; raises `JudgeOutageError` when `judge_outage_policy="stop"` ended it, after the
+        checkpoint of the step it stopped at was written."""
+        output = super().train(*args, **kwargs)
+        raise_if_judge_stopped(self.judge_outage_stop.reason, self._checkpoint_folder(None))
+        return output
 
     def _build_rollout_worker(
         self, model: str, args, tokenizer, train_dataset, reward_funcs, judge, tools=None, environment_factory=None
@@ -262,7 +265,7 @@ class AsyncMInTRLTrainer(ModelCardMixin, RaisesOnJudgeOutage, ExtraStateMixin, A
         )
         log_loss_totals(self, "train", self.accelerator.reduce(local, reduction="sum"))
 
-    # ----- checkpoint state (written to and read from STATE_FILE by ExtraStateMixin) -----
+    # ----- checkpoint state (written to and read from STATE_FILE by TrainerExtras) -----
     def _extra_state(self) -> dict:
         """The worker's state as of the checkpoint's step (it has written rollouts for later steps already); only
         the main process has a worker."""
