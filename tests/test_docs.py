@@ -303,3 +303,14 @@ def test_readme_real_model_numbers_are_the_committed_measurements():
         cost = (REPO / "benchmarks" / "results" / name).read_text()
         row = next(line for line in cost.splitlines() if line.startswith("| mintrl_interventions | "))  # time table
         assert row.split(" | ")[3] == quoted and quoted in real, (name, row)  # the CPU-time ratio column
+
+
+def test_the_docs_front_page_quotes_the_readmes_demo_numbers():
+    """docs/index.md says what the README says of the two demos: the same seeds and the same paired intervals."""
+    readme = (REPO / "README.md").read_text()
+    index = " ".join((REPO / "docs" / "index.md").read_text().split())
+    claims = re.findall(r"Over (\d+) seeds, (SORT|MInTRL) - GRPO is pass@1 ([+-][\d.]+ \[[+-][\d.]+, [+-][\d.]+\])",
+                        " ".join(readme.split()))  # fmt: skip
+    assert {method for _, method, _ in claims} == {"SORT", "MInTRL"}
+    for seeds, method, interval in claims:
+        assert f"over {seeds} seeds, {method} - GRPO is pass@1 {interval}" in index, (method, seeds, interval)
