@@ -314,3 +314,17 @@ def test_the_docs_front_page_quotes_the_readmes_demo_numbers():
     assert {method for _, method, _ in claims} == {"SORT", "MInTRL"}
     for seeds, method, interval in claims:
         assert f"over {seeds} seeds, {method} - GRPO is pass@1 {interval}" in index, (method, seeds, interval)
+
+
+def test_the_layout_table_names_every_module_of_the_package():
+    """docs/development.md's layout table: every module of trl_mintrl/ by its file name, so a newcomer finds it."""
+    text = (REPO / "docs" / "development.md").read_text()
+    table = text[text.index("| room |") : text.index("Outside the package")]
+    unnamed = [
+        str(path.relative_to(REPO / "trl_mintrl"))
+        for path in sorted((REPO / "trl_mintrl").rglob("*.py"))
+        if path.name != "__init__.py"
+        and f"`{path.name}`" not in table
+        and f"`{path.relative_to(REPO / 'trl_mintrl')}`" not in table
+    ]
+    assert not unnamed, f"modules the layout table does not name: {unnamed}"
