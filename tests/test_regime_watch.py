@@ -42,9 +42,23 @@ def test_the_length_warning_speaks_when_the_controls_climb_halfway_to_the_cap():
     assert said == [[], [], [], [], ["length"], []]  # (35.44 + 51.75) / 2 >= 22.06 + 0.5 * (64 - 22.06)
     # the reachable regime's controls stayed at 21-23 tokens
     assert feed(watch(), [0.25] * 4, [21.5, 20.9, 22.7, 22.1], [0.0] * 4) == [[]] * 4
-    # long but never cut (answers that end on their own), or at the cap from the start (no climb): no warning
+    # long but never cut (answers that end on their own): no warning; at the cap from the start there is no climb,
+    # and the warning is the one for controls cut from the start
     assert feed(watch(max_judge_share=None), [0.5] * 3, [22.0, 60.0, 62.0], [0.0, 0.1, 0.1]) == [[]] * 3
-    assert feed(watch(max_judge_share=None), [0.5] * 3, [64.0, 64.0, 64.0], [1.0, 1.0, 1.0]) == [[]] * 3
+    assert feed(watch(max_judge_share=None), [0.5] * 3, [64.0, 64.0, 64.0], [1.0, 1.0, 1.0]) == [[], ["clipped"], []]
+
+
+def test_controls_cut_at_the_cap_from_the_start_warn_once_at_the_second_step():
+    # the CPU recipe's old setup: the instruct model without a format warm-up, half to all of its 96 tokens cut
+    w = watch(max_judge_share=None, max_completion_length=96)
+    assert feed(w, [0.1] * 4, [96.0, 95.0, 96.0, 96.0], [0.75, 0.5, 1.0, 1.0]) == [[], ["clipped"], [], []]
+    assert "max_completion_length=96" in w.message("clipped") and "mask_truncated_completions=True" in w.message(
+        "clipped"
+    )
+    # the real model after its warm-up: a few cut at first, then the climb (the length warning, not this one)
+    lengths, clipped = [22.06, 22.56, 28.12, 35.44, 51.75], [0.0, 0.0, 0.0, 0.19, 0.44]
+    assert "clipped" not in sum(feed(watch(max_judge_share=None), [0.5] * 5, lengths, clipped), [])
+    assert feed(watch(max_judge_share=None, control_length_climb=None), [0.1] * 2, [96.0] * 2, [1.0] * 2) == [[], []]
 
 
 def test_the_warnings_name_their_fixes():
@@ -77,11 +91,15 @@ def test_the_trainer_warns_from_its_second_intervention_step_and_keeps_the_state
             tiny_model_path, mintrl_args(cpu_args, max_steps=2, judge_share_warning=0.1), toy_dataset
         )
         resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
-    [record] = [r for r in caplog.records if r.name == LOGGER]  # the restored window held step 1's share
-    assert "judge_token_target" in record.getMessage()
-    assert resumed.schedule.regime_watch.warned == {"share"} and len(resumed.schedule.regime_watch.shares) == 2
-    quiet = scripted_trainer(tiny_model_path, mintrl_args(cpu_args, max_steps=2), toy_dataset)  # default 0.25
+    # the restored window held step 1's share; the untrained tiny model's completions are all cut at the cap
+    share, clipped = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert "judge_token_target" in share and "were cut at max_completion_length=24" in clipped
+    assert resumed.schedule.regime_watch.warned == {"share", "clipped"}
+    assert len(resumed.schedule.regime_watch.shares) == 2
+    quiet = scripted_trainer(
+        tiny_model_path, mintrl_args(cpu_args, max_steps=2, control_length_warning=None), toy_dataset
+    )
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         quiet.train()
-    assert not [r for r in caplog.records if r.name == LOGGER]
+    assert not [r for r in caplog.records if r.name == LOGGER]  # share under the default 0.25; length warnings off

@@ -326,8 +326,9 @@ class MInTRLFields:
         metadata={
             "help": "Warn (once per run) when, over 2 intervention steps, the controls' mean length has covered this "
             "share of the way from their length at the first intervention step to max_completion_length, with a "
-            "quarter of them cut at the cap: the policy is learning to run on from the intervened rollouts. The "
-            "warning names mask_truncated_completions. None: never."
+            "quarter of them cut at the cap: the policy is learning to run on from the intervened rollouts. Also warns "
+            "when half the controls are cut at the cap over the first 2 intervention steps (their reward then reads "
+            "no answer: every gradient is the judge's). The warnings name mask_truncated_completions. None: neither."
         },
     )
     # rollout schedule
@@ -696,7 +697,10 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
             their length at the first intervention step to `max_completion_length`, with at least a quarter of them
             cut at the cap. Controls are plain policy samples: their length climbing while the judge intervenes is
             the policy learning to run on from what intervened rollouts reward (on SmolLM2-135M: 22 to 47-52 of 64
-            tokens by the fourth intervention step). The warning names `mask_truncated_completions`. `None`: never.
+            tokens by the fourth intervention step). Also warns when half the controls are cut at the cap over the
+            first 2 intervention steps: a reward that reads the final answer then scores them about 0, and every
+            gradient comes from the judge-completed rollouts. The warnings name `mask_truncated_completions`.
+            `None`: neither.
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["judge_chat_template_kwargs"]

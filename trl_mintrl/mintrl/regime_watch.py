@@ -9,6 +9,10 @@ back. Fed once per training batch with measures over all processes, so every pro
   `max_completion_length` while the judge intervenes is the policy learning to run on from what the intervened
   rollouts reward. In those runs the controls went from 22 tokens to 47-52 of the 64 by the fourth intervention step
   and to the cap after it.
+- Controls cut at the cap from the start. A reward that reads the final answer never finds it in a cut completion,
+  so the controls score about 0, the baseline is 0, and every gradient comes from the rollouts the judge completed:
+  supervised training on the judge's text rather than RL. SmolLM2-135M-Instruct, without a format warm-up, had half
+  to all of its 96-token completions cut from the first step.
 
 Both look at the last `WINDOW` intervention steps, so they can speak from the second one, and each warns once per
 run. With `judge_token_target` the controller's first step runs with every slot reviewed; the share warning needs
@@ -24,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 WINDOW = 2  # intervention steps a warning looks at
 CLIPPED_CONTROLS = 0.25  # share of the controls cut at the cap that, with the length, makes the climb a warning
+CLIPPED_FROM_START = 0.5  # share of the controls cut at the cap over the first intervention steps that warns
 
 
 @dataclass
@@ -32,7 +37,8 @@ class RegimeWatch:
     tokens is above it on each of the last `WINDOW` intervention steps (None: never). `control_length_climb`: warn
     when the controls' mean length over the last `WINDOW` intervention steps has covered this share of the way from
     their length at the first intervention step to `max_completion_length`, with at least `CLIPPED_CONTROLS` of them
-    cut at the cap (None: never)."""
+    cut at the cap, or when at least `CLIPPED_FROM_START` of them were cut over the first `WINDOW` intervention steps
+    (None: neither)."""
 
     max_judge_share: float | None
     control_length_climb: float | None
@@ -42,7 +48,8 @@ class RegimeWatch:
     control_lengths: list[float] = field(default_factory=list)
     control_clipped: list[float] = field(default_factory=list)
     start_length: float | None = None
-    warned: set[str] = field(default_factory=set)  # "share", "length"
+    intervention_steps: int = 0  # seen so far
+    warned: set[str] = field(default_factory=set)  # "share", "length", "clipped"
 
     def update(self, judge_share: float, control_length: float, control_clipped: float) -> list[str]:
         """One intervention step's judge-token share, controls' mean length (every token) and share cut at the cap.
@@ -52,7 +59,9 @@ class RegimeWatch:
         self.control_clipped = [*self.control_clipped, control_clipped][-WINDOW:]
         if self.start_length is None:
             self.start_length = control_length
-        said = [name for name, check in (("share", self._share), ("length", self._length)) if check()]
+        self.intervention_steps += 1
+        checks = (("share", self._share), ("length", self._length), ("clipped", self._clipped))
+        said = [name for name, check in checks if check()]
         if self.enabled:
             for name in said:
                 logger.warning(self.message(name))
@@ -73,6 +82,11 @@ class RegimeWatch:
         climbed = length > start and length >= start + climb * (self.max_completion_length - start)
         return climbed and clipped >= CLIPPED_CONTROLS
 
+    def _clipped(self) -> bool:
+        first_window = self.intervention_steps == WINDOW
+        clipped = sum(self.control_clipped) / WINDOW
+        return self.control_length_climb is not None and first_window and clipped >= CLIPPED_FROM_START
+
     def message(self, name: str) -> str:
         if name == "share":
             return (
@@ -86,6 +100,16 @@ class RegimeWatch:
             )
         length = sum(self.control_lengths) / WINDOW
         clipped = sum(self.control_clipped) / WINDOW
+        if name == "clipped":
+            return (
+                f"MInTRL: {100 * clipped:.0f}% of the control rollouts (plain policy samples) were cut at "
+                f"max_completion_length={self.max_completion_length} over the first {WINDOW} intervention steps. A "
+                "reward that reads the final answer finds none in a cut completion, so the controls score about 0 and "
+                "every gradient comes from the rollouts the judge completed: supervised training on the judge's text, "
+                "not RL. Fixes: a larger max_completion_length, a prompt or format warm-up that makes answers end, "
+                "mask_truncated_completions=True (cut rollouts leave the regression). Shown once per run; "
+                "mintrl/clipped_ratio_control is logged every step."
+            )
         return (
             f"MInTRL: the control rollouts (plain policy samples) grew from {self.start_length:.0f} to {length:.0f} "
             f"tokens of max_completion_length={self.max_completion_length} while the judge intervenes, "
@@ -99,11 +123,12 @@ class RegimeWatch:
     def state_dict(self) -> dict:
         return {"shares": self.shares, "control_lengths": self.control_lengths,
                 "control_clipped": self.control_clipped, "start_length": self.start_length,
-                "warned": sorted(self.warned)}  # fmt: skip
+                "intervention_steps": self.intervention_steps, "warned": sorted(self.warned)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.shares = [float(v) for v in state["shares"]]
         self.control_lengths = [float(v) for v in state["control_lengths"]]
         self.control_clipped = [float(v) for v in state["control_clipped"]]
         self.start_length = None if state["start_length"] is None else float(state["start_length"])
+        self.intervention_steps = int(state["intervention_steps"])
         self.warned = set(state["warned"])
