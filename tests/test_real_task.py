@@ -343,3 +343,20 @@ def test_rule_judge_is_a_function_judge_that_reads_last_step_complete():
     assert corrections[0].text == "Jack has 16 + 5 = 21 stickers.\n" and not corrections[0].failed
     assert corrections[1].failed
     assert judge.review([]) == []
+
+
+def test_the_calibration_says_where_the_judges_first_flag_falls_on_a_chain():
+    """benchmarks/real/calibration.py's `text_stats` on hand-made samples of one chain problem: the reference itself
+    (no flag), the decisive line wrong (flagged at it), the first line wrong (flagged before it)."""
+    from benchmarks.real.calibration import text_stats
+
+    [problem] = make_problems(1, 7, seed=6, family="chain")
+    decisive = next(i for i, (_, op, _, _) in enumerate(problem.computations) if op == DECISIVE_OP)
+    lines = [step + "\n" for step in problem.steps] + [f"#### {problem.answer}"]
+    wrong_decisive = lines[:decisive] + ["Jack has 1 * 2 = 3 cards.\n"] + lines[decisive + 1 :]
+    wrong_first = ["Jack has 1 + 2 = 3 cards.\n"] + lines[1:]
+    texts = ["".join(lines), "".join(wrong_decisive), "".join(wrong_first)]
+    stats = text_stats([problem], texts, [False] * 3, samples=3, family="chain")
+    assert stats["first_flagged"] == pytest.approx({"before": 1 / 3, "at": 1 / 3, "after": 0.0, "none": 1 / 3})
+    assert stats["pass"]["math_reward"]["samples_right"] == pytest.approx(1.0)  # the answer line is right in all 3
+    assert text_stats([problem], texts, [False] * 3, samples=3)["first_flagged"] is None  # the mixed family: none

@@ -45,7 +45,7 @@ from benchmarks.provenance import MachineWatch, provenance  # noqa: E402
 
 from .judge import ANSWER, COMPUTATION, correct_step, evaluate, number, review_chunk  # noqa: E402
 from .scoring import chat_nll, sample  # noqa: E402
-from .task import FAMILIES, calibration_problems, chat_dataset  # noqa: E402
+from .task import DECISIVE_OP, FAMILIES, calibration_problems, chat_dataset  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "real_calibration"
 _HASH = re.compile(r"####\s*\$?(-?\d+(?:,\d{3})*(?:\.\d+)?)")
@@ -168,23 +168,25 @@ def judge_samples(tokenizer, problems, prompts, generations, texts, samples: int
     return stats, pairs, examples
 
 
-def text_stats(problems, texts: list[str], capped: list[bool], samples: int) -> dict:
+def text_stats(problems, texts: list[str], capped: list[bool], samples: int, family: str = "mixed") -> dict:
     """What the samples' text says (no model: `--rescore` recomputes it): pass@k by each answer reader, the shares
     that write `####`, an answer line, a computation, that hit the cap; the computations' truth; the rule judge's
-    whole-sample verdicts."""
+    whole-sample verdicts and, for the chain family, where its first flag falls (`first_flagged`)."""
     rows = [problems[i // samples] for i in range(len(texts))]
     questions = [p.prompt[0]["content"] for p in rows]
     readers = answer_readers(texts, [p.answer for p in rows], [p.solution for p in rows])
     finished = [not c for c in capped]
-    kept = [
-        review_chunk(q, "", t.splitlines(keepends=True) or [t], p.solution, last_step_complete=f) is None
+    flagged = [
+        review_chunk(q, "", t.splitlines(keepends=True) or [t], p.solution, last_step_complete=f)
         for q, t, p, f in zip(questions, texts, rows, finished, strict=True)
     ]
     found = [list(COMPUTATION.finditer(t)) for t in texts]
     computations = [m for ms in found for m in ms]
     true = [evaluate(m.group("expr")) == number(m.group("result")) for m in computations]
+    kept = [index is None for index in flagged]
     return {
         "pass": {name: _pass(flags, samples) for name, flags in readers.items()},
+        "first_flagged": first_flagged(rows, flagged) if family == "chain" else None,
         "writes_hash": statistics.fmean("####" in t for t in texts),
         "writes_answer_line": statistics.fmean(line_answer(t) is not None for t in texts),
         "writes_computation": statistics.fmean(bool(ms) for ms in found),
@@ -197,6 +199,18 @@ def text_stats(problems, texts: list[str], capped: list[bool], samples: int) -> 
             **_agreement(kept, readers["hash_reader"], capped),
         },
     }
+
+
+def first_flagged(problems, flagged: list[int | None]) -> dict:
+    """Where the rule judge's first flag falls in each sample of a chain problem (`task.make_chain_problem`), as
+    shares: before its decisive step, at it, after it, nowhere. A regime where the judge's correction is local needs
+    most first flags at the decisive step."""
+    decisive = [next(i for i, c in enumerate(p.computations) if c[1] == DECISIVE_OP) for p in problems]
+    where = [
+        "none" if f is None else "before" if f < d else "at" if f == d else "after"
+        for f, d in zip(flagged, decisive, strict=True)
+    ]
+    return {place: where.count(place) / len(where) for place in ("before", "at", "after", "none")}
 
 
 def _share(flags: list[bool]) -> float | None:
@@ -249,7 +263,7 @@ def calibrate_difficulty(model, tokenizer, num_steps: int, args) -> tuple[dict, 
         "num_steps": num_steps,
         "problems": len(problems),
         "samples_per_problem": args.samples,
-        **text_stats(problems, texts, capped, args.samples),
+        **text_stats(problems, texts, capped, args.samples, args.family),
         "mean_completion_tokens": n_tokens / len(generations),
         "judge_corrections": judged,
         "corrections_own_samples": summary(own, [len(t) for _, t in own_pairs]),
@@ -284,12 +298,13 @@ def rescore(out, argv: list[str]) -> dict:
     """Score the stored samples again (no model): `text_stats` (the math reward at this commit, the judge's rules)."""
     results = json.loads(_path(out, ".json").read_text())
     stored = json.loads(_path(out, ".samples.json").read_text())
+    family = results["config"].get("family", "mixed")
     for key, record in results["difficulties"].items():
-        problems = calibration_problems(int(key), record["problems"], family=results["config"].get("family", "mixed"))
+        problems = calibration_problems(int(key), record["problems"], family=family)
         samples = stored[key]
         if [p.solution for p in problems for _ in range(record["samples_per_problem"])] != samples["solutions"]:
             raise ValueError(f"num_steps={key}: the stored samples are not of this commit's calibration problems")
-        stats = text_stats(problems, samples["completions"], samples["capped"], record["samples_per_problem"])
+        stats = text_stats(problems, samples["completions"], samples["capped"], record["samples_per_problem"], family)
         stats["judge"] = {**record.get("judge", {}), **stats["judge"]}  # keep what only the model could measure
         record.update(stats)
     results["math_reward_reads_hash"] = math_reward_reads_hash()
@@ -436,7 +451,22 @@ def table(results: dict) -> str:
             f"| {key} | {_corrections(own)} | {_corrections(ref)} | {_nats(whole)} ({_nats(whole, 'nats_per_token')}) "
             f"| {t['generate_s']:.0f} ({t['tokens_per_s']:.0f}) | {t['nll_s']:.0f} |"
         )
-    return "\n".join(found) + "\n\n" + "\n".join(cost)
+    flags = [
+        f"| {key} | "
+        + " | ".join(_pct(d["first_flagged"][place]) for place in ("before", "at", "after", "none"))
+        + " |"
+        for key, d in sorted(results["difficulties"].items(), key=lambda kv: int(kv[0]))
+        if d.get("first_flagged")
+    ]
+    where = [
+        "",
+        "Where the rule judge's first flag falls in a sample (chain problems: their one decisive step):",
+        "",
+        "| steps | before the decisive step (%) | at it (%) | after it (%) | nowhere (%) |",
+        "|---|---|---|---|---|",
+        *flags,
+    ]
+    return "\n".join(found) + "\n\n" + "\n".join(cost) + ("\n" + "\n".join(where) if flags else "")
 
 
 def _corrections(block: dict) -> str:
