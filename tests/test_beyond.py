@@ -205,9 +205,10 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
         run["final"]["pass@1"] = pass1.get((run["label"], kind, run["seed"]), 0.0)
         run["final"]["pass@8"] = 0.6 if (run["label"], kind) == ("mintrl-const", None) else 0.1
         for entry in run["logs"]:
-            if run["label"] == "mintrl-budget":  # 0.1 x 50 tokens x 16 rollouts = 80 judge tokens per step
+            # judge tokens per step: share / (1 - share) x the policy's mean length x 16 rollouts
+            if run["label"] == "mintrl-budget":  # 0.1 / 0.9 x 50 x 16 = 88.9
                 entry["mintrl/judge_token_frac"], entry["completions/mean_length"] = 0.1, 50.0
-            if (run["label"], kind) == ("mintrl-const", None):  # the fixed arm: 0.05 x 50 x 16 = 40 judge tokens
+            if (run["label"], kind) == ("mintrl-const", None):  # the fixed arm: 0.05 / 0.95 x 50 x 16 = 42.1
                 entry["mintrl/judge_token_frac"], entry["completions/mean_length"] = 0.05, 50.0
             if run["label"] == "mintrl-vote":
                 entry["mintrl/vote_agreement"] = 0.75 if run["seed"] == 0 else 0.25
@@ -240,11 +241,11 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     votes = cells("| false REVISE | 0.3 | 2 |")
     assert votes[4] == "50.0 ± 35.4" and votes[8] == "+0.0 [-127.1, +127.1]"  # agreement of 75 and 25
     controller = cells("| controller |")
-    assert controller[3] == "80 ± 0"  # total judge tokens of a 1-step run
+    assert controller[3] == "89 ± 0"  # total judge tokens of a 1-step run
     assert controller[7] == "40.0 ± 28.3" and controller[9] == "+40.0 [-214.1, +294.1]"
     line = next(line for line in lines if line.startswith("Controller - fixed"))
     assert "pass@1 +0.0 [-381.2, +381.2] (no)" in line  # (+20 - 50, +60 - 30) paired by seed
-    assert line.endswith("judge tokens controller / fixed 2.00 [2.00, 2.00].")  # 80 / 40 on both seeds
+    assert line.endswith("judge tokens controller / fixed 2.11 [2.11, 2.11].")  # 88.9 / 42.1 on both seeds
     combined = cells("| mintrl-sort |")
     assert combined[3] == "20.0 ± 14.1" and combined[5:7] == ["+20.0 [-107.1, +147.1]", "no"]  # vs GRPO
     assert combined[8] == "-20.0 [-274.1, +234.1]"  # vs mintrl-const: (-40, 0)
