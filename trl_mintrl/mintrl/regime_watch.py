@@ -14,7 +14,7 @@ back. Fed once per training batch with measures over all processes, so every pro
   supervised training on the judge's text rather than RL. SmolLM2-135M-Instruct, without a format warm-up, had half
   to all of its 96-token completions cut from the first step.
 
-Both look at the last `WINDOW` intervention steps, so they can speak from the second one, and each warns once per
+All three look at the last `WINDOW` intervention steps, so they can speak from the second one, and each warns once per
 run. With `judge_token_target` the controller's first step runs with every slot reviewed; the share warning needs
 every step of its window above the threshold, so that first step alone never triggers it.
 """
@@ -33,7 +33,7 @@ CLIPPED_FROM_START = 0.5  # share of the controls cut at the cap over the first 
 
 @dataclass
 class RegimeWatch:
-    """The two warnings of the module's docstring. `max_judge_share`: warn when the judge's share of the completion
+    """The three warnings of the module's docstring. `max_judge_share`: warn when the judge's share of the completion
     tokens is above it on each of the last `WINDOW` intervention steps (None: never). `control_length_climb`: warn
     when the controls' mean length over the last `WINDOW` intervention steps has covered this share of the way from
     their length at the first intervention step to `max_completion_length`, with at least `CLIPPED_CONTROLS` of them
