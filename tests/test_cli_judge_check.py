@@ -144,7 +144,7 @@ def test_a_working_judge_is_reported_as_it_answered(tiny_model_path, tmp_path, c
     )
     assert 0 < float(reported(report, "judge-token share").split()[0]) < 1  # corrections were inserted
     # above the recipe's judge_share_warning (0.01 here): the report says training will warn, and names the fix
-    assert "above judge_share_warning=0.01: training will warn" in report and "judge_token_target=0.03" in report
+    assert "above judge_share_warning=0.01: training warns when two" in report and "judge_token_target=0.03" in report
     written = [answer for answer in corrections if answer != "raised"]
     with_answer = sum("Answer: " in answer for answer in written)  # the toy's judge ends a solution "Answer: 14"
     assert 0 < with_answer < len(written)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import learning_real_causes as study
-from benchmarks.real.arms import config_fields
+from benchmarks.real.arms import arm_judge, config_fields
+from benchmarks.real.task import make_problems
 from benchmarks.stats import format_interval, mean_interval
+from trl_mintrl.judges import CorrectionRequest
 
 SEEDS = (0, 1, 2)
 # per arm and seed: the last-quarter share at the cap
@@ -90,3 +92,13 @@ def test_each_cause_arm_changes_one_field_of_mintrl_const():
         fields = config_fields(arm, job, "/tmp/out")
         assert {k for k in fields if fields[k] != base.get(k)} == {field} and fields[field] == value
     assert config_fields("mintrl-no-answer", job, "/tmp/out") == base  # its judge object differs, not its config
+
+
+def test_only_the_no_answer_arm_has_a_judge_that_leaves_the_answer_line_to_the_policy():
+    [problem] = make_problems(1, 2, seed=1)
+    done = "".join(step + "\n" for step in problem.steps)  # every step there: next comes the answer line
+    request = CorrectionRequest(problem.prompt[0]["content"], done, problem.solution)
+    answers = {arm: arm_judge(arm).correct([request])[0].text for arm in study.ARMS}
+    assert answers["mintrl-no-answer"] == ""
+    assert {answers[arm] for arm in study.ARMS if arm != "mintrl-no-answer"} == {f"#### {problem.answer}\n"}
+    assert arm_judge("mintrl-self") is None  # the config's self judge

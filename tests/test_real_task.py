@@ -111,11 +111,16 @@ def test_a_chain_is_easy_steps_and_one_decisive_step_the_judge_reads():
             assert c == apply(a, op, b) and CHAIN_LOW <= c <= MAX_VALUE
             assert (2 <= b <= 4) if i in decisive else (op in EASY_OPS and 2 <= b <= 9)
         assert problem.num_steps in (7, 8, 9) and problem.answer == problem.computations[-1][3]
+        # before it the value stays small enough to double, so the decisive step always fits
+        assert all(c <= MAX_VALUE // 2 for _, _, _, c in problem.computations[: decisive[0]])
         q = question(problem)  # the rule judge reads its reference and corrects its decisive step
         prefix = "".join(step + "\n" for step in problem.steps[: decisive[0]])
         assert correct_step(q, prefix, problem.solution) == problem.steps[decisive[0]] + "\n"
         wrong = "".join(step + "\n" for step in problem.steps[: decisive[0]]) + "Jack has 1 * 2 = 3 cards.\n"
         assert review(problem, wrong) == decisive[0]
+    # a draw whose chain once climbed past 100 before its decisive step, which then never came
+    assert all([op for _, op, _, _ in p.computations].count(DECISIVE_OP) == 1
+               for p in make_problems(300, (7, 8, 9), seed=14, family="chain"))  # fmt: skip
     easy = make_problems(50, 8, seed=4, family="chain-easy")
     assert all(op in EASY_OPS for p in easy for _, op, _, _ in p.computations)
     assert {p.key for p in chains}.isdisjoint(p.key for p in easy)

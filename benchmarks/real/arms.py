@@ -128,7 +128,7 @@ def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: st
     """The arm's trainer on `dataset` (rows of `task.Problem.row`), `math_reward` as its only reward."""
     from trl_mintrl.rewards import math_reward
 
-    trainer, fields = ARM_FIELDS[arm]
+    trainer = ARM_FIELDS[arm][0]
     args = config_fields(arm, job, output_dir)
     if job["engine"] == "vllm":
         prepare_vllm_cpu()
@@ -144,7 +144,13 @@ def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: st
         return SORTTrainer(args=SORTConfig(**args), **kwargs)
     from trl_mintrl.mintrl import MInTRLConfig, MInTRLTrainer
 
+    return MInTRLTrainer(args=MInTRLConfig(**args), judge=arm_judge(arm), **kwargs)
+
+
+def arm_judge(arm: str):
+    """The judge object a MInTRL arm passes to its trainer: the rule judge (never writing the answer line for
+    "rule-no-answer"), or None when the config's backend (`judge="self"`) builds it."""
     from .judge import rule_judge
 
-    judge = rule_judge(writes_answer=fields["judge"] == "rule") if fields["judge"].startswith("rule") else None
-    return MInTRLTrainer(args=MInTRLConfig(**args), judge=judge, **kwargs)
+    judge = ARM_FIELDS[arm][1]["judge"]
+    return rule_judge(writes_answer=judge == "rule") if judge.startswith("rule") else None

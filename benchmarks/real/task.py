@@ -43,11 +43,8 @@ INSTRUCTION = (
 )
 CALIBRATION_SEED = 4500  # calibration draws its own problems: fresh draws from the training distribution
 OPS = ("+", "-", "*", "/")
-FAMILIES = (
-    "mixed",
-    "chain",
-    "chain-easy",
-)  # `make_problem`'s; `make_chain_problem`'s with and without its decisive step
+# `make_problem`'s family; `make_chain_problem`'s with and without its decisive step
+FAMILIES = ("mixed", "chain", "chain-easy")
 EASY_OPS = ("+", "-")
 CHAIN_LOW = 10  # a chain's running value never goes below it
 DECISIVE_OP = "*"
@@ -300,8 +297,9 @@ def make_problem(rng: random.Random, num_steps: int) -> Problem:
 
 def make_chain_problem(rng: random.Random, num_steps: int, decisive: bool = True) -> Problem:
     """A `chain` problem (module docstring): `num_steps` steps of `EASY_OPS` with operands 2-9 on a value starting at
-    20-60 and kept in `CHAIN_LOW`..`MAX_VALUE`; with `decisive`, the step at a random position after the first is
-    `DECISIVE_OP` by 2-4 instead. The question's and the solution's sentences are the themes' own."""
+    20-60 and kept in `CHAIN_LOW`..`MAX_VALUE` (before the decisive step, at most half of it); with `decisive`, the
+    step at a random position after the first is `DECISIVE_OP` by 2-4 instead. The question's and the solution's
+    sentences are the themes' own."""
     if num_steps < 2:
         raise ValueError(f"a chain needs num_steps >= 2 (the decisive step is never the first), got {num_steps}")
     theme = rng.choice(THEMES)
@@ -314,12 +312,10 @@ def make_chain_problem(rng: random.Random, num_steps: int, decisive: bool = True
             op, high = DECISIVE_OP, min(4, MAX_VALUE // value)
         else:
             op = rng.choice(EASY_OPS)
-            high = min(9, MAX_VALUE - value) if op == "+" else min(9, value - CHAIN_LOW)
-        if high < 2:  # no operand keeps the value in range: the easy step goes the other way, the decisive one waits
-            if op == DECISIVE_OP:
-                at += 1 if at < num_steps - 1 else 0
-                op, high = "-", min(9, value - CHAIN_LOW)
-            else:
+            # before the decisive step the value stays at most half the maximum, so that it can always double
+            top = MAX_VALUE // 2 if at is not None and len(computations) < at else MAX_VALUE
+            high = min(9, top - value) if op == "+" else min(9, value - CHAIN_LOW)
+            if high < 2:  # no operand keeps the value in range this way: draw the operation again
                 continue
         b = rng.randint(2, high)
         c = apply(value, op, b)

@@ -365,8 +365,8 @@ def count_lines(n: dict, judge_share_warning: float | None = None) -> list[str]:
         "mintrl/judge_token_frac; the paper's corrections are 0.02-0.04)",
         *(
             [
-                f"                       above judge_share_warning={judge_share_warning}: training will warn from its "
-                "second intervention step; judge_token_target=0.03 reviews only a share of the intervened slots"
+                f"                       above judge_share_warning={judge_share_warning}: training warns when two "
+                "intervention steps in a row are; judge_token_target=0.03 reviews only a share of the intervened slots"
             ]
             * above
         ),

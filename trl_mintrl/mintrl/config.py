@@ -250,8 +250,8 @@ class MInTRLFields:
     judge_max_correction_tokens: int | None = field(
         default=None,
         metadata={
-            "help": "Token budget of a judge's correction answer, in the judge's own tokens (a model or endpoint judge; "
-            "a correction cut by it fails). None: max_correction_tokens, the same number as the rollout's cap."
+            "help": "Token budget of a judge's correction answer, in the judge's own tokens (a model or endpoint "
+            "judge; a correction cut by it fails). None: max_correction_tokens, the same number as the rollout's cap."
         },
     )
     judge_review_template: str = field(
@@ -316,8 +316,8 @@ class MInTRLFields:
     judge_share_warning: float | None = field(
         default=0.25,
         metadata={
-            "help": "Warn (once per run) when the judge writes more than this share of the completion tokens on each of "
-            "2 intervention steps in a row: the paper's corrections are 2-4% of the tokens, and its ablation found "
+            "help": "Warn (once per run) when the judge writes more than this share of the completion tokens on each "
+            "of 2 intervention steps in a row: the paper's corrections are 2-4% of the tokens, and its ablation found "
             "~40% worse than no intervention. The warning names judge_token_target. None: never."
         },
     )
@@ -326,8 +326,8 @@ class MInTRLFields:
         metadata={
             "help": "Warn (once per run) when, over 2 intervention steps, the controls' mean length has covered this "
             "share of the way from their length at the first intervention step to max_completion_length, with a "
-            "quarter of them cut at the cap: the policy is learning to run on from the intervened rollouts. Also warns "
-            "when half the controls are cut at the cap over the first 2 intervention steps (their reward then reads "
+            "quarter of them cut at the cap: the policy is learning to run on from the intervened rollouts. Also "
+            "warns when half the controls are cut at the cap over the first 2 intervention steps (their reward then reads "
             "no answer: every gradient is the judge's). The warnings name mask_truncated_completions. None: neither."
         },
     )
@@ -697,9 +697,9 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
             their length at the first intervention step to `max_completion_length`, with at least a quarter of them
             cut at the cap. Controls are plain policy samples: their length climbing while the judge intervenes is
             the policy learning to run on from what intervened rollouts reward (on SmolLM2-135M: 22 to 47-52 of 64
-            tokens by the fourth intervention step). Also warns when half the controls are cut at the cap over the
-            first 2 intervention steps: a reward that reads the final answer then scores them about 0, and every
-            gradient comes from the judge-completed rollouts. The warnings name `mask_truncated_completions`.
+            tokens by the fourth or fifth intervention step). Also warns when half the controls are cut at the cap
+            over the first 2 intervention steps: a reward that reads the final answer then scores them about 0, and
+            every gradient comes from the judge-completed rollouts. The warnings name `mask_truncated_completions`.
             `None`: neither.
     """
 

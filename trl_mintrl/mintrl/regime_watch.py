@@ -7,8 +7,8 @@ back. Fed once per training batch with measures over all processes, so every pro
   the tokens, and the completions of every such run grew to the cap.
 - The controls' length. Controls are plain policy samples, so a control length climbing toward
   `max_completion_length` while the judge intervenes is the policy learning to run on from what the intervened
-  rollouts reward. In those runs the controls went from 22 tokens to 47-52 of the 64 by the fourth intervention step
-  and to the cap after it.
+  rollouts reward. In those runs the controls went from 22 tokens to 47-52 of the 64 by the fourth or fifth
+  intervention step and to the cap after it.
 - Controls cut at the cap from the start. A reward that reads the final answer never finds it in a cut completion,
   so the controls score about 0, the baseline is 0, and every gradient comes from the rollouts the judge completed:
   supervised training on the judge's text rather than RL. SmolLM2-135M-Instruct, without a format warm-up, had half

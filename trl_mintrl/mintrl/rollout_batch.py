@@ -134,7 +134,7 @@ class RolloutMeasures:
     reviews: float  # reviews made (each is `judge_votes` judge calls)
     reward_control: float  # mean reward of the controls
     reward_intervened: float | None  # mean reward of the intervened rollouts; None when there are none
-    length_control: float  # the controls' mean length, every policy token (no tool results)
+    length_control: float  # the controls' mean length in written tokens (no tool results)
     clipped_control: float  # the share of the controls cut at max_completion_length
 
     @classmethod
