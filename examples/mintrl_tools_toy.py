@@ -3,17 +3,17 @@ calls, from a judge whose correction is the tool call.
 
     python examples/mintrl_tools_toy.py [--regime in-band|reachable] [--seed 0] [--no-grpo]
 
-The task (benchmarks/toy/tool_task.py): `Compute 4+a-b+2 =`, where the registers' values live only in the environment
+The task (benchmarks/tasks/toy/tool_task.py): `Compute 4+a-b+2 =`, where the registers' values live only in the environment
 (`RegisterEnv`, passed as TRL's `environment_factory=`; its `get(name)` method is the tool, `[get name=a]` in the
 policy's format). The reward is 1 for the right answer with every register read through the tool: a guess earns
-nothing. The committed warm start (benchmarks/toy/warm_start_tools/) guesses instead of calling on `Compute`
+nothing. The committed warm start (benchmarks/tasks/toy/warm_start_tools/) guesses instead of calling on `Compute`
 problems (the in-band regime: held-out pass@64 0%), while the call is not foreign to it (it calls on `Evaluate`
 problems, the reachable regime: pass@8 28%). MInTRL samples 4 control and 4 intervened rollouts per prompt; on the
 intervened ones a rule judge reads the conversation so far, flags the first wrong or missing call, writes the next call
 `[get name=a]`, and the environment executes it; the policy continues. The same demo then runs TRL's `GRPOTrainer`
 with the same environment, prompts, steps and optimiser.
 
-The defaults are one seed of the tool benchmark's arms (benchmarks/learning_tools.py, 48 steps x 8 prompts, 96
+The defaults are one seed of the tool benchmark's arms (benchmarks/studies/learning_tools.py, 48 steps x 8 prompts, 96
 held-out problems, pass@k with the tool loop on): the demo trains the same jobs and prints the same numbers. One seed
 cannot resolve a difference, so it ends with what the committed benchmark (benchmarks/results/learning_tools.json,
 5 seeds) found, read from the JSON.
@@ -26,15 +26,15 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.toy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.tasks.toy
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from benchmarks.demo_claim import committed_comparison, load_results  # noqa: E402
-from benchmarks.learning_tools import HELDOUT_SEED, MODES, RESULTS, held_out_scores, plan_jobs, run_job  # noqa: E402
-from benchmarks.toy.demo import quiet_libraries  # noqa: E402
+from benchmarks.studies.learning_tools import HELDOUT_SEED, MODES, RESULTS, held_out_scores, plan_jobs, run_job  # noqa: E402
+from benchmarks.tasks.toy.demo import quiet_libraries  # noqa: E402
+from benchmarks.tasks.toy.demo_claim import committed_comparison, load_results  # noqa: E402
 
 NAMES = {"mintrl-const": "MInTRL", "grpo": "GRPO"}
 LEARNING_TOOLS_JSON = RESULTS / "learning_tools.json"
@@ -66,8 +66,8 @@ def warm_start_scores(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.toy.tool_task import make_tool_problems
-    from benchmarks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
+    from benchmarks.tasks.toy.tool_task import make_tool_problems
+    from benchmarks.tasks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_TOOLS_DIR)

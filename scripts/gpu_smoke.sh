@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with NVIDIA GPUs: 2 MInTRL and 2 SORT steps on the tiny model with vLLM colocate in bf16, then a
 # short table (step times, tokens/s, prefix-cache hit rate, chunked rollout vs plain generation), then the rollout
-# benchmark (benchmarks/cost.py --rollout: barrier vs continuous schedule, x plain generation). With 2+ GPUs also
+# benchmark (benchmarks/studies/cost.py --rollout: barrier vs continuous schedule, x plain generation). With 2+ GPUs also
 # colocate with tensor parallelism 2, and server mode (`trl vllm-serve` on GPU 1, TRL's NCCL weight sync; the same
 # chunked rollout through the server and colocate, round by round).
 # Installs what is missing: from the wheels in ./wheels (git-ignored; for machines without a package index) when
@@ -34,7 +34,7 @@ CUDA_VISIBLE_DEVICES=0 "$python" scripts/gpu_smoke.py --model "$model" "$@"
 #     judge (instant, and delayed per call) and the endpoint judge behind a local server answering after a tenth of a
 #     full-length generation; every row per engine step, then the engine saturated (max_num_seqs a quarter, then a
 #     sixteenth of the rows)
-CUDA_VISIBLE_DEVICES=0 "$python" benchmarks/cost.py --rollout --rounds 3 --out "$work/rollout"
+CUDA_VISIBLE_DEVICES=0 "$python" benchmarks/studies/cost.py --rollout --rounds 3 --out "$work/rollout"
 
 if [ "$gpus" -lt 2 ]; then
   echo "gpu_smoke: server mode and TP 2 need 2 GPUs (NCCL weight sync cannot share one GPU); $gpus here"

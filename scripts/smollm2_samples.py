@@ -5,7 +5,7 @@ tests/test_steps.py) read these samples: they are the formats a real chat model 
 16.", one step per line), not ones we imagined. Sampling is the model's own: its chat template with the generation
 prompt, temperature 1 (no top-k, no top-p), a fixed seed, at most 128 new tokens. Each problem is asked twice: as
 the bare question (what the model writes unprompted) and with the real-model benchmark's instruction (one step per
-line, `#### <answer>` at the end; benchmarks/real/task.py), half the samples each.
+line, `#### <answer>` at the end; benchmarks/tasks/real/task.py), half the samples each.
 
     trl-mintrl smollm2 /tmp/smol/model          # once: the checkpoint folder (see docs)
     OMP_NUM_THREADS=1 python scripts/smollm2_samples.py --model /tmp/smol/model
@@ -33,7 +33,7 @@ PROBLEMS = [
     ("Mark earns $12 an hour. He works 6 hours on Monday and 4 hours on Tuesday. How much does he earn?", "120"),
 ]
 
-# The instruction the real-model benchmark appends to its questions (benchmarks/real/task.py INSTRUCTION).
+# The instruction the real-model benchmark appends to its questions (benchmarks/tasks/real/task.py INSTRUCTION).
 INSTRUCTION = (
     'Solve it step by step. Write one step per line, and end with the final answer on its own line as "#### <answer>".'
 )

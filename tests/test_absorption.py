@@ -125,7 +125,7 @@ def near_judge():
     """The rule judge in the policy's notation: the warm start writes the `a#b` step as `a+b=`, so this judge takes
     that as the step's form and checks only the value (`1#2=5` is written `1+2=5`), cutting at the step holding the
     first wrong character and writing the rest of that step."""
-    from benchmarks.toy.task import NEW_OPERATOR, STEP_SEPARATOR, parse_question
+    from benchmarks.tasks.toy.task import NEW_OPERATOR, STEP_SEPARATOR, parse_question
     from trl_mintrl.judges import FunctionJudge
 
     def target(question):
@@ -165,7 +165,7 @@ def test_near_judge_writes_the_policys_notation():
 def warm_start():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.toy import WARM_START_DIR
+    from benchmarks.tasks.toy import WARM_START_DIR
 
     return WARM_START_DIR, AutoTokenizer.from_pretrained(WARM_START_DIR), AutoModelForCausalLM
 
@@ -175,8 +175,8 @@ def test_toy_far_judge_warns_and_near_judge_does_not(warm_start, tmp_path, caplo
     """Ten intervention steps on the unreachable regime (8 prompts x 8 rollouts, the runs of FAR and NEAR): the rule
     judge's `a#b=` keeps the NLL above 2 nats and warns once; the same corrections in the policy's `a+b=` fall below
     1 nat and never warn."""
-    from benchmarks.toy.task import rule_judge
-    from benchmarks.toy.training import REGIMES, build_trainer, rl_config
+    from benchmarks.tasks.toy.task import rule_judge
+    from benchmarks.tasks.toy.training import REGIMES, build_trainer, rl_config
 
     path, tokenizer, model_class = warm_start
     args = rl_config(

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cost_helpers import StandInTrainer
 
-from benchmarks.stats import format_interval, format_mean_std, mean_interval, paired_difference, t_quantile_975
-from benchmarks.toy.task import (
+from benchmarks.lib.stats import format_interval, format_mean_std, mean_interval, paired_difference, t_quantile_975
+from benchmarks.tasks.toy.task import (
     FAR_OPERATOR,
     NEW_OPERATOR,
     Problem,
@@ -108,8 +108,8 @@ def test_step_reward_needs_the_new_step_written_right_not_only_the_answer():
 
 
 def test_regimes_train_and_score_with_the_same_test():
-    from benchmarks.toy.evaluate import scores_of
-    from benchmarks.toy.training import REGIMES
+    from benchmarks.tasks.toy.evaluate import scores_of
+    from benchmarks.tasks.toy.training import REGIMES
 
     assert REGIMES["out-of-reach"].reward is step_reward
     assert REGIMES["unreachable"].reward is toy_reward and REGIMES["reachable"].reward is toy_reward
@@ -142,7 +142,7 @@ def test_rule_judge_from_start_revises_the_first_chunk_of_every_rollout_and_only
 def test_recheck_reruns_a_recorded_run_and_fails_when_its_scores_differ(tmp_path):
     """`--recheck` reruns one recorded run at this checkout: a smoke run's record matches (exit 0); the same record
     with its pass@1 changed does not (exit 1), and learning_recheck.json says which."""
-    learning = [sys.executable, "benchmarks/learning.py", "--workers", "0", "--out", str(tmp_path)]
+    learning = [sys.executable, "benchmarks/studies/learning.py", "--workers", "0", "--out", str(tmp_path)]
     subprocess.run([*learning, "--smoke"], cwd=ROOT, check=True, capture_output=True, timeout=600)
     recheck = [*learning, "--recheck", "in-band:mintrl-const:1"]
     done = subprocess.run(recheck, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -163,12 +163,12 @@ def test_recheck_reruns_a_recorded_run_and_fails_when_its_scores_differ(tmp_path
 
 
 def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
-    """Runs `benchmarks/learning.py --smoke` (1 step, 2 prompts, 2 seeds, GRPO and MInTRL) as a user would, then
+    """Runs `benchmarks/studies/learning.py --smoke` (1 step, 2 prompts, 2 seeds, GRPO and MInTRL) as a user would, then
     changes one run's number in the JSON and re-renders: the table follows the JSON."""
-    command = [sys.executable, "benchmarks/learning.py", "--smoke", "--workers", "0", "--out", str(tmp_path)]
+    command = [sys.executable, "benchmarks/studies/learning.py", "--smoke", "--workers", "0", "--out", str(tmp_path)]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=600)
     results = json.loads((tmp_path / "learning.json").read_text())
-    assert results["provenance"]["command"].startswith("python benchmarks/learning.py --smoke")
+    assert results["provenance"]["command"].startswith("python -m benchmarks.studies.learning --smoke")
     assert len(results["provenance"]["commit"]) == 40
     assert {(r["label"], r["seed"]) for r in results["runs"]} == {
         (m, s) for m in ("grpo", "mintrl-const") for s in (0, 1)
@@ -195,7 +195,7 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     assert "## The judge's distance" in table
     for png in ("learning_curves.png", "learning_interventions.png"):
         assert (tmp_path / png).stat().st_size > 0
-    # every record says what wrote it (benchmarks/harness.py); a rerun with --resume keeps them and runs nothing
+    # every record says what wrote it (benchmarks/lib/harness.py); a rerun with --resume keeps them and runs nothing
     assert all(len(r["recorded"]["commit"]) == 40 and r["recorded"]["machine"] for r in results["runs"])
     done = subprocess.run([*command, "--resume"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
     assert "5 finished jobs kept, 0 to run" in done.stdout
@@ -207,14 +207,14 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
         run["final"]["pass@1"] = bump
     (tmp_path / "learning.json").write_text(json.dumps(results))
     (tmp_path / "learning.md").unlink()
-    from benchmarks.learning import README_END, README_START
+    from benchmarks.studies.learning import README_END, README_START
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n{README_START}\nold table\n{README_END}\nafter\n")
     subprocess.run(
         [
             sys.executable,
-            "benchmarks/learning.py",
+            "benchmarks/studies/learning.py",
             "--replot",
             str(tmp_path / "learning.json"),
             "--readme",
@@ -242,7 +242,7 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
 def test_learning_replot_reads_the_committed_results_of_the_previous_version(tmp_path):
     """The committed learning.json was written by the previous learning.py (24 steps, float pass@1 curve points, no
     pass@64): `--replot` renders it, and the table carries its numbers."""
-    from benchmarks.learning import README_END, README_START
+    from benchmarks.studies.learning import README_END, README_START
 
     source = ROOT / "benchmarks" / "results" / "learning.json"
     (tmp_path / "results").mkdir()
@@ -252,7 +252,7 @@ def test_learning_replot_reads_the_committed_results_of_the_previous_version(tmp
     done = subprocess.run(
         [
             sys.executable,
-            "benchmarks/learning.py",
+            "benchmarks/studies/learning.py",
             "--replot",
             str(tmp_path / "results" / "learning.json"),
             "--out",
@@ -289,8 +289,8 @@ def test_cost_token_counter_counts_prefill_generated_and_forward_tokens():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.cost import TokenCounter
-    from benchmarks.toy import WARM_START_DIR
+    from benchmarks.studies.cost import TokenCounter
+    from benchmarks.tasks.toy import WARM_START_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
@@ -318,8 +318,8 @@ def test_cost_token_counter_counts_what_the_model_reads_with_a_kept_cache():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.cost import TokenCounter
-    from benchmarks.toy import WARM_START_DIR
+    from benchmarks.studies.cost import TokenCounter
+    from benchmarks.tasks.toy import WARM_START_DIR
     from trl_mintrl.engines import TransformersEngine
 
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
@@ -347,7 +347,7 @@ def test_cost_token_counter_counts_what_the_model_reads_with_a_kept_cache():
 
 def test_cost_readme_block_is_computed_from_the_saved_rounds():
     """The README's cost table comes from cost.json: paired time ratio per round and token-count ratios."""
-    from benchmarks.cost import readme_block
+    from benchmarks.studies.cost import readme_block
 
     def step(seconds, cpu, generated, forward, judge=None):
         record = {"seconds": seconds, "generated_tokens": generated, "forward_tokens": forward}
@@ -386,7 +386,7 @@ def test_cost_steps_do_not_depend_on_the_variants_beside_them():
 
     import torch
 
-    from benchmarks.cost import CPU_KEY, TokenCounter, measure_time
+    from benchmarks.studies.cost import CPU_KEY, TokenCounter, measure_time
 
     ran: list[str] = []
 
@@ -441,7 +441,7 @@ def test_cost_trainers_set_up_one_at_a_time_and_step_only_once_all_have():
 
     import torch
 
-    from benchmarks.cost import TokenCounter, measure_time
+    from benchmarks.studies.cost import TokenCounter, measure_time
 
     events: list[tuple[str, str]] = []
     setting_up = threading.Semaphore(1)  # a second set-up at once fails the test
@@ -470,7 +470,7 @@ def test_cost_trainers_set_up_one_at_a_time_and_step_only_once_all_have():
 def test_cost_prompts_do_not_depend_on_the_number_of_rounds():
     """Issue 29 compared a --rounds 8 run with a --rounds 6 one: the dataset's length followed the steps and the
     sampler shuffles by it, so every step drew other prompts. Step k's prompts must not depend on --rounds."""
-    from benchmarks.cost import build
+    from benchmarks.studies.cost import build
 
     def first_prompts(steps: int) -> list:
         trainer, _ = build("grpo", steps, steps)
@@ -482,7 +482,7 @@ def test_cost_prompts_do_not_depend_on_the_number_of_rounds():
 def test_curve_sets_are_prefixes_of_the_held_out_sets():
     """learning.py scores a run's last curve point on the first `curve_prompts` of the final held-out samples, and
     the warm start's step 0 on `problems(curve_prompts)`: both must be the same problems."""
-    from benchmarks.toy.training import REGIMES
+    from benchmarks.tasks.toy.training import REGIMES
 
     for regime in REGIMES.values():
         assert regime.problems(32, seed=999) == regime.problems(96, seed=999)[:32]
@@ -492,7 +492,7 @@ def test_learning_jobs_carry_each_arms_judge_notation_and_config():
     """Each MInTRL arm's job builds the rule judge of its label (the near arms correct in the policy's notation; the
     unsuffixed and the far arms in the reference's), the sweep runs the near judge, and the SORT beta labels set
     `repair_beta`."""
-    from benchmarks.learning import LABELS, MODES, job_judge, plan_jobs
+    from benchmarks.studies.learning import LABELS, MODES, job_judge, plan_jobs
 
     question = "Compute 9+5@3 ="
     settings = {**MODES["full"], "plan": {"out-of-reach": [*LABELS], "in-band": ["mintrl-const"]}}
@@ -517,7 +517,7 @@ def test_learning_jobs_carry_each_arms_judge_notation_and_config():
 
 def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_tokens():
     """`cost.py --rollout`: each rollout's time over the plain generation of the same round, mean and t-interval."""
-    from benchmarks.cost import render_rollout
+    from benchmarks.studies.cost import render_rollout
 
     def record(seconds, plain, busy, asked=0, kept=0):
         return {"seconds": seconds, "plain_seconds": plain, "busy_share": busy, "policy_tokens": [60, 40],
@@ -525,7 +525,7 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
                 "speculative_calls": asked, "speculative_kept": kept}  # fmt: skip
 
     saved = {
-        "provenance": {"command": "python benchmarks/cost.py --rollout", "commit": "b" * 40},
+        "provenance": {"command": "python -m benchmarks.studies.cost --rollout", "commit": "b" * 40},
         "settings": {"rounds": 2, "delay_fraction": 0.1, "shape": {"prompts": 1, "controls": 8, "intervened": 8,
                      "max_completion_length": 384, "mean_length": 96, "chunk_size": 48, "max_reviews": 4}},
         "result": {"regimes": [
@@ -562,7 +562,7 @@ def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_toke
 
 def test_cost_rollout_readme_block_follows_the_json(tmp_path):
     """`cost.py --rollout --replot JSON --readme README` rewrites the README's rollout rows from the JSON."""
-    from benchmarks.cost import ROLLOUT_END, ROLLOUT_START, main
+    from benchmarks.studies.cost import ROLLOUT_END, ROLLOUT_START, main
 
     saved = json.loads((ROOT / "benchmarks/results/cost_rollout.json").read_text())
     records = saved["result"]["regimes"][-1]["records"]["rule_continuous"]  # the last regime: the last column
@@ -585,9 +585,9 @@ def test_cost_rollout_readme_block_follows_the_json(tmp_path):
 def test_sort_hint_jobs_get_the_rule_planner_and_the_hint_warm_start():
     """SORT's regime in the full plan: GRPO and the four SORT arms, each SORT job with the regime's rule planner
     (the hint in the training wording), GRPO and other regimes' SORT jobs without a planner."""
-    from benchmarks.learning import LABELS, MODES, job_planner, plan_jobs
-    from benchmarks.toy.hint import WARM_START_HINT_DIR
-    from benchmarks.toy.training import REGIMES
+    from benchmarks.studies.learning import LABELS, MODES, job_planner, plan_jobs
+    from benchmarks.tasks.toy.hint import WARM_START_HINT_DIR
+    from benchmarks.tasks.toy.training import REGIMES
     from trl_mintrl.sort import FunctionPlanner, PlanRequest
 
     assert MODES["full"]["plan"]["sort-hint"] == [
@@ -614,7 +614,7 @@ def test_sort_hint_jobs_get_the_rule_planner_and_the_hint_warm_start():
 
 def test_learning_report_gives_grpos_mean_curve_from_the_warm_start():
     """learning.md says how GRPO's held-out curve moves (the horizon run reads where it flattens from this line)."""
-    from benchmarks.learning import report
+    from benchmarks.studies.learning import report
 
     def run(seed, p1, p8):
         curve = {"12": {"pass@1": p1[0], "pass@8": p8[0]}, "24": {"pass@1": p1[1], "pass@8": p8[1]}}
@@ -623,7 +623,7 @@ def test_learning_report_gives_grpos_mean_curve_from_the_warm_start():
                 "overrides": {}}  # fmt: skip
 
     results = {
-        "provenance": {"command": "python benchmarks/learning.py --horizon", "commit": "c" * 40,
+        "provenance": {"command": "python -m benchmarks.studies.learning --horizon", "commit": "c" * 40,
                        "changed_files_that_matter": []},
         "settings": {"steps": 24, "prompts_per_step": 8, "final_prompts": 96, "seeds": [0, 1],
                      "plan": {"reachable": ["grpo"]}, "sweep_seeds": 0},
@@ -636,10 +636,19 @@ def test_learning_report_gives_grpos_mean_curve_from_the_warm_start():
 
 
 def test_memory_benchmark_quick_writes_phase_table(tmp_path):
-    """`benchmarks/memory.py --quick` (two configurations, each in a fresh process) measures every phase through the
+    """`benchmarks/studies/memory.py --quick` (two configurations, each in a fresh process) measures every phase through the
     trainers' code and writes memory.json and memory.md: the table, the growth ratio, the largest repair forwards."""
     done = subprocess.run(
-        [sys.executable, "benchmarks/memory.py", "--quick", "--configs", "mb1-r4", "mb2-r4", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "benchmarks/studies/memory.py",
+            "--quick",
+            "--configs",
+            "mb1-r4",
+            "mb2-r4",
+            "--out",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -647,7 +656,7 @@ def test_memory_benchmark_quick_writes_phase_table(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     saved = json.loads((tmp_path / "memory.json").read_text())
-    assert saved["provenance"]["command"].startswith("python benchmarks/memory.py --quick")
+    assert saved["provenance"]["command"].startswith("python -m benchmarks.studies.memory --quick")
     runs = {run["name"]: run for run in saved["runs"]}
     for name, micro_batch in (("mb1-r4", 1), ("mb2-r4", 2)):
         phases = runs[name]["phases"]
@@ -668,7 +677,7 @@ def test_memory_benchmark_quick_writes_phase_table(tmp_path):
 def test_a_part_reruns_its_arms_and_keeps_every_other_record():
     """`--part`: the fresh part's runs replace the same (regime, label) runs of the previous learning.json; other arms,
     other regimes' calibrations and provenance stay; a previous sweep of another regime (the old design) is dropped."""
-    from benchmarks.learning import MODES, PARTS, arm_provenance, merge_previous, plan_jobs, provenance_lines
+    from benchmarks.studies.learning import MODES, PARTS, arm_provenance, merge_previous, plan_jobs, provenance_lines
 
     def run(regime, label, seed, group="main"):
         return {"regime": regime, "label": label, "seed": seed, "group": group, "tag": "old"}
@@ -717,7 +726,7 @@ def test_not_absorbed_warning_fires_on_far_corrections_and_stays_silent_in_band(
     """Issue 27: on the committed runs, the trainer's not-absorbed warning (its `AbsorptionTracker`, logged per step
     or replayed from the logged judge-token NLL) fires in every out-of-reach run whose corrections are far (the `@`
     step costs ~13 nats), and never in an in-band run (corrections ~7 nats, absorbed)."""
-    from benchmarks.learning import not_absorbed_warning, runs_of
+    from benchmarks.studies.learning import not_absorbed_warning, runs_of
 
     results = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())
     far = runs_of(results, "out-of-reach", "mintrl-const-far") + runs_of(results, "out-of-reach", "mintrl-proxy-far")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.toy.task import JUDGE_ERRORS, correct_step, make_problems, review_steps, rule_judge
+from benchmarks.tasks.toy.task import JUDGE_ERRORS, correct_step, make_problems, review_steps, rule_judge
 
 ROOT = Path(__file__).resolve().parents[1]
 SEPARATOR = "\n\n"
@@ -110,8 +110,8 @@ def test_errors_replay_for_a_seed_and_votes_of_one_chunk_can_disagree():
 
 def test_a_jobs_judge_errors_reach_the_in_band_judge():
     """learning.py's `job_judge` forwards `judge_errors` to the regime's rule judge (near notation on in-band)."""
-    from benchmarks import learning
-    from benchmarks.toy.training import REGIMES
+    from benchmarks.studies import learning
+    from benchmarks.tasks.toy.training import REGIMES
 
     job = {"regime": "in-band", "seed": 0, "judge_steps": 1, "overrides": {}}
     problem = REGIMES["in-band"].problems(1, seed=3)[0]
@@ -128,7 +128,7 @@ def test_a_jobs_judge_errors_reach_the_in_band_judge():
 
 
 def test_full_plan_is_13_arms_x_3_seeds_on_in_band_with_learnings_full_runs():
-    from benchmarks import beyond, learning
+    from benchmarks.studies import beyond, learning
 
     settings = beyond.settings_for("full")
     jobs = beyond.plan_jobs(settings)
@@ -171,14 +171,14 @@ def test_full_plan_is_13_arms_x_3_seeds_on_in_band_with_learnings_full_runs():
 
 
 def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
-    """Runs `benchmarks/beyond.py --smoke` (1 step, 2 prompts, 2 seeds) as a user would, then changes runs' numbers in
+    """Runs `benchmarks/studies/beyond.py --smoke` (1 step, 2 prompts, 2 seeds) as a user would, then changes runs' numbers in
     the JSON and re-renders: the tables and the README block follow the JSON."""
-    from benchmarks import beyond
+    from benchmarks.studies import beyond
 
-    command = [sys.executable, "benchmarks/beyond.py", "--smoke", "--workers", "0", "--out", str(tmp_path)]
+    command = [sys.executable, "benchmarks/studies/beyond.py", "--smoke", "--workers", "0", "--out", str(tmp_path)]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=900)
     results = json.loads((tmp_path / "beyond.json").read_text())
-    assert results["provenance"]["command"].startswith("python benchmarks/beyond.py --smoke")
+    assert results["provenance"]["command"].startswith("python -m benchmarks.studies.beyond --smoke")
     assert len(results["provenance"]["commit"]) == 40
     assert {(r["label"], *beyond.error_of(r), r["seed"]) for r in results["runs"]} == {
         (*arm, seed) for arm in beyond.MODES["smoke"]["plan"] for seed in (0, 1)
@@ -218,7 +218,7 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     readme.write_text(f"{beyond.README_START}\nold\n{beyond.README_END}\n")
     replot = [
         sys.executable,
-        "benchmarks/beyond.py",
+        "benchmarks/studies/beyond.py",
         "--replot",
         str(tmp_path / "beyond.json"),
         "--readme",
@@ -267,7 +267,7 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
 def test_judge_tokens_are_counted_from_the_share_of_every_completion_token():
     """TRL's completions/mean_length counts the policy's tokens only: at a judge share f the judge wrote f / (1 - f)
     of that per rollout (a share of 0.5 over 10 policy tokens is 10 judge tokens, not 5)."""
-    from benchmarks.beyond import ROLLOUTS, total_judge_tokens
+    from benchmarks.studies.beyond import ROLLOUTS, total_judge_tokens
 
     logs = [{"mintrl/judge_token_frac": 0.5, "completions/mean_length": 10.0},
             {"mintrl/judge_token_frac": 0.2, "completions/mean_length": 20.0}, {"completions/mean_length": 30.0}]  # fmt: skip

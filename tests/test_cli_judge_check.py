@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 
-from benchmarks.toy.task import correct_step, review_steps
+from benchmarks.tasks.toy.task import correct_step, review_steps
 from trl_mintrl.cli import COMMANDS
 from trl_mintrl.cli import main as cli_main
 from trl_mintrl.cli.judge_agreement import compare_with_reference, reference_verdicts
@@ -326,7 +326,7 @@ def test_votes_share_one_reference_review_and_a_broken_reference_is_left_out():
         ),
         (["mintrl", "--config", RECIPE, "--reference_judge", "rule_judge"], r"'rule_judge': not a dotted path; give"),
         (
-            ["mintrl", "--config", RECIPE, "--reference_judge", "benchmarks.toy.task.review_steps"],
+            ["mintrl", "--config", RECIPE, "--reference_judge", "benchmarks.tasks.toy.task.review_steps"],
             r"calling it with no arguments raised TypeError: .*; give the dotted path of a zero-argument factory",
         ),
         (

@@ -37,29 +37,30 @@ def test_yaml_sets_fields_and_command_line_overrides_it():
         "--chunk_size",
         "4",
         "--reward_funcs",
-        "benchmarks.toy.task.toy_reward",
+        "benchmarks.tasks.toy.task.toy_reward",
         "math",
     ]
     recipe = parse_recipe(["mintrl", "--config", CPU_RECIPES["mintrl"], *flags])
     args = recipe.training_args
     assert args.learning_rate == 5e-4 and args.chunk_size == 4  # flags beat the YAML (1e-3 and 8)
-    assert recipe.script_args.reward_funcs == ["benchmarks.toy.task.toy_reward", "math"]
+    assert recipe.script_args.reward_funcs == ["benchmarks.tasks.toy.task.toy_reward", "math"]
     assert [f.__name__ for f in recipe.reward_funcs] == ["toy_reward", "math_reward"]
     # untouched YAML values (all differ from the config defaults)
     assert (args.max_steps, args.intervention_steps, args.max_completion_length, args.bf16) == (12, 8, 48, False)
     assert args.num_generations == 8  # derived from 4 controls + 4 intervened
     assert recipe.model_args.model_name_or_path == "outputs/tiny-model"
-    assert recipe.script_args.judge_function == "benchmarks.toy.task.rule_judge"
+    assert recipe.script_args.judge_function == "benchmarks.tasks.toy.task.rule_judge"
     assert recipe.method == "mintrl" and recipe.config_path == CPU_RECIPES["mintrl"]
 
 
 def test_yaml_values_are_converted_like_flags(tmp_path):
     path = recipe_file(
-        tmp_path, 'reward_funcs: benchmarks.toy.task.toy_reward\nmax_steps: "3"\nbf16: "false"\nlearning_rate: 2e-4\n'
+        tmp_path,
+        'reward_funcs: benchmarks.tasks.toy.task.toy_reward\nmax_steps: "3"\nbf16: "false"\nlearning_rate: 2e-4\n',
     )
     recipe = parse_recipe(["mintrl", "--config", path])
     assert recipe.script_args.reward_funcs == [
-        "benchmarks.toy.task.toy_reward"
+        "benchmarks.tasks.toy.task.toy_reward"
     ]  # a scalar for a list field becomes a one-item list
     assert recipe.training_args.max_steps == 3 and recipe.training_args.bf16 is False
     assert recipe.training_args.learning_rate == 2e-4  # YAML reads `2e-4` as a string
@@ -103,8 +104,8 @@ def test_bad_command_line_is_named(flags, key):
             "reward_funcs has 'math'.*use reward_funcs: \\[code\\]",
         ),
         ("prompt_template: 'no placeholder'\ndataset_loader: mintrl_math\n", "grpo", "prompt_template"),
-        ("judge_function: benchmarks.toy.task.rule_judge\n", "sort", "judge_function is a MInTRL setting"),
-        ("judge_function: benchmarks.toy.task.no_judge\n", "mintrl", "judge_function: cannot import"),
+        ("judge_function: benchmarks.tasks.toy.task.rule_judge\n", "sort", "judge_function is a MInTRL setting"),
+        ("judge_function: benchmarks.tasks.toy.task.no_judge\n", "mintrl", "judge_function: cannot import"),
         ("push_to_hub: true\n", "grpo", "push_to_hub=true needs hub_model_id"),
         ("repair_beta: 2.0\n", "sort", "repair_beta"),
         ("max_steps: -3\n", "sort", r"max_steps=-3: give a positive number of steps, or -1 to train for num_train"),
@@ -407,7 +408,7 @@ def test_dotted_reward_path_resolves_from_the_current_folder(tmp_path, monkeypat
 
 
 def test_a_repository_recipe_resolves_its_names_and_data_from_any_folder(tmp_path):
-    """recipes/cpu/mintrl.yaml names `benchmarks.toy.task.*` (the repository's toy task, not installed) and
+    """recipes/cpu/mintrl.yaml names `benchmarks.tasks.toy.task.*` (the repository's toy task, not installed) and
     `recipes/cpu/data/arithmetic.jsonl`, both relative to the repository: run from another folder, in a fresh
     interpreter without the repository on its path, they resolve relative to the recipe's repository."""
     script = (
@@ -422,7 +423,7 @@ def test_a_repository_recipe_resolves_its_names_and_data_from_any_folder(tmp_pat
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     dataset, reward_module = json.loads(done.stdout.strip().splitlines()[-1])
-    assert dataset == ARITHMETIC and reward_module == "benchmarks.toy.task"
+    assert dataset == ARITHMETIC and reward_module == "benchmarks.tasks.toy.task"
 
 
 @pytest.fixture
@@ -466,7 +467,7 @@ def test_code_reward_sandbox_is_built_before_the_model_loads(machine_without_nam
     monkeypatch.delenv("TRL_MINTRL_SANDBOX_ISOLATION", raising=False)
     check_environment(
         parse_recipe(
-            ["sort", "--config", CPU_RECIPES["sort"], "--reward_funcs", "code", "benchmarks.toy.task.toy_reward"]
+            ["sort", "--config", CPU_RECIPES["sort"], "--reward_funcs", "code", "benchmarks.tasks.toy.task.toy_reward"]
         )
     )
     assert machine_without_namespaces._default_sandbox.isolation == "process"

@@ -330,11 +330,11 @@ def test_mintrl_and_sort_packages_do_not_import_each_other():
 
 
 def test_toy_benchmark_builds_and_steps_the_combined_method(tmp_path):
-    """`mintrl-sort` of benchmarks/toy/training.py: MInTRL's toy settings (const anchor, rule judge) plus SORT's."""
+    """`mintrl-sort` of benchmarks/tasks/toy/training.py: MInTRL's toy settings (const anchor, rule judge) plus SORT's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.toy import WARM_START_DIR
-    from benchmarks.toy.training import REGIMES, SORT_REPAIR, build_trainer, rl_config
+    from benchmarks.tasks.toy import WARM_START_DIR
+    from benchmarks.tasks.toy.training import REGIMES, SORT_REPAIR, build_trainer, rl_config
 
     model, tokenizer = (
         AutoModelForCausalLM.from_pretrained(WARM_START_DIR),

@@ -1,4 +1,4 @@
-"""benchmarks/cost_async.py without a server: the per-round pairing, the report computed from the JSON alone, the
+"""benchmarks/studies/cost_async.py without a server: the per-round pairing, the report computed from the JSON alone, the
 staleness bookkeeping against TRL's one-batch-ahead collation, and the process accounting."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import cost_async
-from benchmarks.cost import ROLLOUT_SHAPE, turn_order
-from benchmarks.stats import mean_interval
+from benchmarks.lib.stats import mean_interval
+from benchmarks.studies import cost_async
+from benchmarks.studies.cost import ROLLOUT_SHAPE, turn_order
 
 
 def saved_result(sps: dict[str, list[float]], pairs: list[str]) -> dict:
@@ -41,7 +41,7 @@ def saved_result(sps: dict[str, list[float]], pairs: list[str]) -> dict:
             )
     return {
         "provenance": {
-            "command": "python benchmarks/cost_async.py",
+            "command": "python -m benchmarks.studies.cost_async",
             "commit": "0" * 40,
             "changed_files_that_matter": [],
         },

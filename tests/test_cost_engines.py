@@ -1,4 +1,4 @@
-"""`benchmarks/cost.py --engine`: which variants each engine and task measure, where their results go, and the vLLM
+"""`benchmarks/studies/cost.py --engine`: which variants each engine and task measure, where their results go, and the vLLM
 tables rendered from the engine's own counts (the vLLM run itself: tests/real_vllm/test_vllm_cost.py); `--real`'s
 trainers (learning_real's arms, built here on the tiny model: the real model's runs are the benchmark's)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cost_helpers import StandInTrainer
 
-from benchmarks.cost import (
+from benchmarks.studies.cost import (
     ENGINE_VARIANTS,
     README_START,
     REAL_VARIANTS,
@@ -64,7 +64,10 @@ def test_committed_transformers_results_render_as_committed():
         assert render(saved) + "\n" == (RESULTS / f"{name}.md").read_text(), name
     assert result_markers({"task": "reachable"})[0] == README_START
     start = result_markers({"task": "tools-in-band", "engine": "vllm"})[0]
-    assert "`python benchmarks/cost.py --tools in-band --engine vllm --replot" in start and "cost_tools_vllm" in start
+    assert (
+        "`python -m benchmarks.studies.cost --tools in-band --engine vllm --replot" in start
+        and "cost_tools_vllm" in start
+    )
 
 
 @pytest.mark.parametrize(
@@ -99,7 +102,7 @@ def vllm_step(seconds, cpu, requests, cached, judge=None, streams=None) -> dict:
 def test_vllm_tables_show_the_engines_counts_and_where_the_step_went():
     saved = {
         "provenance": {
-            "command": "python benchmarks/cost.py --engine vllm",
+            "command": "python -m benchmarks.studies.cost --engine vllm",
             "commit": "c" * 40,
             "changed_files_that_matter": [],
         },  # fmt: skip
@@ -197,7 +200,7 @@ def test_real_results_name_the_model_its_step_shape_and_engine(engine):
         settings["engine"] = "vllm"
     saved = {
         "provenance": {
-            "command": "python benchmarks/cost.py --real",
+            "command": "python -m benchmarks.studies.cost --real",
             "commit": "c" * 40,
             "changed_files_that_matter": [],
         },  # fmt: skip
@@ -207,14 +210,19 @@ def test_real_results_name_the_model_its_step_shape_and_engine(engine):
         "memory": {},
     }
     text = render(saved)
-    assert "SmolLM2-135M-Instruct from the format warm start of `benchmarks/learning_real.py`, its in-band" in text
+    assert (
+        "SmolLM2-135M-Instruct from the format warm start of `benchmarks/studies/learning_real.py`, its in-band"
+        in text
+    )
     assert "4 prompts x 8 rollouts per step, completions of at most 64 tokens, learning rate 0." in text
     if engine == "vllm":
         assert "a 1 GiB KV cache" in text and "Memory is not measured on vLLM" in text
     else:
         assert "Memory is not measured on the real model" in text and "colocated vLLM" not in text
     start = result_markers(settings)[0]
-    assert f"`python benchmarks/cost.py --real in-band{' --engine vllm' * (engine == 'vllm')} --replot" in start
+    assert (
+        f"`python -m benchmarks.studies.cost --real in-band{' --engine vllm' * (engine == 'vllm')} --replot" in start
+    )
 
 
 def test_real_trainers_are_learning_reals_arms_at_learning_rate_0(tiny_model_path, tiny_tokenizer, tmp_path):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_claim import LEARNING_JSON, arms_commit, committed_comparison, load_results
-from benchmarks.learning import final_by_seed, runs_of
-from benchmarks.stats import format_interval, paired_difference
+from benchmarks.lib.stats import format_interval, paired_difference
+from benchmarks.studies.learning import final_by_seed, runs_of
+from benchmarks.tasks.toy.demo_claim import LEARNING_JSON, arms_commit, committed_comparison, load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ARM = dict(steps=48, prompts_per_step=8, final_prompts=96, seed=0)
@@ -100,7 +100,7 @@ def _load_example(name: str):
 def test_the_demo_defaults_are_the_committed_arm_and_it_prints_the_line(
     committed, monkeypatch, capsys, example, method, regime
 ):
-    import benchmarks.toy.demo as shared
+    import benchmarks.tasks.toy.demo as shared
 
     demo = _load_example(example)
     args = shared.parse_args("", "out", [])

@@ -205,8 +205,8 @@ def test_readme_is_at_most_250_lines():
 def _summary_blocks() -> dict[str, tuple[str, str, object, str]]:
     """Every script-written block of docs/benchmarks.md: name -> (start marker, end marker, the script's block
     function, the committed JSON it reads)."""
-    from benchmarks import beyond, cost, cost_async, learned_judge, learning, learning_tools, references
-    from benchmarks.readme import markers
+    from benchmarks.lib.readme import markers
+    from benchmarks.studies import beyond, cost, cost_async, learned_judge, learning, learning_tools, references
 
     tools = cost.COST_FILES["tools-in-band"]
     return {
@@ -223,7 +223,7 @@ def _summary_blocks() -> dict[str, tuple[str, str, object, str]]:
             learning_tools.README_START, learning_tools.README_END, learning_tools.readme_block, "learning_tools.json"
         ),
         "cost-tools": (
-            *markers("benchmarks/cost.py --tools in-band", f"{tools}-results"), cost.readme_block, f"{tools}.json"
+            *markers("benchmarks/studies/cost.py --tools in-band", f"{tools}-results"), cost.readme_block, f"{tools}.json"
         ),
     }  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""The benchmarks' shared harness (`benchmarks/harness.py`) with trivial jobs: every finished job is recorded at once
+"""The benchmarks' shared harness (`benchmarks/lib/harness.py`) with trivial jobs: every finished job is recorded at once
 with its command, commit and machine; a failing job is recorded as failed and the others go on, inline and in worker
 processes; a rerun with `resume` runs only the jobs not yet recorded; the paired statistics and `--replot`."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness
+from benchmarks.lib import harness
 
 ran: list[str] = []  # the jobs `square` ran in this process (inline runs)
 failing: set[str] = set()  # the jobs `square` raises on

@@ -1,5 +1,5 @@
 """EndpointJudge under injected faults and load: a real server process on 127.0.0.1 answers with HTTP errors,
-hangs, trickled and truncated bodies, malformed JSON, garbage text and endless answers (tests/fault_server.py)."""
+hangs, trickled and truncated bodies, malformed JSON, garbage text and endless answers (benchmarks/lib/fault_server.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import subprocess
 import time
 
 import pytest
-from fault_server import FaultServer, run_mix
 from mintrl_helpers import mintrl_args, role_reward
 
+from benchmarks.lib.fault_server import FaultServer, run_mix
 from trl_mintrl import MInTRLTrainer
 from trl_mintrl.judges import EndpointJudge, ReviewRequest, Verdict
 from trl_mintrl.judges.endpoint import FAILURE_KINDS

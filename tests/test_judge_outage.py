@@ -1,6 +1,6 @@
 """A judge that cannot answer: an endpoint checked before the model loads, requests that got no answer counted apart
 from unusable answers, and a run that stops (or warns) when the judge stays unreachable (`judge_outage_policy`).
-Servers run on 127.0.0.1: tests/openai_server.py in a thread, tests/fault_server.py in a process of its own."""
+Servers run on 127.0.0.1: tests/openai_server.py in a thread, benchmarks/lib/fault_server.py in a process of its own."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port, run_process_group
-from fault_server import FaultServer
 from mintrl_helpers import CORRECTION, mintrl_args, role_reward
 from openai_server import ScriptedServer
 
+from benchmarks.lib.fault_server import FaultServer
 from trl_mintrl import MInTRLTrainer
 from trl_mintrl.cli.train import main
 from trl_mintrl.mintrl.judge_factory import check_judge_endpoint

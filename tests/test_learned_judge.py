@@ -29,7 +29,7 @@ def _correction(text: str) -> dict:
 def test_training_answers_parse_back_to_the_rule_judges_verdicts_and_corrections():
     """The judge learns to write exactly what `parse_verdict` / `parse_correction` turn back into the rule's answer,
     from prompts rendered by the templates `GeneratingJudge` renders at training time."""
-    from benchmarks.toy.learned_judge import JUDGE_CORRECTION_TEMPLATE, JUDGE_REVIEW_TEMPLATE, training_examples
+    from benchmarks.tasks.toy.learned_judge import JUDGE_CORRECTION_TEMPLATE, JUDGE_REVIEW_TEMPLATE, training_examples
     from trl_mintrl.judges.base import CorrectionRequest, ReviewRequest
     from trl_mintrl.judges.parsing import parse_correction, parse_verdict
     from trl_mintrl.judges.templates import JudgeTemplates
@@ -58,7 +58,7 @@ def test_training_answers_parse_back_to_the_rule_judges_verdicts_and_corrections
 def test_accuracy_counts_against_the_rule_judge_by_hand():
     """Rule: KEEP, REVISE 2, REVISE 3, KEEP, KEEP; judge: REVISE 2, REVISE 2, KEEP, failed, KEEP. Corrections: one
     right, one failed."""
-    from benchmarks.toy.learned_judge import judge_accuracy
+    from benchmarks.tasks.toy.learned_judge import judge_accuracy
     from trl_mintrl.judges.base import Correction, Judge, Verdict
 
     class Scripted(Judge):
@@ -83,8 +83,8 @@ def test_accuracy_counts_against_the_rule_judge_by_hand():
 
 
 def test_the_recording_judge_keeps_every_request_with_the_inner_judges_answer():
-    from benchmarks.toy.learned_judge import RecordingJudge
-    from benchmarks.toy.task import rule_judge
+    from benchmarks.tasks.toy.learned_judge import RecordingJudge
+    from benchmarks.tasks.toy.task import rule_judge
     from trl_mintrl.judges.base import CorrectionRequest, ReviewRequest
 
     judge = RecordingJudge(rule_judge(notation="near"))
@@ -101,9 +101,9 @@ def test_the_recording_judge_keeps_every_request_with_the_inner_judges_answer():
 
 
 def test_transcripts_leave_out_the_benchmarks_evaluation_problems():
-    from benchmarks.learning import HELDOUT_SEED
-    from benchmarks.toy.learned_judge import JUDGE_HELDOUT_SEED, JUDGE_TRAIN_SEED, excluded_questions
-    from benchmarks.toy.training import REGIMES
+    from benchmarks.studies.learning import HELDOUT_SEED
+    from benchmarks.tasks.toy.learned_judge import JUDGE_HELDOUT_SEED, JUDGE_TRAIN_SEED, excluded_questions
+    from benchmarks.tasks.toy.training import REGIMES
 
     excluded = excluded_questions()
     assert {p.question for p in REGIMES["in-band"].problems(96, seed=HELDOUT_SEED)} <= excluded
@@ -113,8 +113,8 @@ def test_transcripts_leave_out_the_benchmarks_evaluation_problems():
 def test_a_learned_judge_job_builds_the_package_model_judge_from_its_config():
     """The benchmark's run is learning.py's in-band job whose trainer builds `GeneratingJudge` itself from
     `judge="model"` and the committed judge's folder, with the compact templates."""
-    from benchmarks import learned_judge, learning
-    from benchmarks.toy.learned_judge import JUDGE_DIR, JUDGE_REVIEW_TEMPLATE, judge_config_fields
+    from benchmarks.studies import learned_judge, learning
+    from benchmarks.tasks.toy.learned_judge import JUDGE_DIR, JUDGE_REVIEW_TEMPLATE, judge_config_fields
 
     jobs = learned_judge.planned_jobs({"seeds": [0, 1, 2, 3, 4], "learning_mode": "full"})
     assert [j["label"] for j in jobs[:3]] == ["grpo", "mintrl-const", "mintrl-learned"]
@@ -131,13 +131,13 @@ def test_a_learned_judge_job_builds_the_package_model_judge_from_its_config():
 
 @pytest.mark.slow
 def test_learned_judge_smoke_trains_mintrl_through_the_model_judge(tmp_path):
-    """`benchmarks/learned_judge.py --smoke` as a user runs it: 1 step of MInTRL with the committed learned judge
+    """`benchmarks/studies/learned_judge.py --smoke` as a user runs it: 1 step of MInTRL with the committed learned judge
     loaded by the trainer (`judge="model"`), whose reviews are parsed (no failures: its answers are well formed)."""
-    from benchmarks.toy.learned_judge import JUDGE_DIR
+    from benchmarks.tasks.toy.learned_judge import JUDGE_DIR
 
     if not (JUDGE_DIR / "build.json").is_file():
-        pytest.fail(f"{JUDGE_DIR} holds no judge: build it with `python benchmarks/learned_judge.py --build`")
-    command = [sys.executable, "benchmarks/learned_judge.py", "--smoke", "--workers", "0", "--out", str(tmp_path),
+        pytest.fail(f"{JUDGE_DIR} holds no judge: build it with `python -m benchmarks.studies.learned_judge --build`")
+    command = [sys.executable, "benchmarks/studies/learned_judge.py", "--smoke", "--workers", "0", "--out", str(tmp_path),
                "--learning", str(tmp_path / "none.json")]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=900)
     results = json.loads((tmp_path / "learned_judge.json").read_text())
@@ -152,7 +152,7 @@ def test_learned_judge_smoke_trains_mintrl_through_the_model_judge(tmp_path):
 def test_replot_rewrites_the_readme_block_from_the_json(tmp_path):
     """`learned_judge.py --replot JSON --readme README` writes the block from the JSON's runs: the committed result,
     then the same with one learned-judge run changed, whose difference to GRPO moves with it."""
-    from benchmarks import learned_judge
+    from benchmarks.studies import learned_judge
 
     results = json.loads((ROOT / "benchmarks/results/learned_judge.json").read_text())
     readme = tmp_path / "README.md"

@@ -1,11 +1,11 @@
-"""benchmarks/learning_async.py without a server: both trainers get the same MInTRL settings, and the report pairs
+"""benchmarks/studies/learning_async.py without a server: both trainers get the same MInTRL settings, and the report pairs
 each asynchronous run with the synchronous run of its seed, computed from the JSON alone."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from benchmarks import learning_async
+from benchmarks.studies import learning_async
 from trl_mintrl.mintrl.config import MInTRLFields
 
 
@@ -49,7 +49,7 @@ def test_the_report_pairs_each_async_run_with_the_sync_run_of_its_seed():
         run_record("async-s2", 1, 0.14, 0.40, {"1": 1000, "2": 3000}),  # seed 0 missing: paired over seed 1 only
     ]
     saved = {
-        "provenance": {"command": "python benchmarks/learning_async.py", "commit": "0" * 40, "dirty": False},
+        "provenance": {"command": "python -m benchmarks.studies.learning_async", "commit": "0" * 40, "dirty": False},
         "settings": {**learning_async.MODES["full"], "mode": "full", "arms": list(learning_async.ARMS)},
         "runs": runs,
     }

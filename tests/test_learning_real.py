@@ -1,4 +1,4 @@
-"""benchmarks/learning_real.py, the real-model comparison: its tables are computed from the recorded runs (on a small
+"""benchmarks/studies/learning_real.py, the real-model comparison: its tables are computed from the recorded runs (on a small
 hand-made results JSON: change a number, a table changes; `--replot` writes the same report from the file), and,
 marked `smollm2`, its `--smoke` mode trains the real model for one step per arm, records every measure, and
 `--resume` runs nothing again."""
@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from benchmarks import learning_real as study
-from benchmarks.stats import format_interval, mean_interval
+from benchmarks.lib.stats import format_interval, mean_interval
+from benchmarks.studies import learning_real as study
 
 SEEDS = (0, 1, 2)
 # per arm and seed: final held-out pass@1 (pass@8 is twice it, capped at 1), the curve's middle point
@@ -61,7 +61,7 @@ def make_results() -> dict:
     settings = {**study.MODES["full"], "mode": "full", "engine": "transformers", "steps": 4, "seeds": list(SEEDS),
                 "plan": {"in-band": list(PASS1)}}  # fmt: skip
     return {
-        "provenance": {"command": "python benchmarks/learning_real.py", "commit": "0" * 40, "dirty": False,
+        "provenance": {"command": "python -m benchmarks.studies.learning_real", "commit": "0" * 40, "dirty": False,
                        "changed_files_that_matter": []},
         "settings": settings,
         "baselines": [baseline],

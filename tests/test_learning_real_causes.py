@@ -1,4 +1,4 @@
-"""benchmarks/learning_real_causes.py: each run's measures come from its per-step logs (intervention steps, last
+"""benchmarks/studies/learning_real_causes.py: each run's measures come from its per-step logs (intervention steps, last
 quarter), the pairs against mintrl-const are paired by seed, and the hypotheses' rule reads the last-quarter share
 at the cap; the arms differ from mintrl-const in the one field each names."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import learning_real_causes as study
-from benchmarks.real.arms import arm_judge, config_fields
-from benchmarks.real.task import make_problems
-from benchmarks.stats import format_interval, mean_interval
+from benchmarks.lib.stats import format_interval, mean_interval
+from benchmarks.studies import learning_real_causes as study
+from benchmarks.tasks.real.arms import arm_judge, config_fields
+from benchmarks.tasks.real.task import make_problems
 from trl_mintrl.judges import CorrectionRequest
 
 SEEDS = (0, 1, 2)
@@ -41,7 +41,7 @@ def make_run(arm: str, seed: int) -> dict:
 def make_results() -> dict:
     settings = {**study.MODES["full"], "mode": "full", "engine": "vllm"}
     return {
-        "provenance": {"command": "python benchmarks/learning_real_causes.py", "commit": "0" * 40, "dirty": False,
+        "provenance": {"command": "python -m benchmarks.studies.learning_real_causes", "commit": "0" * 40, "dirty": False,
                        "changed_files_that_matter": []},
         "settings": settings,
         "baselines": [],

@@ -1,5 +1,5 @@
-"""The tool task's learning benchmark (`benchmarks/learning_tools.py`) end to end in its smallest mode, its SFT arm,
-its demo (`examples/mintrl_tools_toy.py`) and the tool-calling cost measurement (`benchmarks/cost.py --tools`)."""
+"""The tool task's learning benchmark (`benchmarks/studies/learning_tools.py`) end to end in its smallest mode, its SFT arm,
+its demo (`examples/mintrl_tools_toy.py`) and the tool-calling cost measurement (`benchmarks/studies/cost.py --tools`)."""
 
 from __future__ import annotations
 
@@ -17,16 +17,16 @@ SMOKE_LABELS = ("grpo", "mintrl-const", "sft-grpo", "sort")
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """`benchmarks/learning_tools.py --smoke` run as a user would: its folder."""
+    """`benchmarks/studies/learning_tools.py --smoke` run as a user would: its folder."""
     out = tmp_path_factory.mktemp("learning_tools")
-    command = [sys.executable, "benchmarks/learning_tools.py", "--smoke", "--workers", "0", "--out", str(out)]
+    command = [sys.executable, "benchmarks/studies/learning_tools.py", "--smoke", "--workers", "0", "--out", str(out)]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=600)
     return out
 
 
 def test_smoke_mode_trains_every_arm_with_the_tool_loop(smoke):
     results = json.loads((smoke / "learning_tools.json").read_text())
-    assert results["provenance"]["command"].startswith("python benchmarks/learning_tools.py --smoke")
+    assert results["provenance"]["command"].startswith("python -m benchmarks.studies.learning_tools --smoke")
     assert {(r["label"], r["seed"]) for r in results["runs"]} == {(label, s) for label in SMOKE_LABELS for s in (0, 1)}
     for run in results["runs"]:
         assert run["steps"] == 1 and len(run["logs"]) == 1
@@ -43,7 +43,7 @@ def test_smoke_mode_trains_every_arm_with_the_tool_loop(smoke):
 
 
 def test_the_report_and_the_readme_block_follow_the_json(smoke, tmp_path):
-    from benchmarks.learning_tools import README_END, README_START
+    from benchmarks.studies.learning_tools import README_END, README_START
 
     results = json.loads((smoke / "learning_tools.json").read_text())
     for run in results["runs"]:  # MInTRL +50 points on seed 0, +30 on seed 1; every other arm 0
@@ -52,7 +52,7 @@ def test_the_report_and_the_readme_block_follow_the_json(smoke, tmp_path):
     (tmp_path / "learning_tools.json").write_text(json.dumps(results))
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n{README_START}\nold\n{README_END}\nafter\n")
-    command = [sys.executable, "benchmarks/learning_tools.py", "--replot", str(tmp_path / "learning_tools.json"),
+    command = [sys.executable, "benchmarks/studies/learning_tools.py", "--replot", str(tmp_path / "learning_tools.json"),
                "--readme", str(readme)]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=300)
     table = (tmp_path / "learning_tools.md").read_text()
@@ -71,10 +71,10 @@ def test_sft_on_transcripts_learns_the_calls_and_not_the_tool_results():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.learning_tools import sft_on_transcripts
-    from benchmarks.toy.tool_task import make_tool_problems, sft_example
-    from benchmarks.toy.warm_start import pad_batch
-    from benchmarks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
+    from benchmarks.studies.learning_tools import sft_on_transcripts
+    from benchmarks.tasks.toy.tool_task import make_tool_problems, sft_example
+    from benchmarks.tasks.toy.warm_start import pad_batch
+    from benchmarks.tasks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_TOOLS_DIR)
@@ -98,7 +98,7 @@ def test_the_demo_trains_the_benchmarks_job_and_ends_with_the_committed_line(cap
         import mintrl_tools_toy
     finally:
         sys.path.remove(str(ROOT / "examples"))
-    from benchmarks.learning_tools import MODES, plan_jobs
+    from benchmarks.studies.learning_tools import MODES, plan_jobs
 
     args = mintrl_tools_toy.parse_args(["--steps", "1", "--prompts-per-step", "2", "--eval-problems", "2"])
     job = mintrl_tools_toy.demo_job("mintrl-const", args)
@@ -118,7 +118,7 @@ def test_tool_calling_cost_variants_sample_trls_rollouts_after_the_phase():
     judge writes tokens and the rollouts differ."""
     from functools import partial
 
-    from benchmarks.cost import build, measure_time
+    from benchmarks.studies.cost import build, measure_time
 
     steps = measure_time(["grpo", "mintrl_after_phase", "mintrl_interventions"], 1, 1,
                          partial(build, tools="in-band"))["steps"]  # fmt: skip

@@ -19,7 +19,7 @@ from mintrl_helpers import (
 )
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from benchmarks.toy.warm_start import WARM_START_DIR
+from benchmarks.tasks.toy.warm_start import WARM_START_DIR
 from trl_mintrl import MInTRLTrainer
 from trl_mintrl.mintrl.trainer import STATE_FILE
 

@@ -1,4 +1,4 @@
-"""The real-model task (benchmarks/real/task.py) and its rule judge (benchmarks/real/judge.py): generation, splits,
+"""The real-model task (benchmarks/tasks/real/task.py) and its rule judge (benchmarks/tasks/real/judge.py): generation, splits,
 datasets, and the judge's rules on handwritten chunks. No model needed."""
 
 import random
@@ -7,8 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from benchmarks.real.judge import RuleJudge, correct_step, review_chunk, rule_judge
-from benchmarks.real.task import (
+from benchmarks.tasks.real.judge import RuleJudge, correct_step, review_chunk, rule_judge
+from benchmarks.tasks.real.task import (
     CHAIN_LOW,
     CHAT,
     DECISIVE_OP,
@@ -208,7 +208,7 @@ def test_correct_steps_are_kept_in_the_models_own_phrasings():
 
 
 def test_computations_are_read_as_written():
-    from benchmarks.real.judge import COMPUTATION, evaluate, parse_expr
+    from benchmarks.tasks.real.judge import COMPUTATION, evaluate, parse_expr
 
     def read(text):
         return [(parse_expr(m.group("expr")), evaluate(m.group("expr"))) for m in COMPUTATION.finditer(text)]
@@ -351,9 +351,9 @@ def test_rule_judge_is_a_function_judge_that_reads_last_step_complete():
 
 
 def test_the_calibration_says_where_the_judges_first_flag_falls_on_a_chain():
-    """benchmarks/real/calibration.py's `text_stats` on hand-made samples of one chain problem: the reference itself
+    """benchmarks/tasks/real/calibration.py's `text_stats` on hand-made samples of one chain problem: the reference itself
     (no flag), the decisive line wrong (flagged at it), the first line wrong (flagged before it)."""
-    from benchmarks.real.calibration import text_stats
+    from benchmarks.tasks.real.calibration import text_stats
 
     [problem] = make_problems(1, 7, seed=6, family="chain")
     decisive = next(i for i, (_, op, _, _) in enumerate(problem.computations) if op == DECISIVE_OP)

@@ -188,10 +188,10 @@ def test_docs_table_lists_every_recipe_and_only_real_ones():
 
 def test_word_problem_data_is_what_the_real_task_generates():
     """recipes/cpu/data/word_problems.jsonl (the smollm2-*.yaml recipes' data) is the first 64 training problems
-    of benchmarks/real/task.py at seed 0, as the recipes say."""
+    of benchmarks/tasks/real/task.py at seed 0, as the recipes say."""
     import json
 
-    from benchmarks.real.task import make_splits
+    from benchmarks.tasks.real.task import make_splits
 
     shipped = [
         json.loads(line) for line in (RECIPES / "cpu" / "data" / "word_problems.jsonl").read_text().splitlines()

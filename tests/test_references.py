@@ -20,8 +20,8 @@ def test_every_style_is_a_solution_the_reward_accepts_and_fits_the_completion_bu
     max_completion_length, would measure truncation or a wrong target, not distance."""
     from transformers import AutoTokenizer
 
-    from benchmarks.toy.reference_styles import STYLES, write_reference
-    from benchmarks.toy.training import REGIMES
+    from benchmarks.tasks.toy.reference_styles import STYLES, write_reference
+    from benchmarks.tasks.toy.training import REGIMES
 
     regime = REGIMES["in-band"]
     tokenizer = AutoTokenizer.from_pretrained(regime.warm_start)
@@ -46,9 +46,9 @@ def test_the_dataset_carries_the_style_and_sft_on_it_lowers_its_loss():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.toy.reference_styles import write_reference
-    from benchmarks.toy.training import REGIMES
-    from benchmarks.toy.warm_start import sft_batch, sft_on_references
+    from benchmarks.tasks.toy.reference_styles import write_reference
+    from benchmarks.tasks.toy.training import REGIMES
+    from benchmarks.tasks.toy.warm_start import sft_batch, sft_on_references
 
     torch.manual_seed(0)
     regime = REGIMES["in-band"]
@@ -68,7 +68,7 @@ def test_the_dataset_carries_the_style_and_sft_on_it_lowers_its_loss():
 
 
 def test_a_recorded_run_is_reused_only_for_the_very_job():
-    from benchmarks import learning, references
+    from benchmarks.studies import learning, references
 
     settings = {"mode": "full", **references.MODES["full"]}
     jobs = references.planned_jobs(settings)
@@ -90,11 +90,11 @@ def test_a_recorded_run_is_reused_only_for_the_very_job():
 
 
 def test_references_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
-    """`benchmarks/references.py --smoke` as a user runs it (no recorded runs to reuse), then the tables re-rendered
+    """`benchmarks/studies/references.py --smoke` as a user runs it (no recorded runs to reuse), then the tables re-rendered
     from a JSON with changed numbers follow the numbers."""
-    from benchmarks import references
+    from benchmarks.studies import references
 
-    command = [sys.executable, "benchmarks/references.py", "--smoke", "--workers", "0", "--out", str(tmp_path),
+    command = [sys.executable, "benchmarks/studies/references.py", "--smoke", "--workers", "0", "--out", str(tmp_path),
                "--learning", str(tmp_path / "none.json")]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=900)
     results = json.loads((tmp_path / "references.json").read_text())
@@ -114,7 +114,7 @@ def test_references_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path
             run["label"], 0.1
         )
     (tmp_path / "changed.json").write_text(json.dumps(results))
-    replot = [sys.executable, "benchmarks/references.py", "--replot", str(tmp_path / "changed.json")]
+    replot = [sys.executable, "benchmarks/studies/references.py", "--replot", str(tmp_path / "changed.json")]
     subprocess.run(replot, cwd=ROOT, check=True, capture_output=True, timeout=120)
     table = (tmp_path / "references.md").read_text()
     assert "| own |" in table and "| sft-grpo | 1 | 40.0 | +30.0 | +10.0 |" in table

@@ -1,4 +1,4 @@
-"""`benchmarks/reproduce.py`: a headline's arms rerun at fresh seeds with exactly the recorded jobs' settings, the
+"""`benchmarks/studies/reproduce.py`: a headline's arms rerun at fresh seeds with exactly the recorded jobs' settings, the
 recorded, fresh and pooled intervals side by side, and an exit status of 1 when fresh and recorded disagree."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import learning, reproduce
-from benchmarks.stats import format_ratio, mean_interval
+from benchmarks.lib.stats import format_ratio, mean_interval
+from benchmarks.studies import learning, reproduce
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -48,28 +48,38 @@ def test_reproduce_reruns_at_fresh_seeds_and_fails_when_they_disagree(tmp_path):
     """On a smoke-mode learning.json (seeds 0, 1): fresh seeds 2 and 3 of the headline's four arms run with its
     settings and agree (exit 0); a recorded MInTRL gain of +50 points that the fresh seeds do not show makes the
     check fail (exit 1), and the report says so."""
-    learning_cmd = [sys.executable, "benchmarks/learning.py", "--smoke", "--workers", "0", "--out", str(tmp_path)]
+    learning_cmd = [
+        sys.executable,
+        "benchmarks/studies/learning.py",
+        "--smoke",
+        "--workers",
+        "0",
+        "--out",
+        str(tmp_path),
+    ]
     subprocess.run(learning_cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    command = [sys.executable, "benchmarks/reproduce.py", "in-band", "--seeds", "2", "3", "--workers", "0",
+    command = [sys.executable, "benchmarks/studies/reproduce.py", "in-band", "--seeds", "2", "3", "--workers", "0",
                "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     saved = json.loads((tmp_path / "reproduce.json").read_text())
     labels = set(reproduce.HEADLINES["in-band"]["labels"])
     assert {(r["label"], r["seed"]) for r in saved["runs"]} == {(label, s) for label in labels for s in (2, 3)}
-    assert all(r["provenance"]["command"].startswith("python benchmarks/reproduce.py in-band") for r in saved["runs"])
+    assert all(
+        r["provenance"]["command"].startswith("python -m benchmarks.studies.reproduce in-band") for r in saved["runs"]
+    )
     table = (tmp_path / "reproduce.md").read_text()
     assert "| mintrl-const - grpo | pass@1 | 2 |" in table and "| agree |" in table
 
     # merged into learning.json: every arm then has seeds 0-3, the fresh ones with their own provenance, and the
     # comparison still sets the design seeds (0, 1) against the fresh ones
-    merge = [sys.executable, "benchmarks/reproduce.py", "--merge", "--out", str(tmp_path)]
+    merge = [sys.executable, "benchmarks/studies/reproduce.py", "--merge", "--out", str(tmp_path)]
     subprocess.run(merge, cwd=ROOT, check=True, capture_output=True, timeout=300)
     merged = json.loads((tmp_path / "learning.json").read_text())
     assert {r["seed"] for r in merged["runs"] if r["label"] == "mintrl-const"} == {0, 1, 2, 3}
     assert "| mintrl-const | 4 |" in (tmp_path / "learning.md").read_text()
     assert "reproduce.py in-band" in (tmp_path / "learning.md").read_text()  # the fresh runs' provenance line
-    replot = [sys.executable, "benchmarks/reproduce.py", "--replot", "--out", str(tmp_path)]
+    replot = [sys.executable, "benchmarks/studies/reproduce.py", "--replot", "--out", str(tmp_path)]
     assert subprocess.run(replot, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
     assert (tmp_path / "reproduce.md").read_text() == table
 

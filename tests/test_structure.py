@@ -1,9 +1,9 @@
 """The package's structure, drawn from its code's imports (in the spirit of tests/test_trl_guard.py): dependencies
 between trl_mintrl's modules run one way (no circle, lazy imports included), nothing private crosses a module
 border (an imported name, or another module's private attribute reached on an object), no function is over 60
-lines, and a module over 500 lines is one concern, named in LONG_MODULES. The benchmarks' imports run one way too:
-no circle, the toy task imports no study script, and the harness imports no task. No file cites a design document
-the repository does not hold."""
+lines, and a module over 500 lines is one concern, named in LONG_MODULES. benchmarks/ is a library, tasks and
+studies, by folder: imports run one way between them, no module is over 500 lines, and nothing edits sys.path. No
+file cites a design document the repository does not hold."""
 
 from __future__ import annotations
 
@@ -27,10 +27,9 @@ LONG_MODULES = {
 # private module names another module may import from: a leaf holding only `__version__`, the conventional name
 PRIVATE_MODULES_ALLOWED = {"trl_mintrl._version"}
 BENCHMARKS = REPO / "benchmarks"
-# benchmarks/'s library: what the shared harness may import (never the toy task or a study), and toy/ too
-LIBRARY = {"benchmarks", "benchmarks.logprobs", "benchmarks.provenance", "benchmarks.readme", "benchmarks.stats"}
-# beyond the library and the harness, what toy/ may import outside itself: the demos end with the committed results
-TOY_MAY_IMPORT = LIBRARY | {"benchmarks.harness", "benchmarks.demo_claim"}
+# benchmarks/'s three layers, each importing only from its own layer or those before it: the shared library, the
+# tasks (each importing only itself and the library), the studies (each importing no other study)
+LAYERS = ("benchmarks.lib", "benchmarks.tasks", "benchmarks.studies")
 
 
 def module_name(path: Path) -> str:
@@ -250,18 +249,95 @@ def test_the_checks_see_a_circle_a_private_import_a_private_reach_and_a_long_fun
 
 
 def test_benchmark_imports_run_one_way():
-    """No circle among benchmarks/'s modules, lazy imports (inside functions) included: the studies import the toy
-    task and the harness, never the other way round."""
+    """No circle among benchmarks/'s modules, lazy imports (inside functions) included: the studies import the tasks
+    and the library, never the other way round."""
     found = circles(benchmarks().import_graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-def test_the_toy_task_imports_no_study_and_the_harness_no_task():
-    graph = benchmarks().import_graph()
-    toy = {m for m in graph if _under(m, "benchmarks.toy")}
-    outside = {f"{m} imports {t}" for m in toy for t in graph[m] - toy - TOY_MAY_IMPORT}
-    assert not outside, sorted(outside)
-    assert graph["benchmarks.harness"] <= LIBRARY, graph["benchmarks.harness"] - LIBRARY
+def benchmark_unit(module: str) -> tuple[int, str] | None:
+    """(layer, unit) of a benchmarks module: its layer's index in LAYERS and what it belongs to inside it (the library
+    as a whole, one task, one study); None for the `benchmarks` package itself."""
+    for layer, prefix in enumerate(LAYERS):
+        if _under(module, prefix):
+            rest = module[len(prefix) + 1 :].split(".")
+            return layer, prefix if layer == 0 or not rest[0] else f"{prefix}.{rest[0]}"
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for module, imported in graph.items():
+        unit = benchmark_unit(module)
+        if unit is None:
+            problems += [f"{module} is outside {', '.join(LAYERS)}"] if module != "benchmarks" else []
+            continue
+        for target in imported:
+            other = benchmark_unit(target)
+            if other is None or other[1] == unit[1] or other[0] < unit[0]:
+                continue
+            problems.append(f"{module} imports {target}")
+    return sorted(problems)
+
+
+def test_benchmarks_are_a_library_tasks_and_studies():
+    """Every module sits in benchmarks/lib, benchmarks/tasks/<task> or benchmarks/studies; the library imports no
+    task or study, a task no other task or study, a study no other study (what two studies share is the library's
+    or a task's)."""
+    problems = layer_violations(benchmarks().import_graph())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_layer_check_sees_each_wrong_import():
+    """Broken on purpose: a library module importing a task, a task importing the other task and a study importing
+    another study are each reported; a study importing a task and the library is not."""
+    graph = {
+        "benchmarks": set(),
+        "benchmarks.lib.harness": {"benchmarks.tasks.toy.task"},
+        "benchmarks.tasks.toy.task": {"benchmarks.tasks.real.judge", "benchmarks.lib.stats"},
+        "benchmarks.tasks.real.judge": set(),
+        "benchmarks.studies.cost": {"benchmarks.studies.learning", "benchmarks.tasks.toy.task", "benchmarks.lib"},
+        "benchmarks.studies.learning": {"benchmarks.tasks.toy.task", "benchmarks.lib.harness"},
+        "benchmarks.stray": set(),
+    }
+    assert layer_violations(graph) == [
+        "benchmarks.lib.harness imports benchmarks.tasks.toy.task",
+        "benchmarks.stray is outside benchmarks.lib, benchmarks.tasks, benchmarks.studies",
+        "benchmarks.studies.cost imports benchmarks.studies.learning",
+        "benchmarks.tasks.toy.task imports benchmarks.tasks.real.judge",
+    ]
+
+
+def test_no_benchmark_module_is_over_500_lines():
+    lines = {module_name(p): len(p.read_text().splitlines()) for p in BENCHMARKS.rglob("*.py")}
+    long = sorted((m, n) for m, n in lines.items() if n > MAX_MODULE_LINES)
+    assert not long, f"benchmark modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def sys_path_edits(source: str) -> list[int]:
+    """Lines that change `sys.path` (a call on it, an assignment to it or to an item of it)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        target = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            target = next((t.value if isinstance(t, ast.Subscript) else t for t in targets), None)
+        if isinstance(target, ast.Attribute) and target.attr == "path" and getattr(target.value, "id", "") == "sys":
+            found.append(node.lineno)
+    return found
+
+
+def test_studies_and_scripts_run_as_modules_without_editing_sys_path():
+    edits = [
+        f"{path.relative_to(REPO)}:{line}"
+        for folder in ("benchmarks", "scripts")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for line in sys_path_edits(path.read_text())
+    ]
+    assert not edits, f"sys.path edited (run the file with python -m from the repository root instead): {edits}"
+    assert sys_path_edits("import sys\nsys.path.insert(0, 'x')\nsys.path = []\nsys.path[0] = 'y'\n") == [2, 3, 4]
 
 
 def test_the_benchmark_checks_see_a_lazy_circle():
@@ -270,13 +346,13 @@ def test_the_benchmark_checks_see_a_lazy_circle():
     made_up = Package(
         {
             "benchmarks": ("", True),
-            "benchmarks.toy": ("", True),
-            "benchmarks.study": ("def run():\n    from benchmarks.toy.judge import fields\n", False),
-            "benchmarks.toy.judge": ("def excluded():\n    from benchmarks.study import SEED\n", False),
+            "benchmarks.tasks.toy": ("", True),
+            "benchmarks.study": ("def run():\n    from benchmarks.tasks.toy.judge import fields\n", False),
+            "benchmarks.tasks.toy.judge": ("def excluded():\n    from benchmarks.study import SEED\n", False),
         },
         prefix="benchmarks",
     )
-    assert circles(made_up.import_graph()) == [["benchmarks.study", "benchmarks.toy.judge"]]
+    assert circles(made_up.import_graph()) == [["benchmarks.study", "benchmarks.tasks.toy.judge"]]
 
 
 def test_no_file_cites_a_design_document_the_repository_does_not_hold():

@@ -1,4 +1,4 @@
-"""benchmarks/time_to_accuracy.py: steps and seconds to GRPO's final accuracy, from recorded curves."""
+"""benchmarks/studies/time_to_accuracy.py: steps and seconds to GRPO's final accuracy, from recorded curves."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _run(label: str, seed: int, curve: dict[int, float], seconds: float = 480.0)
 def test_the_first_curve_point_at_grpos_final_value_and_its_share_of_the_seconds():
     """GRPO ends at 0.1 and 0.3 (target 0.2); the arm reaches it at step 12 on seed 0 (0.2 counts: at or above) and
     at 36 on seed 1; another arm never does."""
-    from benchmarks.time_to_accuracy import table
+    from benchmarks.studies.time_to_accuracy import table
 
     runs = [
         _run("grpo", 0, {12: 0.0, 48: 0.1}),
@@ -41,7 +41,7 @@ def test_the_first_curve_point_at_grpos_final_value_and_its_share_of_the_seconds
 def test_learning_async_runs_read_as_learning_runs():
     """learning_async.py's records (an arm, the steps in the settings) become `async:<arm>` runs; one without a
     curve (recorded before curves were) is skipped; learning.py's records pass unchanged."""
-    from benchmarks.time_to_accuracy import as_learning_runs
+    from benchmarks.studies.time_to_accuracy import as_learning_runs
 
     saved = {
         "settings": {"steps": 48},

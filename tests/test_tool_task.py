@@ -1,4 +1,4 @@
-"""The tool toy task (benchmarks/toy/tool_task.py): environment and reward, the rule judge and its corrections as
+"""The tool toy task (benchmarks/tasks/toy/tool_task.py): environment and reward, the rule judge and its corrections as
 TRL parses them, the rollout with the tool loop, and one MInTRLTrainer step with the environment on its warm start."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from mintrl_helpers import mintrl_args
 from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response, supports_tool_calling
 
-from benchmarks.toy.tool_task import (
+from benchmarks.tasks.toy.tool_task import (
     RegisterEnv,
     ToolProblem,
     call_text,
@@ -22,7 +22,7 @@ from benchmarks.toy.tool_task import (
     tool_suffix_ids,
     tool_tokenizer,
 )
-from benchmarks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
+from benchmarks.tasks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
 
 PROBLEM = ToolProblem(("4", "a", "b", "2"), ("+", "-", "+"), (("a", 7), ("b", 3)))  # 4+7-3+2 = 10
 
@@ -125,7 +125,7 @@ def test_rollouts_with_the_tool_loop_on_the_warm_start():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.toy.tool_calibration import correction_scores, pass_scores, tool_rollouts
+    from benchmarks.tasks.toy.tool_calibration import correction_scores, pass_scores, tool_rollouts
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(WARM_START_TOOLS_DIR)

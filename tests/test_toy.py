@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from benchmarks.toy.task import (
+from benchmarks.tasks.toy.task import (
     STEP_SEPARATOR,
     Problem,
     final_answer,
@@ -125,7 +125,7 @@ def test_rule_judge_corrections_repair_random_trajectories():
 
 
 def test_char_tokenizer_round_trips_and_covers_prompts():
-    from benchmarks.toy import build_char_tokenizer
+    from benchmarks.tasks.toy import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     text = EXAMPLE.solution + "\nPlan: (1) add; {check} ~ok"
@@ -140,7 +140,7 @@ def test_char_tokenizer_round_trips_and_covers_prompts():
 def test_warm_start_build_is_deterministic(tmp_path):
     from safetensors.torch import load_file
 
-    from benchmarks.toy import build_warm_start
+    from benchmarks.tasks.toy import build_warm_start
 
     a = load_file(build_warm_start(tmp_path / "a", seed=3, steps=3, batch_size=4, log_every=0) / "model.safetensors")
     b = load_file(build_warm_start(tmp_path / "b", seed=3, steps=3, batch_size=4, log_every=0) / "model.safetensors")
@@ -154,13 +154,13 @@ def test_warm_start_build_is_deterministic(tmp_path):
 def warm_start():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.toy import WARM_START_DIR
+    from benchmarks.tasks.toy import WARM_START_DIR
 
     return AutoModelForCausalLM.from_pretrained(WARM_START_DIR), AutoTokenizer.from_pretrained(WARM_START_DIR)
 
 
 def test_warm_start_solves_easy_problems_more_often_than_hard_ones(warm_start):
-    from benchmarks.toy import evaluate, sample_completions
+    from benchmarks.tasks.toy import evaluate, sample_completions
 
     model, tokenizer = warm_start
     easy = make_problems(16, 2, 2, seed=11)
@@ -176,7 +176,7 @@ def test_warm_start_solves_easy_problems_more_often_than_hard_ones(warm_start):
 
 
 def test_step_count_diagnostics():
-    from benchmarks.toy.evaluate import count_steps
+    from benchmarks.tasks.toy.evaluate import count_steps
 
     assert count_steps(EXAMPLE.solution) == EXAMPLE.num_ops
     assert count_steps("7-7=0\n\nAnswer: 0\n\n0+9=9") == 1  # steps after the answer do not count
@@ -186,7 +186,7 @@ def test_step_count_diagnostics():
 def test_mintrl_step_on_toy_task_intervenes_with_rule_judge(warm_start, tmp_path):
     """One MInTRL step on the toy task wires the rule judge in: it revises rollouts, never fails, and its tokens are
     a minority of the completion tokens."""
-    from benchmarks.toy.training import build_trainer, rl_config
+    from benchmarks.tasks.toy.training import build_trainer, rl_config
 
     model, tokenizer = warm_start
     args = rl_config(
@@ -253,7 +253,7 @@ def test_near_judge_repairs_random_trajectories_written_in_the_policy_notation()
 def test_rule_planner_states_the_rule_from_the_reference_in_the_training_wording():
     """SORT's regime: the rule planner writes `Rule: a@b = a+b-7.` from the question and the reference's step (in
     either notation), the wording the hint warm start was trained on; it fails (not raises) without a new operator."""
-    from benchmarks.toy.hint import hint_prompt, plan_rule, rule_planner, rule_text
+    from benchmarks.tasks.toy.hint import hint_prompt, plan_rule, rule_planner, rule_text
     from trl_mintrl.sort import PlanRequest
 
     problem = Problem(2, (("+", 7), ("+", 6), ("@", 1)))
@@ -272,7 +272,7 @@ def test_hinted_training_examples_apply_a_stated_rule_of_another_operator():
     in `hint_prompt`'s wording, applied in the last step written the policy's way (`a+b=v`, v = a+b+k)."""
     import re
 
-    from benchmarks.toy.hint import HINT_SYMBOLS, make_hinted_example
+    from benchmarks.tasks.toy.hint import HINT_SYMBOLS, make_hinted_example
 
     rng = random.Random(0)
     for _ in range(200):
@@ -289,9 +289,9 @@ def test_hinted_training_examples_apply_a_stated_rule_of_another_operator():
 
 
 def test_sort_hint_regime_uses_the_hint_warm_start_near_references_and_the_hinted_teacher_prompt(tmp_path):
-    from benchmarks.toy.hint import HINT_TEACHER_TEMPLATE, WARM_START_HINT_DIR, hinted_prompt_fn
-    from benchmarks.toy.training import REGIMES, rl_config
-    from benchmarks.toy.warm_start import WARM_START_DIR
+    from benchmarks.tasks.toy.hint import HINT_TEACHER_TEMPLATE, WARM_START_HINT_DIR, hinted_prompt_fn
+    from benchmarks.tasks.toy.training import REGIMES, rl_config
+    from benchmarks.tasks.toy.warm_start import WARM_START_DIR
 
     regime = REGIMES["sort-hint"]
     assert regime.warm_start == WARM_START_HINT_DIR and REGIMES["out-of-reach"].warm_start == WARM_START_DIR
@@ -308,8 +308,8 @@ def test_sort_hint_regime_uses_the_hint_warm_start_near_references_and_the_hinte
 
 def test_reference_logprobs_score_the_near_reference_after_its_prompt(warm_start):
     """Calibration (c): mean per-token log-prob of the reference and of the decisive `@`-step result, <= 0."""
-    from benchmarks.toy.calibration import reference_logprobs
-    from benchmarks.toy.hint import hinted_prompt_fn
+    from benchmarks.tasks.toy.calibration import reference_logprobs
+    from benchmarks.tasks.toy.hint import hinted_prompt_fn
 
     model, tokenizer = warm_start
     problems = make_problems(2, 3, 4, seed=5, new_op="@")
@@ -322,8 +322,8 @@ def test_reference_logprobs_score_the_near_reference_after_its_prompt(warm_start
 
 def test_sort_trainer_on_the_sort_hint_regime_takes_the_rule_planner(warm_start, tmp_path):
     """`build_trainer` threads the planner into SORT's repair (constructed only; no training step)."""
-    from benchmarks.toy.hint import rule_planner
-    from benchmarks.toy.training import REGIMES, build_trainer, rl_config
+    from benchmarks.tasks.toy.hint import rule_planner
+    from benchmarks.tasks.toy.training import REGIMES, build_trainer, rl_config
 
     model, tokenizer = warm_start
     regime = REGIMES["sort-hint"]
@@ -339,7 +339,7 @@ def test_sort_trainer_on_the_sort_hint_regime_takes_the_rule_planner(warm_start,
 
 
 def test_in_band_problems_apply_their_rule_twice_and_keep_single_rule_problems_as_they_were():
-    from benchmarks.toy.task import BAND_OPERATORS, OFFSETS
+    from benchmarks.tasks.toy.task import BAND_OPERATORS, OFFSETS
 
     for symbol in BAND_OPERATORS:
         for p in make_problems(200, 3, 6, seed=7, new_op=symbol, new_op_count=2):
@@ -359,7 +359,7 @@ def test_in_band_problems_apply_their_rule_twice_and_keep_single_rule_problems_a
 
 
 def test_in_band_reward_checks_every_application_of_the_rule():
-    from benchmarks.toy.task import step_reward
+    from benchmarks.tasks.toy.task import step_reward
 
     problem = Problem(1, (("+", 4), ("~", 7), ("~", 1)))  # 1+4=5, 5~7=11, 11~1=11
     assert problem.solution == "1+4=5\n\n5~7=11\n\n11~1=11\n\nAnswer: 11"
@@ -383,8 +383,8 @@ def test_judge_calibration_measures_the_corrections_nll_and_the_reviews_coverage
     against a direct forward pass of one correction); coverage counts corrections inside the reviewed span."""
     import torch
 
-    from benchmarks.logprobs import sequence_nll
-    from benchmarks.toy.calibration import judge_calibration
+    from benchmarks.lib.logprobs import sequence_nll
+    from benchmarks.tasks.toy.calibration import judge_calibration
     from trl_mintrl.text import prompt_token_ids
 
     model, tokenizer = warm_start
@@ -408,7 +408,7 @@ def test_judge_calibration_measures_the_corrections_nll_and_the_reviews_coverage
 def test_toy_schedule_trains_the_first_step_and_lowers_the_rate_after_the_phase(warm_start, tmp_path):
     """The toy's warm-up trains optimizer step 1 at a third of the rate (transformers' constant_with_warmup trains it at
     0); the lower-rate arms multiply the rate from the phase's end on."""
-    from benchmarks.toy.training import build_trainer, rl_config
+    from benchmarks.tasks.toy.training import build_trainer, rl_config
 
     model, tokenizer = warm_start
     data = make_dataset(4, 3, 4, seed=0)

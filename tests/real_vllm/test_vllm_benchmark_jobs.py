@@ -1,5 +1,5 @@
-"""Benchmark jobs that each build a colocated vLLM engine run side by side (`benchmarks/learning_real.py --workers 2`):
-each engine's rendezvous gets a port of its own (`benchmarks.real.arms.prepare_vllm_cpu`). TRL picks 29500 first
+"""Benchmark jobs that each build a colocated vLLM engine run side by side (`benchmarks/studies/learning_real.py --workers 2`):
+each engine's rendezvous gets a port of its own (`benchmarks.tasks.real.arms.prepare_vllm_cpu`). TRL picks 29500 first
 when it is free, so two jobs that both chose before either bound took the same port and one failed (EADDRINUSE)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ JOBS = textwrap.dedent(
     sys.path.insert(0, {repo!r})
 
     def job(barrier, ports):
-        from benchmarks.real.arms import prepare_vllm_cpu
+        from benchmarks.tasks.real.arms import prepare_vllm_cpu
         from torch.distributed import TCPStore
         from trl.trainer.utils import ensure_master_addr_port
 

@@ -14,7 +14,7 @@ def build_reference_judge(path: str, config_path: str | None) -> Judge:
     working folder, then the recipe's folder and its parents) and called with no arguments."""
     fix = (
         "give the dotted path of a zero-argument factory returning a trl_mintrl.judges.Judge, as for the recipe's "
-        "judge_function (e.g. --reference_judge benchmarks.real.judge.rule_judge)"
+        "judge_function (e.g. --reference_judge benchmarks.tasks.real.judge.rule_judge)"
     )
     if not path or "." not in path.replace(":", "."):
         raise RecipeError(f"--reference_judge {path!r}: not a dotted path; {fix}.")

@@ -66,7 +66,7 @@ options:
 examples:
   trl-mintrl judge-check mintrl --config recipes/cpu/mintrl.yaml --prompts 2
   trl-mintrl judge-check mintrl --config self-judge.yaml --judge self --prompts 8 \\
-      --reference_judge benchmarks.real.judge.rule_judge --json judge_check.json
+      --reference_judge benchmarks.tasks.real.judge.rule_judge --json judge_check.json
   (a recipe with judge_function set checks that factory: judge_function cannot be unset by a flag, so the self
   judge needs a recipe without it)"""
 

