@@ -32,9 +32,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from benchmarks.studies.learning_tools import HELDOUT_SEED, MODES, RESULTS, held_out_scores, plan_jobs, run_job  # noqa: E402
+from benchmarks.lib.records import RESULTS  # noqa: E402
+from benchmarks.studies.learning_tools import MODES, plan_jobs  # noqa: E402
 from benchmarks.tasks.toy.demo import quiet_libraries  # noqa: E402
 from benchmarks.tasks.toy.demo_claim import committed_comparison, load_results  # noqa: E402
+from benchmarks.tasks.toy.tool_run import held_out_scores, run_job  # noqa: E402
+from benchmarks.tasks.toy.training import HELDOUT_SEED  # noqa: E402
 
 NAMES = {"mintrl-const": "MInTRL", "grpo": "GRPO"}
 LEARNING_TOOLS_JSON = RESULTS / "learning_tools.json"

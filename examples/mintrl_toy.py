@@ -2,7 +2,7 @@
 
     python examples/mintrl_toy.py [--steps 48] [--no-grpo]
 
-The regime is chosen by MInTRL's two preconditions (issue 27), not by its result: every problem applies an operator
+The regime is chosen by MInTRL's two preconditions, not by its result: every problem applies an operator
 no prompt explains, `a~b = a+b-1`, twice (`Compute 1+4+7~7~1 =`), and the reward checks both applications. The warm
 start (committed in benchmarks/tasks/toy/) almost never samples both right (held-out pass@8 0.5%, pass@64 3%: outside what
 sampling finds), yet each correct step is unlikely but not impossible for it (a correction costs ~7 nats: inside

@@ -28,7 +28,7 @@ run in scripts/gpu_check.sh's header measured 34 s for those, and 114 s at micro
 seconds, generate calls, peak and working memory, and how many plans are token for token those of the one-call run.
 `--plan-batches` picks the settings (`none` for None; the flag with no value skips the phase).
 
-Rollout (second; issue 46 item 6): MInTRL's chunked intervention rollout (`InterventionRollout`, lock-step) through
+Rollout (second): MInTRL's chunked intervention rollout (`InterventionRollout`, lock-step) through
 `TransformersEngine`, greedy, on the same weights: 8 prompts, chunks of 512 tokens, every chunk reviewed by a scripted
 `FunctionJudge` (`scripted_judge`: it keeps every other chunk of a row and cuts the others 1/2 to 7/8 into the chunk,
 inserting a fixed 8-token correction; rows alternate, so each call continues kept and cut rows together), EOS
@@ -47,7 +47,7 @@ a setting: a setting stopped at the run's limit keeps its calls, and the table c
 finished). The random model's ids mostly decode to nothing
 with the tiny tokenizer, so the rollout decodes each id as a line of its own (`TokenLines`): a step is a token.
 
-The phases and their measurement are `benchmarks/studies/memory.py`'s (`measure_phases`, `PhaseMeter`): on CUDA,
+The phases and their measurement are the memory study's (`benchmarks/lib/memory_phases.py`, `PhaseMeter`): on CUDA,
 `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, and `memory_allocated` at each phase's start.
 A "MInTRL step" here is one micro-batch's loss, backward and optimizer step; a "SORT step" is the same with GRPO's
 loss, then the repair step (`separate_repair_step`: plan, teacher pass, base pass, backward, optimizer step).
@@ -100,7 +100,7 @@ GPU = {
     # plan writing: one call (None) against calls of micro-batch 4 (about 10 s and 34 s, estimated from the
     # configurations' plan phases of the H200 run); `--plan-batches none 4 1` adds micro-batch 1 (114 s there)
     "plans": {"rows": 16, "batches": [None, 4]},
-    # the chunked MInTRL rollout with and without the kept KV caches (issue 46 item 6): 8 rows, chunks of 512 tokens,
+    # the chunked MInTRL rollout with and without the kept KV caches: 8 rows, chunks of 512 tokens,
     # completions of 4,096 tokens (about 4,600 decode steps a setting); `--rollout-lengths 4096 16384` adds the
     # papers' 16k (about 19,000 decode steps a setting: more than one run's limit, see scripts/gpu_check.sh)
     "rollout": {"rows": 8, "chunk_size": 512, "lengths": [4096], "kv_cache": [True, False],
@@ -193,7 +193,7 @@ def time_plans(model, tokenizer, settings: dict, device: str, meter, record, che
     phase of `meter`. Appends one entry per setting to `record` (seconds, generate calls and their rows, generated
     tokens, peak and working memory, plans whose token ids are those of the first setting's), calling
     `checkpoint()` after each, so that a run cut short keeps the settings it finished."""
-    from benchmarks.studies.memory import build_trainers, prompts_and_references
+    from benchmarks.lib.memory_phases import build_trainers, prompts_and_references
     from trl_mintrl.sort import RepairItem
 
     rows = settings["plans"]["rows"]
@@ -442,7 +442,8 @@ def run(settings: dict, device: str, checkpoint=None) -> dict:
 
     import torch
 
-    from benchmarks.studies.memory import PhaseMeter, build_model, build_tokenizer, build_trainers, measure_phases
+    from benchmarks.lib.memory_phases import build_model, build_tokenizer, build_trainers, measure_phases
+    from benchmarks.lib.phase_meter import PhaseMeter
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     longest = max([settings["completion_tokens"] + 2 * settings["reference_tokens"], *settings["rollout"]["lengths"]])
@@ -499,7 +500,7 @@ def run(settings: dict, device: str, checkpoint=None) -> dict:
 
 
 def table(runs: list[dict]) -> str:
-    from benchmarks.studies.memory import MIB
+    from benchmarks.lib.phase_meter import MIB
 
     lines = [
         "| configuration | phase | calls | seconds | peak GiB | working GiB | largest forward: rows grad / no grad "
@@ -518,7 +519,7 @@ def table(runs: list[dict]) -> str:
 
 
 def plans_table(plans: list[dict]) -> str:
-    from benchmarks.studies.memory import MIB
+    from benchmarks.lib.phase_meter import MIB
 
     lines = [
         "| plan_batch_size | generate calls (rows) | seconds | generated tokens | peak GiB | working GiB | plans as "
@@ -540,7 +541,7 @@ def _length(entry: dict) -> str:
 
 
 def rollout_table(rollout: list[dict]) -> str:
-    from benchmarks.studies.memory import MIB
+    from benchmarks.lib.phase_meter import MIB
 
     lines = [
         "| completion tokens | kv_cache | seconds | generate calls | decode steps | prefill read | reused | generated "
@@ -584,7 +585,7 @@ def rollout_table(rollout: list[dict]) -> str:
 
 
 def render(saved: dict) -> str:
-    from benchmarks.studies.memory import checkpointing_state
+    from benchmarks.lib.memory_phases import checkpointing_state
 
     s = saved["settings"]
     lines = [

@@ -1,4 +1,4 @@
-"""Time a MInTRL rollout on the transformers engine with and without the kept KV caches (issue 46 item 1).
+"""Time a MInTRL rollout on the transformers engine with and without the kept KV caches.
 
     python scripts/kv_continuation_timing.py                        # tiny model: 8 rows x 64 tokens, chunks of 8
     python scripts/kv_continuation_timing.py --model PATH --rows 8 --length 128 --chunk 16 --device cuda

@@ -40,25 +40,12 @@ INSTRUCTION = (
 PROMPTS = {"plain": "{question}", "instructed": "{question} " + INSTRUCTION}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="/tmp/smol/model", help="checkpoint folder from `trl-mintrl smollm2`")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/data/smollm2_samples.json"))
-    parser.add_argument("--per-prompt", type=int, default=2, help="samples per problem and prompt form (6 x 2)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-
+def draw_samples(model, tokenizer, args: argparse.Namespace, start: float) -> list[dict]:
+    """`args.per_prompt` samples of every problem in each prompt form, in order; the seconds since `start` printed
+    after each problem."""
     import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    source = Path(args.model) / "trl_mintrl_source.json"
-    torch.manual_seed(args.seed)
     samples = []
-    start = time.time()
     for index, (question, _gold) in enumerate(PROBLEMS):
         for form, pattern in PROMPTS.items():
             prompt = tokenizer.apply_chat_template(
@@ -93,6 +80,28 @@ def main(argv: list[str] | None = None) -> None:
                     }
                 )
         print(f"problem {index}: {time.time() - start:.0f}s", file=sys.stderr, flush=True)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="/tmp/smol/model", help="checkpoint folder from `trl-mintrl smollm2`")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/data/smollm2_samples.json"))
+    parser.add_argument("--per-prompt", type=int, default=2, help="samples per problem and prompt form (6 x 2)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    source = Path(args.model) / "trl_mintrl_source.json"
+    torch.manual_seed(args.seed)
+    start = time.time()
+    samples = draw_samples(model, tokenizer, args, start)
 
     record = {
         "command": "python scripts/smollm2_samples.py " + shlex.join(argv if argv is not None else sys.argv[1:]),

@@ -1,4 +1,4 @@
-"""A stand-in trainer as `benchmarks.studies.cost.measure_time` drives one: its callbacks at each optimizer step's
+"""A stand-in trainer as `benchmarks.lib.step_cost.measure_time` drives one: its callbacks at each optimizer step's
 boundaries, no model training."""
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_rule_judge_from_start_revises_the_first_chunk_of_every_rollout_and_only
 def test_recheck_reruns_a_recorded_run_and_fails_when_its_scores_differ(tmp_path):
     """`--recheck` reruns one recorded run at this checkout: a smoke run's record matches (exit 0); the same record
     with its pass@1 changed does not (exit 1), and learning_recheck.json says which."""
-    learning = [sys.executable, "benchmarks/studies/learning.py", "--workers", "0", "--out", str(tmp_path)]
+    learning = [sys.executable, "-m", "benchmarks.studies.learning", "--workers", "0", "--out", str(tmp_path)]
     subprocess.run([*learning, "--smoke"], cwd=ROOT, check=True, capture_output=True, timeout=600)
     recheck = [*learning, "--recheck", "in-band:mintrl-const:1"]
     done = subprocess.run(recheck, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -165,7 +165,16 @@ def test_recheck_reruns_a_recorded_run_and_fails_when_its_scores_differ(tmp_path
 def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     """Runs `benchmarks/studies/learning.py --smoke` (1 step, 2 prompts, 2 seeds, GRPO and MInTRL) as a user would, then
     changes one run's number in the JSON and re-renders: the table follows the JSON."""
-    command = [sys.executable, "benchmarks/studies/learning.py", "--smoke", "--workers", "0", "--out", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.studies.learning",
+        "--smoke",
+        "--workers",
+        "0",
+        "--out",
+        str(tmp_path),
+    ]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=600)
     results = json.loads((tmp_path / "learning.json").read_text())
     assert results["provenance"]["command"].startswith("python -m benchmarks.studies.learning --smoke")
@@ -214,7 +223,8 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
     subprocess.run(
         [
             sys.executable,
-            "benchmarks/studies/learning.py",
+            "-m",
+            "benchmarks.studies.learning",
             "--replot",
             str(tmp_path / "learning.json"),
             "--readme",
@@ -252,7 +262,8 @@ def test_learning_replot_reads_the_committed_results_of_the_previous_version(tmp
     done = subprocess.run(
         [
             sys.executable,
-            "benchmarks/studies/learning.py",
+            "-m",
+            "benchmarks.studies.learning",
             "--replot",
             str(tmp_path / "results" / "learning.json"),
             "--out",
@@ -289,7 +300,7 @@ def test_cost_token_counter_counts_prefill_generated_and_forward_tokens():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.studies.cost import TokenCounter
+    from benchmarks.lib.counters import TokenCounter
     from benchmarks.tasks.toy import WARM_START_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(WARM_START_DIR)
@@ -318,7 +329,7 @@ def test_cost_token_counter_counts_what_the_model_reads_with_a_kept_cache():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.studies.cost import TokenCounter
+    from benchmarks.lib.counters import TokenCounter
     from benchmarks.tasks.toy import WARM_START_DIR
     from trl_mintrl.engines import TransformersEngine
 
@@ -386,7 +397,8 @@ def test_cost_steps_do_not_depend_on_the_variants_beside_them():
 
     import torch
 
-    from benchmarks.studies.cost import CPU_KEY, TokenCounter, measure_time
+    from benchmarks.lib.counters import TokenCounter
+    from benchmarks.lib.step_cost import CPU_KEY, measure_time
 
     ran: list[str] = []
 
@@ -441,7 +453,8 @@ def test_cost_trainers_set_up_one_at_a_time_and_step_only_once_all_have():
 
     import torch
 
-    from benchmarks.studies.cost import TokenCounter, measure_time
+    from benchmarks.lib.counters import TokenCounter
+    from benchmarks.lib.step_cost import measure_time
 
     events: list[tuple[str, str]] = []
     setting_up = threading.Semaphore(1)  # a second set-up at once fails the test
@@ -492,7 +505,8 @@ def test_learning_jobs_carry_each_arms_judge_notation_and_config():
     """Each MInTRL arm's job builds the rule judge of its label (the near arms correct in the policy's notation; the
     unsuffixed and the far arms in the reference's), the sweep runs the near judge, and the SORT beta labels set
     `repair_beta`."""
-    from benchmarks.studies.learning import LABELS, MODES, job_judge, plan_jobs
+    from benchmarks.studies.learning import MODES, plan_jobs
+    from benchmarks.tasks.toy.arms import LABELS, job_judge
 
     question = "Compute 9+5@3 ="
     settings = {**MODES["full"], "plan": {"out-of-reach": [*LABELS], "in-band": ["mintrl-const"]}}
@@ -517,7 +531,7 @@ def test_learning_jobs_carry_each_arms_judge_notation_and_config():
 
 def test_cost_rollout_table_pairs_each_rollout_with_plain_generation_of_its_tokens():
     """`cost.py --rollout`: each rollout's time over the plain generation of the same round, mean and t-interval."""
-    from benchmarks.studies.cost import render_rollout
+    from benchmarks.lib.rollout_cost import render_rollout
 
     def record(seconds, plain, busy, asked=0, kept=0):
         return {"seconds": seconds, "plain_seconds": plain, "busy_share": busy, "policy_tokens": [60, 40],
@@ -585,7 +599,8 @@ def test_cost_rollout_readme_block_follows_the_json(tmp_path):
 def test_sort_hint_jobs_get_the_rule_planner_and_the_hint_warm_start():
     """SORT's regime in the full plan: GRPO and the four SORT arms, each SORT job with the regime's rule planner
     (the hint in the training wording), GRPO and other regimes' SORT jobs without a planner."""
-    from benchmarks.studies.learning import LABELS, MODES, job_planner, plan_jobs
+    from benchmarks.studies.learning import MODES, plan_jobs
+    from benchmarks.tasks.toy.arms import LABELS, job_planner
     from benchmarks.tasks.toy.hint import WARM_START_HINT_DIR
     from benchmarks.tasks.toy.training import REGIMES
     from trl_mintrl.sort import FunctionPlanner, PlanRequest
@@ -641,7 +656,8 @@ def test_memory_benchmark_quick_writes_phase_table(tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            "benchmarks/studies/memory.py",
+            "-m",
+            "benchmarks.studies.memory",
             "--quick",
             "--configs",
             "mb1-r4",
@@ -677,7 +693,8 @@ def test_memory_benchmark_quick_writes_phase_table(tmp_path):
 def test_a_part_reruns_its_arms_and_keeps_every_other_record():
     """`--part`: the fresh part's runs replace the same (regime, label) runs of the previous learning.json; other arms,
     other regimes' calibrations and provenance stay; a previous sweep of another regime (the old design) is dropped."""
-    from benchmarks.studies.learning import MODES, PARTS, arm_provenance, merge_previous, plan_jobs, provenance_lines
+    from benchmarks.lib.records import arm_provenance, provenance_lines
+    from benchmarks.studies.learning import MODES, PARTS, merge_previous, plan_jobs
 
     def run(regime, label, seed, group="main"):
         return {"regime": regime, "label": label, "seed": seed, "group": group, "tag": "old"}
@@ -726,7 +743,8 @@ def test_not_absorbed_warning_fires_on_far_corrections_and_stays_silent_in_band(
     """Issue 27: on the committed runs, the trainer's not-absorbed warning (its `AbsorptionTracker`, logged per step
     or replayed from the logged judge-token NLL) fires in every out-of-reach run whose corrections are far (the `@`
     step costs ~13 nats), and never in an in-band run (corrections ~7 nats, absorbed)."""
-    from benchmarks.studies.learning import not_absorbed_warning, runs_of
+    from benchmarks.lib.records import runs_of
+    from benchmarks.tasks.toy.tables import not_absorbed_warning
 
     results = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())
     far = runs_of(results, "out-of-reach", "mintrl-const-far") + runs_of(results, "out-of-reach", "mintrl-proxy-far")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.lib.records import error_of, total_judge_tokens
 from benchmarks.tasks.toy.task import JUDGE_ERRORS, correct_step, make_problems, review_steps, rule_judge
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,8 +110,8 @@ def test_errors_replay_for_a_seed_and_votes_of_one_chunk_can_disagree():
 
 
 def test_a_jobs_judge_errors_reach_the_in_band_judge():
-    """learning.py's `job_judge` forwards `judge_errors` to the regime's rule judge (near notation on in-band)."""
-    from benchmarks.studies import learning
+    """The toy task's `job_judge` forwards `judge_errors` to the regime's rule judge (near notation on in-band)."""
+    from benchmarks.tasks.toy.arms import job_judge
     from benchmarks.tasks.toy.training import REGIMES
 
     job = {"regime": "in-band", "seed": 0, "judge_steps": 1, "overrides": {}}
@@ -119,11 +120,11 @@ def test_a_jobs_judge_errors_reach_the_in_band_judge():
     wrong = [*steps[:-1], re.sub(r"=(\d+)", lambda m: f"={int(m.group(1)) + 1}", steps[-1], count=1)]
     flagged = review_steps(problem.question, "", wrong, notation="near")
     assert flagged is not None and review_steps(problem.question, "", steps, notation="near") is None
-    assert learning.job_judge(job).review_fn(problem.question, "", wrong, None) == flagged
-    missing = learning.job_judge({**job, "judge_errors": {"missed_error": 1.0}})
+    assert job_judge(job).review_fn(problem.question, "", wrong, None) == flagged
+    missing = job_judge({**job, "judge_errors": {"missed_error": 1.0}})
     assert missing.review_fn(problem.question, "", wrong, None) is None
     assert missing.review_fn(problem.question, "", steps, None) is None
-    flagging = learning.job_judge({**job, "judge_errors": {"false_revise": 1.0}})
+    flagging = job_judge({**job, "judge_errors": {"false_revise": 1.0}})
     assert flagging.review_fn(problem.question, "", steps, None) is not None
 
 
@@ -175,12 +176,12 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     the JSON and re-renders: the tables and the README block follow the JSON."""
     from benchmarks.studies import beyond
 
-    command = [sys.executable, "benchmarks/studies/beyond.py", "--smoke", "--workers", "0", "--out", str(tmp_path)]
+    command = [sys.executable, "-m", "benchmarks.studies.beyond", "--smoke", "--workers", "0", "--out", str(tmp_path)]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=900)
     results = json.loads((tmp_path / "beyond.json").read_text())
     assert results["provenance"]["command"].startswith("python -m benchmarks.studies.beyond --smoke")
     assert len(results["provenance"]["commit"]) == 40
-    assert {(r["label"], *beyond.error_of(r), r["seed"]) for r in results["runs"]} == {
+    assert {(r["label"], *error_of(r), r["seed"]) for r in results["runs"]} == {
         (*arm, seed) for arm in beyond.MODES["smoke"]["plan"] for seed in (0, 1)
     }
     assert all(r["regime"] == "in-band" for r in results["runs"])
@@ -201,7 +202,7 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     pass1 |= {("mintrl-budget", None, 0): 0.2, ("mintrl-budget", None, 1): 0.6}
     pass1 |= {("mintrl-sort", None, 0): 0.1, ("mintrl-sort", None, 1): 0.3}
     for run in results["runs"]:  # GRPO 0; the plain judge +50/+30; with false REVISE +40/+30; votes +50/+20; ...
-        kind, _ = beyond.error_of(run)
+        kind, _ = error_of(run)
         run["final"]["pass@1"] = pass1.get((run["label"], kind, run["seed"]), 0.0)
         run["final"]["pass@8"] = 0.6 if (run["label"], kind) == ("mintrl-const", None) else 0.1
         for entry in run["logs"]:
@@ -218,7 +219,8 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
     readme.write_text(f"{beyond.README_START}\nold\n{beyond.README_END}\n")
     replot = [
         sys.executable,
-        "benchmarks/studies/beyond.py",
+        "-m",
+        "benchmarks.studies.beyond",
         "--replot",
         str(tmp_path / "beyond.json"),
         "--readme",
@@ -267,9 +269,9 @@ def test_beyond_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
 def test_judge_tokens_are_counted_from_the_share_of_every_completion_token():
     """TRL's completions/mean_length counts the policy's tokens only: at a judge share f the judge wrote f / (1 - f)
     of that per rollout (a share of 0.5 over 10 policy tokens is 10 judge tokens, not 5)."""
-    from benchmarks.studies.beyond import ROLLOUTS, total_judge_tokens
+    from benchmarks.studies.beyond import ROLLOUTS
 
     logs = [{"mintrl/judge_token_frac": 0.5, "completions/mean_length": 10.0},
             {"mintrl/judge_token_frac": 0.2, "completions/mean_length": 20.0}, {"completions/mean_length": 30.0}]  # fmt: skip
     run = {"prompts_per_step": 2, "logs": logs}
-    assert total_judge_tokens(run) == pytest.approx((10.0 + 5.0) * 2 * ROLLOUTS)
+    assert total_judge_tokens(run, ROLLOUTS) == pytest.approx((10.0 + 5.0) * 2 * ROLLOUTS)

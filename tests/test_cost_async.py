@@ -1,8 +1,10 @@
 """benchmarks/studies/cost_async.py without a server: the per-round pairing, the report computed from the JSON alone, the
-staleness bookkeeping against TRL's one-batch-ahead collation, and the process accounting."""
+staleness bookkeeping against TRL's one-batch-ahead collation (benchmarks/lib/server_training.py), and the process
+accounting (benchmarks/lib/vllm_server.py)."""
 
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import sys
@@ -11,9 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.lib import server_training, vllm_server
+from benchmarks.lib.rollout_cost import ROLLOUT_SHAPE
 from benchmarks.lib.stats import mean_interval
+from benchmarks.lib.step_cost import turn_order
 from benchmarks.studies import cost_async
-from benchmarks.studies.cost import ROLLOUT_SHAPE, turn_order
+from benchmarks.tasks.toy.cost_async_arms import ARMS
 
 
 def saved_result(sps: dict[str, list[float]], pairs: list[str]) -> dict:
@@ -24,7 +29,7 @@ def saved_result(sps: dict[str, list[float]], pairs: list[str]) -> dict:
     for r in range(rounds):
         for position, i in enumerate(turn_order(len(arms), r)):
             arm = arms[i]
-            synchronous = cost_async.ARMS[arm][1]
+            synchronous = ARMS[arm][1]
             runs.append(
                 {
                     "arm": arm,
@@ -97,7 +102,7 @@ def test_the_ratio_is_paired_within_each_round_and_the_report_is_computed_from_t
 def test_the_report_shows_the_servers_work_and_the_machine_it_ran_on():
     """The server's counters and each server process's CPU per timed step (window differences of what the run
     recorded at the window's ends), beside the completion tokens trained, and the machine's conditions."""
-    assert cost_async.window_delta({"a": 1.0}, {"a": 9.0, "b": 4.0}, per=2) == {"a": 4.0, "b": 2.0}
+    assert vllm_server.window_delta({"a": 1.0}, {"a": 9.0, "b": 4.0}, per=2) == {"a": 4.0, "b": 2.0}
     saved = saved_result({"mintrl_async_s2": [0.2, 0.3], "mintrl_sync": [0.1, 0.2]}, ["mintrl_s2"])
     for run in saved["result"]["runs"]:
         run["server_counters_per_step"] = {
@@ -131,7 +136,7 @@ def test_staleness_is_counted_against_the_weights_that_train_each_collated_batch
     collated batch and compares its samples' versions with the trainer's version at that moment."""
     trainer = SimpleNamespace(rollout_queue=queue.Queue(), model_version=1, state=SimpleNamespace(global_step=0))
     trainer.compute_loss = lambda model, inputs, **kwargs: "loss"
-    recorder = cost_async.StalenessRecorder(trainer, FakeCollator)
+    recorder = server_training.StalenessRecorder(trainer, FakeCollator)
 
     def push(version: int) -> dict:
         sample = SimpleNamespace(metrics={"reward": 0.0}, model_version=version)
@@ -158,12 +163,12 @@ def test_cpu_accounting_sees_child_processes():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         deadline = time.monotonic() + 10
-        while child.pid not in cost_async.descendants(cost_async.os.getpid()) and time.monotonic() < deadline:
+        while child.pid not in vllm_server.descendants(os.getpid()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert child.pid in cost_async.descendants(cost_async.os.getpid())
-        assert child.pid in cost_async.leftover_children(None)
-        assert child.pid not in cost_async.leftover_children(child.pid)  # the "server" is excepted
-        ours, server = cost_async.cpu_seconds(child.pid)
+        assert child.pid in vllm_server.descendants(os.getpid())
+        assert child.pid in vllm_server.leftover_children(None)
+        assert child.pid not in vllm_server.leftover_children(child.pid)  # the "server" is excepted
+        ours, server = vllm_server.cpu_seconds(child.pid)
         assert ours > 0 and server >= 0
     finally:
         child.kill()

@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 from cost_helpers import StandInTrainer
 
+from benchmarks.lib.counters import CallCounter, TokenCounter
+from benchmarks.lib.step_cost import measure_time
 from benchmarks.studies.cost import (
     ENGINE_VARIANTS,
     README_START,
     REAL_VARIANTS,
     TOOL_VARIANTS,
     VARIANTS,
-    CallCounter,
-    TokenCounter,
     build_real,
-    measure_time,
     parse_args,
     real_job,
     render,

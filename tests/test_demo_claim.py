@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.lib.records import final_by_seed, runs_of
 from benchmarks.lib.stats import format_interval, paired_difference
-from benchmarks.studies.learning import final_by_seed, runs_of
 from benchmarks.tasks.toy.demo_claim import LEARNING_JSON, arms_commit, committed_comparison, load_results
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""`TransformersEngine` keeps each row's KV cache across the calls of a session (issue 46 item 1): a continuation
+"""`TransformersEngine` keeps each row's KV cache across the calls of a session: a continuation
 prefills only its new tokens and gives what a fresh, uncached engine gives."""
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class CallingTools:
 
 
 def test_tool_turns_continue_from_the_cache(model, tiny_tokenizer):
-    """Issue 46 item 3: after a tool result the next turn continues the row's cache and reads only the result's
+    """After a tool result the next turn continues the row's cache and reads only the result's
     tokens (and the turn's last token); the greedy conversation is the uncached engine's, judge cuts included."""
     tok = tiny_tokenizer
     config = GenerationConfig(do_sample=False)

@@ -101,9 +101,8 @@ def test_the_recording_judge_keeps_every_request_with_the_inner_judges_answer():
 
 
 def test_transcripts_leave_out_the_benchmarks_evaluation_problems():
-    from benchmarks.studies.learning import HELDOUT_SEED
     from benchmarks.tasks.toy.learned_judge import JUDGE_HELDOUT_SEED, JUDGE_TRAIN_SEED, excluded_questions
-    from benchmarks.tasks.toy.training import REGIMES
+    from benchmarks.tasks.toy.training import HELDOUT_SEED, REGIMES
 
     excluded = excluded_questions()
     assert {p.question for p in REGIMES["in-band"].problems(96, seed=HELDOUT_SEED)} <= excluded
@@ -114,14 +113,15 @@ def test_a_learned_judge_job_builds_the_package_model_judge_from_its_config():
     """The benchmark's run is learning.py's in-band job whose trainer builds `GeneratingJudge` itself from
     `judge="model"` and the committed judge's folder, with the compact templates."""
     from benchmarks.studies import learned_judge, learning
+    from benchmarks.tasks.toy.arms import job_judge
     from benchmarks.tasks.toy.learned_judge import JUDGE_DIR, JUDGE_REVIEW_TEMPLATE, judge_config_fields
 
     jobs = learned_judge.planned_jobs({"seeds": [0, 1, 2, 3, 4], "learning_mode": "full"})
     assert [j["label"] for j in jobs[:3]] == ["grpo", "mintrl-const", "mintrl-learned"]
     learned = jobs[2]
     assert learned["overrides"] == {"_learned_judge": True}
-    assert learning.job_judge(learned) is None  # the trainer builds it
-    assert learning.job_judge(jobs[1]) is not None  # the rule judge
+    assert job_judge(learned) is None  # the trainer builds it
+    assert job_judge(jobs[1]) is not None  # the rule judge
     fields = judge_config_fields()
     assert fields["judge"] == "model" and fields["judge_model_name_or_path"] == str(JUDGE_DIR)
     assert fields["judge_review_template"] == JUDGE_REVIEW_TEMPLATE
@@ -137,7 +137,7 @@ def test_learned_judge_smoke_trains_mintrl_through_the_model_judge(tmp_path):
 
     if not (JUDGE_DIR / "build.json").is_file():
         pytest.fail(f"{JUDGE_DIR} holds no judge: build it with `python -m benchmarks.studies.learned_judge --build`")
-    command = [sys.executable, "benchmarks/studies/learned_judge.py", "--smoke", "--workers", "0", "--out", str(tmp_path),
+    command = [sys.executable, "-m", "benchmarks.studies.learned_judge", "--smoke", "--workers", "0", "--out", str(tmp_path),
                "--learning", str(tmp_path / "none.json")]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=900)
     results = json.loads((tmp_path / "learned_judge.json").read_text())

@@ -11,8 +11,10 @@ import re
 
 import pytest
 
+from benchmarks.lib.harness import job_key
 from benchmarks.lib.stats import format_interval, mean_interval
 from benchmarks.studies import learning_real as study
+from benchmarks.tasks.real.run import MODEL_ENV, plan_jobs
 
 SEEDS = (0, 1, 2)
 # per arm and seed: final held-out pass@1 (pass@8 is twice it, capped at 1), the curve's middle point
@@ -142,14 +144,14 @@ def test_replot_rewrites_the_report_from_the_json(tmp_path):
 
 def test_jobs_have_the_same_keys_in_every_invocation_and_arms_filter_them():
     settings = {**study.MODES["full"], "mode": "full", "engine": "transformers"}
-    baselines, runs = study.plan_jobs(settings)
+    baselines, runs = plan_jobs(settings)
     assert [b["regime"] for b in baselines] == ["in-band", "reachable"]
     assert len(runs) == 3 * 6 + 3 * 2
-    _, again = study.plan_jobs(settings, ["grpo", "mintrl-const"])
-    keys = {study.harness.job_key(j) for j in runs}
-    assert {study.harness.job_key(j) for j in again} <= keys and {j["arm"] for j in again} == {"grpo", "mintrl-const"}
-    _, fresh = study.plan_jobs({**study.MODES["fresh"], "mode": "fresh", "engine": "transformers"})
-    assert {j["seed"] for j in fresh} == {3, 4, 5} and not keys & {study.harness.job_key(j) for j in fresh}
+    _, again = plan_jobs(settings, ["grpo", "mintrl-const"])
+    keys = {job_key(j) for j in runs}
+    assert {job_key(j) for j in again} <= keys and {j["arm"] for j in again} == {"grpo", "mintrl-const"}
+    _, fresh = plan_jobs({**study.MODES["fresh"], "mode": "fresh", "engine": "transformers"})
+    assert {j["seed"] for j in fresh} == {3, 4, 5} and not keys & {job_key(j) for j in fresh}
 
 
 def test_sittings_run_at_most_max_runs_and_keep_every_other_record(tmp_path, monkeypatch):
@@ -180,7 +182,7 @@ def test_sittings_run_at_most_max_runs_and_keep_every_other_record(tmp_path, mon
 def test_smoke_records_every_measure_and_resume_reruns_nothing(smollm2_path, tmp_path, monkeypatch):
     argv = ["--smoke", "--arms", "grpo", "mintrl-const", "--workers", "0", "--out", str(tmp_path),
             "--model", smollm2_path]  # fmt: skip
-    monkeypatch.setenv(study.MODEL_ENV, smollm2_path)
+    monkeypatch.setenv(MODEL_ENV, smollm2_path)
     results = study.main(argv)
     saved = json.loads((tmp_path / "learning_real_smoke.json").read_text())
     assert saved["runs"] == results["runs"] and [r["arm"] for r in saved["runs"]] == ["grpo", "mintrl-const"]

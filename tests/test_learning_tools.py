@@ -19,7 +19,16 @@ SMOKE_LABELS = ("grpo", "mintrl-const", "sft-grpo", "sort")
 def smoke(tmp_path_factory):
     """`benchmarks/studies/learning_tools.py --smoke` run as a user would: its folder."""
     out = tmp_path_factory.mktemp("learning_tools")
-    command = [sys.executable, "benchmarks/studies/learning_tools.py", "--smoke", "--workers", "0", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.studies.learning_tools",
+        "--smoke",
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+    ]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=600)
     return out
 
@@ -52,7 +61,7 @@ def test_the_report_and_the_readme_block_follow_the_json(smoke, tmp_path):
     (tmp_path / "learning_tools.json").write_text(json.dumps(results))
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n{README_START}\nold\n{README_END}\nafter\n")
-    command = [sys.executable, "benchmarks/studies/learning_tools.py", "--replot", str(tmp_path / "learning_tools.json"),
+    command = [sys.executable, "-m", "benchmarks.studies.learning_tools", "--replot", str(tmp_path / "learning_tools.json"),
                "--readme", str(readme)]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=300)
     table = (tmp_path / "learning_tools.md").read_text()
@@ -71,8 +80,9 @@ def test_sft_on_transcripts_learns_the_calls_and_not_the_tool_results():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.studies.learning_tools import sft_on_transcripts
-    from benchmarks.tasks.toy.tool_task import make_tool_problems, sft_example
+    from benchmarks.tasks.toy.tool_chat import sft_example
+    from benchmarks.tasks.toy.tool_run import sft_on_transcripts
+    from benchmarks.tasks.toy.tool_task import make_tool_problems
     from benchmarks.tasks.toy.warm_start import pad_batch
     from benchmarks.tasks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
 
@@ -118,7 +128,8 @@ def test_tool_calling_cost_variants_sample_trls_rollouts_after_the_phase():
     judge writes tokens and the rollouts differ."""
     from functools import partial
 
-    from benchmarks.studies.cost import build, measure_time
+    from benchmarks.lib.step_cost import measure_time
+    from benchmarks.studies.cost import build
 
     steps = measure_time(["grpo", "mintrl_after_phase", "mintrl_interventions"], 1, 1,
                          partial(build, tools="in-band"))["steps"]  # fmt: skip

@@ -15,7 +15,6 @@ from benchmarks.tasks.real.task import (
     EASY_OPS,
     INSTRUCTION,
     MAX_VALUE,
-    THEMES,
     Problem,
     apply,
     calibration_problems,
@@ -24,6 +23,7 @@ from benchmarks.tasks.real.task import (
     make_problems,
     make_splits,
 )
+from benchmarks.tasks.real.themes import THEMES
 from trl_mintrl.judges.base import CorrectionRequest, ReviewRequest
 from trl_mintrl.judges.function import FunctionJudge
 from trl_mintrl.mintrl.steps import split_steps

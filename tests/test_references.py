@@ -68,7 +68,9 @@ def test_the_dataset_carries_the_style_and_sft_on_it_lowers_its_loss():
 
 
 def test_a_recorded_run_is_reused_only_for_the_very_job():
+    from benchmarks.lib.records import split_recorded
     from benchmarks.studies import learning, references
+    from benchmarks.tasks.toy.arms import SFT_FIRST
 
     settings = {"mode": "full", **references.MODES["full"]}
     jobs = references.planned_jobs(settings)
@@ -78,13 +80,13 @@ def test_a_recorded_run_is_reused_only_for_the_very_job():
     }
     assert len(jobs) == 5 * (2 + 3 * 4)
     sft = next(j for j in jobs if j["label"] == "sft-grpo@worded" and j["seed"] == 0)
-    assert sft["overrides"] == {"_sft_first": references.SFT_FIRST, "_reference_style": "worded"}
+    assert sft["overrides"] == {"_sft_first": SFT_FIRST, "_reference_style": "worded"}
     grpo = next(j for j in jobs if j["label"] == "grpo" and j["seed"] == 0)
     assert grpo == learning.plan_jobs(learning.MODES["full"] | {"mode": "full"}, ["band"])[0]  # learning.py's job
     recorded = {"settings": {}, "provenance": {"commit": "c" * 40}, "runs": [dict(grpo, final={"pass@1": 0.1})]}
     other = copy.deepcopy(grpo) | {"steps": 47}
     recorded["runs"].append(dict(other, seed=1, name="in-band-grpo-s1", final={"pass@1": 0.2}))
-    to_run, reused, prov = learning.split_recorded(jobs, recorded)
+    to_run, reused, prov = split_recorded(jobs, recorded)
     assert reused == [recorded["runs"][0]] and prov == {"in-band:grpo": recorded["provenance"]}
     assert len(to_run) == len(jobs) - 1  # seed 1's recorded GRPO ran other steps: run again
 
@@ -94,7 +96,7 @@ def test_references_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path
     from a JSON with changed numbers follow the numbers."""
     from benchmarks.studies import references
 
-    command = [sys.executable, "benchmarks/studies/references.py", "--smoke", "--workers", "0", "--out", str(tmp_path),
+    command = [sys.executable, "-m", "benchmarks.studies.references", "--smoke", "--workers", "0", "--out", str(tmp_path),
                "--learning", str(tmp_path / "none.json")]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=900)
     results = json.loads((tmp_path / "references.json").read_text())
@@ -114,7 +116,7 @@ def test_references_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path
             run["label"], 0.1
         )
     (tmp_path / "changed.json").write_text(json.dumps(results))
-    replot = [sys.executable, "benchmarks/studies/references.py", "--replot", str(tmp_path / "changed.json")]
+    replot = [sys.executable, "-m", "benchmarks.studies.references", "--replot", str(tmp_path / "changed.json")]
     subprocess.run(replot, cwd=ROOT, check=True, capture_output=True, timeout=120)
     table = (tmp_path / "references.md").read_text()
     assert "| own |" in table and "| sft-grpo | 1 | 40.0 | +30.0 | +10.0 |" in table

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.lib.records import runs_of
 from benchmarks.lib.stats import format_ratio, mean_interval
-from benchmarks.studies import learning, reproduce
+from benchmarks.studies import reproduce
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -21,11 +22,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def test_fresh_jobs_are_the_recorded_jobs_at_other_seeds():
     """The committed in-band runs' settings, arm by arm: only the seed (and so the name) differs."""
-    recorded = learning.normalise(json.loads((RESULTS / "learning.json").read_text()))
+    recorded = json.loads((RESULTS / "learning.json").read_text())
     fresh = reproduce.fresh_jobs(recorded, "in-band", [7])
     assert {job["label"] for job in fresh} == set(reproduce.HEADLINES["in-band"]["labels"])
     for job in fresh:
-        [run] = [r for r in learning.runs_of(recorded, "in-band", job["label"]) if r["seed"] == 0]
+        [run] = [r for r in runs_of(recorded, "in-band", job["label"]) if r["seed"] == 0]
         differing = {key for key in job if run.get(key) != job[key]}
         assert differing == {"seed", "name"}, (job["label"], differing)
     with pytest.raises(SystemExit, match=r"--seeds \[0\]: already run"):
@@ -50,7 +51,8 @@ def test_reproduce_reruns_at_fresh_seeds_and_fails_when_they_disagree(tmp_path):
     check fail (exit 1), and the report says so."""
     learning_cmd = [
         sys.executable,
-        "benchmarks/studies/learning.py",
+        "-m",
+        "benchmarks.studies.learning",
         "--smoke",
         "--workers",
         "0",
@@ -58,7 +60,7 @@ def test_reproduce_reruns_at_fresh_seeds_and_fails_when_they_disagree(tmp_path):
         str(tmp_path),
     ]
     subprocess.run(learning_cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    command = [sys.executable, "benchmarks/studies/reproduce.py", "in-band", "--seeds", "2", "3", "--workers", "0",
+    command = [sys.executable, "-m", "benchmarks.studies.reproduce", "in-band", "--seeds", "2", "3", "--workers", "0",
                "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -73,13 +75,14 @@ def test_reproduce_reruns_at_fresh_seeds_and_fails_when_they_disagree(tmp_path):
 
     # merged into learning.json: every arm then has seeds 0-3, the fresh ones with their own provenance, and the
     # comparison still sets the design seeds (0, 1) against the fresh ones
-    merge = [sys.executable, "benchmarks/studies/reproduce.py", "--merge", "--out", str(tmp_path)]
+    merge = [sys.executable, "-m", "benchmarks.studies.reproduce", "--merge", "--out", str(tmp_path)]
     subprocess.run(merge, cwd=ROOT, check=True, capture_output=True, timeout=300)
     merged = json.loads((tmp_path / "learning.json").read_text())
     assert {r["seed"] for r in merged["runs"] if r["label"] == "mintrl-const"} == {0, 1, 2, 3}
     assert "| mintrl-const | 4 |" in (tmp_path / "learning.md").read_text()
-    assert "reproduce.py in-band" in (tmp_path / "learning.md").read_text()  # the fresh runs' provenance line
-    replot = [sys.executable, "benchmarks/studies/reproduce.py", "--replot", "--out", str(tmp_path)]
+    # the fresh runs' provenance line
+    assert "benchmarks.studies.reproduce in-band" in (tmp_path / "learning.md").read_text()
+    replot = [sys.executable, "-m", "benchmarks.studies.reproduce", "--replot", "--out", str(tmp_path)]
     assert subprocess.run(replot, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
     assert (tmp_path / "reproduce.md").read_text() == table
 

@@ -174,7 +174,7 @@ def test_each_trainer_trains_the_real_model_from_its_cpu_recipe(method, smollm2_
 def test_self_judge_reads_the_reference_through_the_real_chat_template(smollm2_path, cpu_args):
     """judge='self' (the paper's Table 2 setting): the policy reviews its own rollouts with the reference as
     privileged context, rendered by SmolLM2's ChatML template, and the step trains whatever the 135M model answers
-    (what it answers is measured by benchmarks/tasks/real/judge_quality.py, not here)."""
+    (what it answers is measured by benchmarks/studies/real_judge_quality.py, not here)."""
     from datasets import Dataset
     from mintrl_helpers import mintrl_args
 

@@ -9,18 +9,15 @@ import pytest
 from mintrl_helpers import mintrl_args
 from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response, supports_tool_calling
 
+from benchmarks.tasks.toy.tool_chat import tool_suffix_ids, tool_tokenizer
+from benchmarks.tasks.toy.tool_judge import correct_calls, review_calls, tool_judge
 from benchmarks.tasks.toy.tool_task import (
     RegisterEnv,
     ToolProblem,
     call_text,
-    correct_calls,
     make_tool_dataset,
     make_tool_problems,
-    review_calls,
-    tool_judge,
     tool_reward,
-    tool_suffix_ids,
-    tool_tokenizer,
 )
 from benchmarks.tasks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
 

@@ -366,6 +366,15 @@ def write_report(results: dict, out: Path, file_name: str, report, plot=None, pl
     return text
 
 
+def write_results(results: dict, out: Path, json_name: str, render: Callable[..., str]) -> str:
+    """The end of a study's run: `results` written to `out/json_name`, then `render(results, out)` (its report beside
+    the JSON) printed; returns the report's text."""
+    (out / json_name).write_text(json.dumps(results, indent=1))
+    text = render(results, out)
+    print(text)
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser, replot_help: str) -> None:
     """The flags every study takes: --workers, --out, --resume, --replot (`replot_help`) and --readme."""
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs (0: inline)")
@@ -393,11 +402,12 @@ def replot_from(args: argparse.Namespace, render: Callable[..., str], block=None
     asked."""
     if args.replot is None:
         return False
-    if args.readme is not None and block is None:
+    readme_page = getattr(args, "readme", None)  # a study without --readme has no block to write
+    if readme_page is not None and block is None:
         raise SystemExit(
             "--readme: this study writes no block into a page (docs/benchmarks.md includes its results file as it "
             "is); run --replot without --readme"
         )
     start, end = markers if markers is not None else (None, None)
-    readme.replot(args.replot, args.out, render, args.readme, start, end, block, load)
+    readme.replot(args.replot, args.out, render, readme_page, start, end, block, load)
     return True

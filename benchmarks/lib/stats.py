@@ -85,3 +85,13 @@ def format_mean_std(values: list[float], scale: float = 100.0, digits: int = 1) 
     if len(values) == 1:
         return f"{scale * values[0]:.{digits}f}"
     return f"{scale * statistics.fmean(values):.{digits}f} ± {scale * statistics.stdev(values):.{digits}f}"
+
+
+def format_amount(interval: Interval | None) -> str:
+    """`24 [12, 36]`: an amount's mean and interval (steps, seconds: the interval's low end at 0 at least); `-` for
+    None, the mean alone when there is no interval."""
+    if interval is None:
+        return "-"
+    if interval.low is None:
+        return f"{interval.mean:.0f}"
+    return f"{interval.mean:.0f} [{max(interval.low, 0):.0f}, {interval.high:.0f}]"

@@ -18,7 +18,7 @@
    tokens.
 5. MInTRL + SORT in one run (`mintrl-sort`, `trl_mintrl.combined`): a row against GRPO and MInTRL-const.
 
-Every run is learning.py's `main_job` with its full mode's steps, prompts per step, held-out and curve problems on
+Every run is the toy task's `main_job` (`benchmarks.tasks.toy.arms`) with learning.py's full mode's steps, prompts per step, held-out and curve problems on
 the in-band regime: the `grpo` and plain `mintrl-const` jobs at seed s are learning.json's in-band jobs at seed s
 but for their name and an empty `judge_errors`. 3 seeds (issue 36 allows 3 for the error grid); every comparison is
 a paired difference over seeds with a 95% t-interval. `beyond.json` records the command, the commit, the settings
@@ -59,14 +59,21 @@ from pathlib import Path
 
 from benchmarks.lib import harness
 from benchmarks.lib.harness import verdict_cell, versus
+from benchmarks.lib.plots import interval_errorbar, pyplot, save
 from benchmarks.lib.readme import markers
+from benchmarks.lib.records import (
+    log_values,
+    logged_per_run,
+    output_folder,
+    runs_with_error,
+    total_judge_tokens,
+)
 from benchmarks.lib.stats import format_interval, format_mean_std, format_ratio, mean_interval
-from benchmarks.studies import learning
+from benchmarks.tasks.toy.arms import LOGGED, main_job, mode_sizes
+from benchmarks.tasks.toy.run import baseline, execute, run_job
+from benchmarks.tasks.toy.tables import log_mean
 from benchmarks.tasks.toy.task import JUDGE_ERRORS
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root
-
-RESULTS = ROOT / "benchmarks" / "results"
 REGIME = "in-band"
 ROLLOUTS = 8  # per prompt, every method here (learning.py's default)
 KIND_NAMES = {"false_revise": "false REVISE", "missed_error": "missed error", "wrong_correction": "wrong correction"}
@@ -86,7 +93,7 @@ LABELS = {
     "mintrl-budget": ("mintrl-const", {"judge_token_target": BUDGET_TARGET, "intervention_stop_gap": BUDGET_STOP_GAP}),
     "mintrl-sort": ("mintrl-sort", {}),
 }
-PLAIN = ("mintrl-const", None, 0.0)  # the plain judge: MInTRL-const, no errors, the fixed schedule
+GRPO, PLAIN = ("grpo", None, 0.0), ("mintrl-const", None, 0.0)  # PLAIN: MInTRL-const, no errors, the fixed schedule
 # the trainer's metrics this benchmark reads, beyond those learning.py keeps in a run's logs
 EXTRA_LOGGED = (
     "mintrl/vote_agreement",
@@ -95,13 +102,12 @@ EXTRA_LOGGED = (
     "mintrl/interventions_active",
     "mintrl/judge_failures",
 )
-_FULL = learning.MODES["full"]
 
 
 def _grid(rates, vote_rates) -> list[tuple[str, str | None, float]]:
     """GRPO, the plain judge, MInTRL-const with each kind alone at each rate, votes with each kind at `vote_rates`."""
     return [
-        ("grpo", None, 0.0),
+        GRPO,
         PLAIN,
         *(("mintrl-const", kind, p) for kind in JUDGE_ERRORS for p in rates),
         *(("mintrl-vote", kind, p) for kind in JUDGE_ERRORS for p in vote_rates),
@@ -109,33 +115,23 @@ def _grid(rates, vote_rates) -> list[tuple[str, str | None, float]]:
 
 
 MODES = {
-    # steps, seeds, held-out / curve problems, curve points, prompts per step, error rates, (label, kind, rate) arms
+    # learning.py's run sizes of the mode (steps, seeds, held-out / curve problems, curve points, prompts per step),
+    # error rates, (label, kind, rate) arms
     "full": dict(
-        {k: _FULL[k] for k in ("steps", "final_prompts", "curve_prompts", "curve_points", "prompts_per_step")},
-        seeds=[0, 1, 2],
+        mode_sizes("full", seeds=[0, 1, 2]),
         error_rates=[0.0, 0.1, 0.3],
         plan=[*_grid((0.1, 0.3), (0.3,)), ("mintrl-budget", None, 0.0), ("mintrl-sort", None, 0.0)],
     ),
     "quick": dict(
-        steps=4,
-        final_prompts=32,
-        curve_prompts=8,
-        curve_points=1,
-        prompts_per_step=8,
-        seeds=[0],
+        mode_sizes("quick", steps=4, curve_prompts=8, curve_points=1),
         error_rates=[0.0, 0.3],
         plan=[*_grid((0.3,), ()), ("mintrl-vote", "false_revise", 0.3), ("mintrl-budget", None, 0.0)],
     ),
     "smoke": dict(  # the test: seconds
-        steps=1,
-        final_prompts=2,
-        curve_prompts=2,
-        curve_points=1,
-        prompts_per_step=2,
-        seeds=[0, 1],
+        mode_sizes("smoke"),
         error_rates=[0.0, 0.3],
         plan=[
-            ("grpo", None, 0.0),
+            GRPO,
             PLAIN,
             ("mintrl-const", "false_revise", 0.3),
             ("mintrl-vote", "false_revise", 0.3),
@@ -151,8 +147,8 @@ def settings_for(mode: str) -> dict:
     return {"mode": mode, "regime": REGIME, **MODES[mode], "plan": [list(arm) for arm in MODES[mode]["plan"]]}
 
 
-# learning.py's `run_job`, keeping the vote and budget metrics in the run's logs too
-run_beyond_job = functools.partial(learning.run_job, logged=tuple(dict.fromkeys((*learning.LOGGED, *EXTRA_LOGGED))))
+# the toy task's `run_job`, keeping the vote and budget metrics in the run's logs too
+run_beyond_job = functools.partial(run_job, logged=tuple(dict.fromkeys((*LOGGED, *EXTRA_LOGGED))))
 
 
 def plan_jobs(settings: dict) -> list[dict]:
@@ -166,7 +162,7 @@ def plan_jobs(settings: dict) -> list[dict]:
             method, overrides = LABELS[label]
             if label == "mintrl-budget":  # the controller may review throughout; the stop rule ends it
                 overrides = {**overrides, "intervention_steps": settings["steps"]}
-            job = learning.main_job(settings, REGIME, label, method, overrides, seed)
+            job = main_job(settings, REGIME, label, method, overrides, seed)
             job["name"] = f"beyond-{REGIME}-{label}-{kind or 'exact'}{rate:g}-s{seed}"
             job["judge_errors"] = {kind: rate} if kind else {}
             jobs.append(job)
@@ -174,20 +170,6 @@ def plan_jobs(settings: dict) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------------------- report
-
-
-def error_of(run: dict) -> tuple[str | None, float]:
-    """The run's judge error: (kind, rate), or (None, 0.0) for the exact judge."""
-    fired = [(kind, rate) for kind, rate in run.get("judge_errors", {}).items() if rate]
-    if len(fired) > 1:
-        raise ValueError(f"{run['name']}: more than one kind of judge error {fired}")
-    return fired[0] if fired else (None, 0.0)
-
-
-def runs_of(results: dict, label: str, kind: str | None = None, rate: float = 0.0) -> list[dict]:
-    return sorted(
-        (r for r in results["runs"] if r["label"] == label and error_of(r) == (kind, rate)), key=lambda r: r["seed"]
-    )
 
 
 def plain_of(label: str, kind: str | None, rate: float) -> tuple[str, str | None, float] | None:
@@ -204,35 +186,15 @@ def arm_name(label: str, kind: str | None, rate: float) -> str:
     return label if kind is None else f"{label}, {KIND_NAMES[kind]} {rate:g}"
 
 
-def total_judge_tokens(run: dict) -> float:
-    """Judge tokens over the run, from each step's judge-token share f (judge / all completion tokens), TRL's
-    `completions/mean_length` (the policy's tokens only: 1 - f of them) and its rollouts: f / (1 - f) x that x rows."""
-    rows = run["prompts_per_step"] * ROLLOUTS
-    return sum(
-        e["mintrl/judge_token_frac"] / (1 - e["mintrl/judge_token_frac"]) * e["completions/mean_length"] * rows
-        for e in run["logs"]
-        if "mintrl/judge_token_frac" in e
-    )
-
-
-def log_values(run: dict, key: str) -> list[float]:
-    return [e[key] for e in run["logs"] if key in e]
-
-
-def _mean_of_runs(runs: list[dict], key: str, reduce=statistics.fmean) -> list[float]:
-    """Per run, `reduce` of the metric's logged values (runs that never logged it are left out)."""
-    return [reduce(values) for r in runs if (values := log_values(r, key))]
-
-
 def _phase_means(runs: list[dict], key: str) -> str:
-    return format_mean_std([v for r in runs if (v := learning.log_mean(r, key, True)) is not None])
+    return format_mean_std([v for r in runs if (v := log_mean(r, key, True)) is not None])
 
 
 def _diff(results: dict, runs: list[dict], other: tuple | None, key: str = "pass@1"):
     """`runs` - the runs of arm `other` (label, kind, rate), paired by seed; None without `other` or its runs."""
     if other is None:
         return None
-    return versus(runs, runs_of(results, *other), key)
+    return versus(runs, runs_with_error(results, *other), key)
 
 
 def _arms(settings: dict, labels: tuple[str, ...]) -> list[tuple[str, str | None, float]]:
@@ -242,7 +204,6 @@ def _arms(settings: dict, labels: tuple[str, ...]) -> list[tuple[str, str | None
 def report(results: dict) -> str:
     settings, prov = results["settings"], results["provenance"]
     changed = prov["changed_files_that_matter"]
-    grpo = ("grpo", None, 0.0)
     lines = [
         "# Beyond the papers (written by benchmarks/studies/beyond.py from beyond.json; do not edit)",
         "",
@@ -275,24 +236,7 @@ def report(results: dict) -> str:
         "| revised share of intervened | judge-token share |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, kind, rate in _arms(settings, ("grpo", "mintrl-const", "mintrl-vote")):
-        runs = runs_of(results, label, kind, rate)
-        error = KIND_NAMES[kind] if kind else "-"
-        if not runs:
-            lines.append(f"| {label} | {error} | {rate:g} | 0 | (not run yet) ||||||||||")
-            continue
-        vs_grpo = [_diff(results, runs, grpo if label != "grpo" else None, k) for k in ("pass@1", "pass@8")]
-        vs_plain = [_diff(results, runs, plain_of(label, kind, rate), k) for k in ("pass@1", "pass@8")]
-        judged = label != "grpo"
-        lines.append(
-            f"| {label} | {error} | {rate:g} | {len(runs)} "
-            f"| {format_mean_std([r['final']['pass@1'] for r in runs])} "
-            f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(vs_grpo[0])} "
-            f"| {verdict_cell(vs_grpo[0])} | {format_interval(vs_grpo[1])} | {format_interval(vs_plain[0])} "
-            f"| {verdict_cell(vs_plain[0])} | {format_interval(vs_plain[1])} "
-            f"| {_phase_means(runs, 'mintrl/intervention_rate') if judged else '-'} "
-            f"| {_phase_means(runs, 'mintrl/judge_token_frac') if judged else '-'} |"
-        )
+    lines += [_error_row(results, *arm) for arm in _arms(settings, ("grpo", "mintrl-const", "mintrl-vote"))]
     lines += _votes_section(results, settings)
     lines += [
         "",
@@ -308,7 +252,7 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-README_START, README_END = markers("benchmarks/studies/beyond.py", "beyond-results")
+README_START, README_END = markers("-m benchmarks.studies.beyond", "beyond-results")
 
 
 def readme_block(results: dict) -> str:
@@ -326,14 +270,14 @@ def readme_block(results: dict) -> str:
         "| arm | plain (the arm without its feature) | seeds | pass@1 | - GRPO [95% CI] | - plain [95% CI] |",
         "|---|---|---|---|---|---|",
     ]
-    grpo = runs_of(results, "grpo")
+    grpo = runs_with_error(results, "grpo")
     if grpo:
         lines.append(
             f"| grpo (no judge) | - | {len(grpo)} | {format_mean_std([r['final']['pass@1'] for r in grpo])} | - | - |"
         )
     names = {"mintrl-budget": f"budget controller (target {BUDGET_TARGET:g})", "mintrl-sort": "MInTRL + SORT"}
     for arm in map(tuple, settings["plan"]):
-        runs = runs_of(results, *arm)
+        runs = runs_with_error(results, *arm)
         if not runs or arm[0] == "grpo":
             continue
         plain = plain_of(*arm)
@@ -342,9 +286,30 @@ def readme_block(results: dict) -> str:
         lines.append(
             f"| {names.get(arm[0], arm_name(*arm))} | {plain_name} | {len(runs)} "
             f"| {format_mean_std([r['final']['pass@1'] for r in runs])} "
-            f"| {format_interval(_diff(results, runs, ('grpo', None, 0.0)))} | {vs_plain} |"
+            f"| {format_interval(_diff(results, runs, GRPO))} | {vs_plain} |"
         )
     return "\n".join(lines)
+
+
+def _error_row(results: dict, label: str, kind: str | None, rate: float) -> str:
+    """Section 1's row of an arm: its scores, paired against GRPO and against the arm without its feature, and its
+    judge's revised share and judge-token share over the intervention phase."""
+    runs = runs_with_error(results, label, kind, rate)
+    error = KIND_NAMES[kind] if kind else "-"
+    if not runs:
+        return f"| {label} | {error} | {rate:g} | 0 | (not run yet) ||||||||||"
+    vs_grpo = [_diff(results, runs, GRPO if label != "grpo" else None, k) for k in ("pass@1", "pass@8")]
+    vs_plain = [_diff(results, runs, plain_of(label, kind, rate), k) for k in ("pass@1", "pass@8")]
+    judged = label != "grpo"
+    return (
+        f"| {label} | {error} | {rate:g} | {len(runs)} "
+        f"| {format_mean_std([r['final']['pass@1'] for r in runs])} "
+        f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(vs_grpo[0])} "
+        f"| {verdict_cell(vs_grpo[0])} | {format_interval(vs_grpo[1])} | {format_interval(vs_plain[0])} "
+        f"| {verdict_cell(vs_plain[0])} | {format_interval(vs_plain[1])} "
+        f"| {_phase_means(runs, 'mintrl/intervention_rate') if judged else '-'} "
+        f"| {_phase_means(runs, 'mintrl/judge_token_frac') if judged else '-'} |"
+    )
 
 
 def _votes_section(results: dict, settings: dict) -> list[str]:
@@ -366,15 +331,18 @@ def _votes_section(results: dict, settings: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, kind, rate in arms:
-        votes, single = runs_of(results, label, kind, rate), runs_of(results, "mintrl-const", kind, rate)
+        votes, single = (
+            runs_with_error(results, label, kind, rate),
+            runs_with_error(results, "mintrl-const", kind, rate),
+        )
         error = KIND_NAMES[kind] if kind else "-"
         if not votes:
             lines.append(f"| {error} | {rate:g} | 0 | (not run yet) |||||||")
             continue
         diff = [_diff(results, votes, ("mintrl-const", kind, rate), k) for k in ("pass@1", "pass@8")]
         lines.append(
-            f"| {error} | {rate:g} | {len(votes)} | {format_mean_std(_mean_of_runs(votes, 'mintrl/vote_agreement'))} "
-            f"| {format_mean_std(_mean_of_runs(votes, 'mintrl/vetoed_revisions'), scale=1)} "
+            f"| {error} | {rate:g} | {len(votes)} | {format_mean_std(logged_per_run(votes, 'mintrl/vote_agreement'))} "
+            f"| {format_mean_std(logged_per_run(votes, 'mintrl/vetoed_revisions'), scale=1)} "
             f"| {_phase_means(votes, 'mintrl/intervention_rate')} | {_phase_means(single, 'mintrl/intervention_rate')} "
             f"| {format_interval(diff[0])} | {verdict_cell(diff[0])} | {format_interval(diff[1])} |"
         )
@@ -384,7 +352,7 @@ def _votes_section(results: dict, settings: dict) -> list[str]:
 def _budget_section(results: dict, settings: dict) -> list[str]:
     if not _arms(settings, ("mintrl-budget",)):
         return []
-    budget, fixed = runs_of(results, "mintrl-budget"), runs_of(results, *PLAIN)
+    budget, fixed = runs_with_error(results, "mintrl-budget"), runs_with_error(results, *PLAIN)
     lines = [
         "",
         "## 4. Budget controller (exact judge)",
@@ -404,25 +372,25 @@ def _budget_section(results: dict, settings: dict) -> list[str]:
         if not runs:
             lines.append(f"| {arm} | 0 | (not run yet) ||||||||")
             continue
-        vs_grpo = _diff(results, runs, ("grpo", None, 0.0))
+        vs_grpo = _diff(results, runs, GRPO)
         reviewing = [
             statistics.fmean(v)
             for r in runs
             if (v := [e["mintrl/judge_token_frac"] for e in r["logs"] if e.get("mintrl/interventions_active")])
         ]
         active = [sum(log_values(r, "mintrl/interventions_active")) for r in runs]
-        share = _mean_of_runs(runs, "mintrl/intervention_share", reduce=lambda v: v[-1])
+        share = logged_per_run(runs, "mintrl/intervention_share", reduce=lambda v: v[-1])
         lines.append(
-            f"| {arm} | {len(runs)} | {format_mean_std([total_judge_tokens(r) for r in runs], scale=1, digits=0)} "
+            f"| {arm} | {len(runs)} | {format_mean_std([total_judge_tokens(r, ROLLOUTS) for r in runs], scale=1, digits=0)} "
             f"| {format_mean_std(reviewing)} | {format_mean_std(active, scale=1)} "
             f"| {format_mean_std(share) if share else '-'} | {format_mean_std([r['final']['pass@1'] for r in runs])} "
             f"| {format_mean_std([r['final']['pass@8'] for r in runs])} | {format_interval(vs_grpo)} "
             f"| {verdict_cell(vs_grpo)} |"
         )
     if budget and fixed:
-        tokens = {r["seed"]: total_judge_tokens(r) for r in budget}
+        tokens = {r["seed"]: total_judge_tokens(r, ROLLOUTS) for r in budget}
         ratio = mean_interval(
-            [tokens[r["seed"]] / max(total_judge_tokens(r), 1.0) for r in fixed if r["seed"] in tokens]
+            [tokens[r["seed"]] / max(total_judge_tokens(r, ROLLOUTS), 1.0) for r in fixed if r["seed"] in tokens]
         )
         diff = [_diff(results, budget, PLAIN, k) for k in ("pass@1", "pass@8")]
         lines += [
@@ -436,10 +404,10 @@ def _budget_section(results: dict, settings: dict) -> list[str]:
 
 def _mintrl_sort_section(results: dict, settings: dict) -> list[str]:
     lines = ["", "## 5. MInTRL + SORT in one run", ""]
-    runs = runs_of(results, "mintrl-sort")
+    runs = runs_with_error(results, "mintrl-sort")
     if not runs:
         return lines + ["Not measured in this mode (the full and smoke modes run `mintrl-sort`)."]
-    diffs = [_diff(results, runs, other, k) for other in (("grpo", None, 0.0), PLAIN) for k in ("pass@1", "pass@8")]
+    diffs = [_diff(results, runs, other, k) for other in (GRPO, PLAIN) for k in ("pass@1", "pass@8")]
     return lines + [
         "| method | seeds | pass@1 | pass@8 | pass@1 - GRPO [95% CI] | resolved | pass@8 - GRPO [95% CI] "
         "| pass@1 - mintrl-const [95% CI] | resolved | pass@8 - mintrl-const [95% CI] |",
@@ -457,48 +425,31 @@ def _mintrl_sort_section(results: dict, settings: dict) -> list[str]:
 def plot(results: dict, out: Path) -> Path:
     """MInTRL-const's pass@1 - GRPO (paired by seed, 95% t-interval) against the judge's error rate, one line per kind
     of error (rate 0: the exact judge, shared by the three lines); the vote arms as open markers at their rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    settings = results["settings"]
+    plt, settings = pyplot(), results["settings"]
     rates = settings["error_rates"]
-    grpo = ("grpo", None, 0.0)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.axhline(0, color="grey", lw=0.8, ls="--", label="grpo (no judge)")
-    plain = runs_of(results, *PLAIN)
+    plain = runs_with_error(results, *PLAIN)
     arms = {tuple(arm) for arm in settings["plan"]}
 
     def draw(points, n, **style):
         kept = [(x, v) for x, v in points if v is not None]
-        if not kept:
-            return
-        ax.errorbar(
-            [x for x, _ in kept],
-            [100 * v.mean for _, v in kept],
-            yerr=[
-                [100 * (v.mean - v.low) if v.low is not None else 0 for _, v in kept],
-                [100 * (v.high - v.mean) if v.high is not None else 0 for _, v in kept],
-            ],
-            capsize=4,
-            color=f"C{n}",
-            **style,
-        )
+        if kept:
+            interval_errorbar(ax, [x for x, _ in kept], [v for _, v in kept], color=f"C{n}", **style)
 
     for n, kind in enumerate(JUDGE_ERRORS):
         shift = (n - 1) * 0.02 * max(rates)  # side by side at each rate
-        points = [(shift, _diff(results, plain, grpo))] if plain else []
+        points = [(shift, _diff(results, plain, GRPO))] if plain else []
         points += [
-            (p + shift, _diff(results, runs, grpo))
+            (p + shift, _diff(results, runs, GRPO))
             for p in rates
-            if p > 0 and (runs := runs_of(results, "mintrl-const", kind, p))
+            if p > 0 and (runs := runs_with_error(results, "mintrl-const", kind, p))
         ]
         draw(points, n, marker="o", label=f"mintrl-const, {KIND_NAMES[kind]}")
         votes = [
-            (p + shift + 0.01 * max(rates), _diff(results, runs, grpo))
+            (p + shift + 0.01 * max(rates), _diff(results, runs, GRPO))
             for p in rates
-            if ("mintrl-vote", kind, p) in arms and (runs := runs_of(results, "mintrl-vote", kind, p))
+            if ("mintrl-vote", kind, p) in arms and (runs := runs_with_error(results, "mintrl-vote", kind, p))
         ]
         draw(votes, n, marker="o", mfc="none", ls="none", label=f"mintrl-vote, {KIND_NAMES[kind]}")
     ax.set_xlabel("judge error rate (one kind at a time)")
@@ -510,11 +461,7 @@ def plot(results: dict, out: Path) -> Path:
         fontsize=9,
     )
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "beyond_noise.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / "beyond_noise.png", 110)
 
 
 # ------------------------------------------------------------------------------------------------------------- main
@@ -536,14 +483,13 @@ def main(argv: list[str] | None = None) -> None:
     if harness.replot_from(args, render, readme_block, (README_START, README_END)):
         return
     mode = harness.mode_of(args, modes)
-    out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out, mode)
     settings = settings_for(mode)
-    results = harness.new_results("benchmarks/studies/beyond.py", argv, settings)
+    results = harness.new_results("-m benchmarks.studies.beyond", argv, settings)
     base_job = {k: settings[k] for k in ("final_prompts", "curve_prompts")}
-    baselines = [(learning.baseline, {"regime": REGIME, **base_job})]
-    learning.execute(results, out, "beyond.json", render, baselines, run_beyond_job, plan_jobs(settings),
-                     args.workers, args.resume)  # fmt: skip
+    baselines = [(baseline, {"regime": REGIME, **base_job})]
+    execute(results, out, "beyond.json", render, baselines, run_beyond_job, plan_jobs(settings), args.workers,
+            args.resume)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,13 +12,11 @@ import argparse
 import logging
 import os
 import time
-from pathlib import Path
 
 from benchmarks.lib.fault_server import FaultServer
-from benchmarks.studies.judge_faults import load_judge_class
+from benchmarks.lib.judge_revision import load_judge_class
 from trl_mintrl.judges import EndpointJudge, ReviewRequest, Verdict
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root
 os.environ["NO_PROXY"] = "127.0.0.1"
 
 CONCURRENCY = (1, 8, 64)

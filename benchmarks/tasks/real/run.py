@@ -1,0 +1,251 @@
+"""One run of the real-model comparison, SmolLM2-135M-Instruct on the word problems from the format warm start
+(`warm_start`), as a job the harness runs in a process of its own: the jobs of a plan (`plan_jobs`), the warm start's
+own scores once per regime (`measure_warm_start`) and one (regime, arm, seed) run (`run_job`): the arm's trainer
+(`arms`), trained with a clock (each optimizer step's seconds; the curve set's scores every `eval_every` steps), then
+measured (`measures`): held-out pass@1 and pass@8 on `heldout` and `heldout_longer`, the chat answers' NLL at the start
+and the end, the mean per-token KL to the warm start on the policy's own samples of the curve set, and the trainer's
+per-step log (`LOGGED`). `FULL` and `SMOKE` are the sizes of a full run and of the one-step smoke test."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.lib.harness import step_logs
+
+from .warm_start import WARMUP
+
+MODEL_ENV = "TRL_MINTRL_SMOLLM2_DIR"  # the prepared model's folder, for worker processes (tests/conftest.py's too)
+LOGGED = (
+    "loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "entropy", "completions/mean_length",
+    "completions/clipped_ratio", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
+    "mintrl/judge_token_frac", "mintrl/judge_token_nll", "mintrl/intervention_rate", "mintrl/interventions_active",
+    "mintrl/reviews_per_rollout", "mintrl/reward_control", "mintrl/reward_intervened", "mintrl/reward_gap",
+    "mintrl/judge_failures", "mintrl/judge_parse_failures", "mintrl/regression_residual", "mintrl/length_control",
+    "mintrl/length_intervened", "mintrl/policy_tokens_after_correction", "mintrl/length",
+    "mintrl/clipped_ratio_control", "mintrl/clipped_ratio_intervened", "mintrl/intervention_share", "sort/all_wrong_frac",
+    "sort/buffer_size", "sort/repairs", "sort/repair_loss", "sort/mean_weight",
+)  # fmt: skip
+SMOKE_WARMUP = {**WARMUP, "problems": 8}  # one SFT step: the smoke test's own (cached) warm start
+FULL = dict(steps=20, seeds=[0, 1, 2], prompts_per_step=4, max_completion_length=64, final_problems=48,
+            curve_problems=16, curve_points=4, warmup=WARMUP, overrides={})  # fmt: skip
+SMOKE = {**FULL, "steps": 1, "seeds": [0], "prompts_per_step": 1, "max_completion_length": 16, "final_problems": 1,
+         "curve_problems": 1, "curve_points": 1, "warmup": SMOKE_WARMUP,
+         "overrides": {"chunk_size": 8, "judge_max_review_tokens": 32, "max_plan_tokens": 16}}  # fmt: skip
+
+
+def measure_keys(settings: dict) -> dict:
+    """The fields of a job that decide what is measured and from which warm start (its settings: the base model is
+    the pinned GGUF, so a job's key is the same on every machine)."""
+    keys = ("prompts_per_step", "max_completion_length", "final_problems", "curve_problems", "engine", "warmup")
+    return {k: settings[k] for k in keys}
+
+
+def plan_jobs(settings: dict, arms: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """(baseline jobs, run jobs): the warm start measured once per regime, then one run per (regime, seed, arm) in
+    plan order (`arms`: only these)."""
+    common = measure_keys(settings)
+    baselines, runs = [], []
+    for regime, labels in settings["plan"].items():
+        baselines.append({**common, "name": f"real-{regime}-warm-start", "regime": regime, "arm": "warm-start"})
+        for seed in settings["seeds"]:
+            for arm in labels:
+                if arms and arm not in arms:
+                    continue
+                runs.append({**common, "name": f"real-{regime}-{arm}-s{seed}", "regime": regime, "arm": arm,
+                             "seed": seed, "steps": settings["steps"], "overrides": settings["overrides"],
+                             "eval_every": max(1, settings["steps"] // settings["curve_points"])})  # fmt: skip
+    return baselines, runs
+
+
+def model_dir() -> Path:
+    from .warm_start import DEFAULT_MODEL
+
+    return Path(os.environ.get(MODEL_ENV, DEFAULT_MODEL))
+
+
+def load_warm_start(job: dict):
+    """(tokenizer, model, warm start folder) of the job's warm start, built first when missing."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_mintrl.smollm2 import prepare_smollm2
+
+    from .warm_start import build_warm_start
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    folder = build_warm_start(prepare_smollm2(model_dir()), job["warmup"])
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), folder
+
+
+def held_out(job: dict) -> dict:
+    from .warm_start import regime_splits
+
+    splits = regime_splits(job["regime"])
+    return {name: splits[name][: job["final_problems"]] for name in ("heldout", "heldout_longer")}
+
+
+def final_scores(model, tokenizer, job: dict, seed: int, engine=None) -> tuple[dict, dict]:
+    """Held-out pass@k on both sets (and the curve set inside `heldout`); the `heldout` samples drawn (by `engine`
+    when given: `sampling_engine`)."""
+    from .measures import held_out_samples, pass_scores
+
+    scores, drawn = {}, {}
+    for name, problems in held_out(job).items():
+        drawn[name] = held_out_samples(model, tokenizer, problems, job["max_completion_length"], seed=seed,
+                                       engine=engine)  # fmt: skip
+        scores[name] = {**pass_scores(problems, drawn[name]), "sample_seconds": drawn[name]["seconds"]}
+    curve = pass_scores(held_out(job)["heldout"], drawn["heldout"], first=job["curve_problems"])
+    return {**scores, "curve": curve}, drawn["heldout"]
+
+
+def flat_final(scores: dict, chat_start: dict, chat_end: dict, kl: dict) -> dict:
+    """The numbers the tables pair by seed, in one flat dict (`harness.versus` reads `run["final"][key]`)."""
+    return {
+        "pass@1": scores["heldout"]["pass@1"],
+        "pass@8": scores["heldout"]["pass@8"],
+        "longer_pass@1": scores["heldout_longer"]["pass@1"],
+        "longer_pass@8": scores["heldout_longer"]["pass@8"],
+        "chat_nll": chat_end["nats_per_token"],
+        "chat_nll_change": chat_end["nats_per_token"] - chat_start["nats_per_token"],
+        "kl": kl["kl_per_token"],
+    }
+
+
+def measure_warm_start(job: dict) -> dict:
+    """The baseline: the warm start's held-out scores (the curves' step 0), chat NLL, and how it was built."""
+    from .measures import chat_kept
+    from .warm_start import warm_start_record
+
+    tokenizer, model, folder = load_warm_start(job)
+    began = time.perf_counter()
+    scores, _ = final_scores(model, tokenizer, job, seed=0)
+    chat = chat_kept(model, tokenizer)
+    return {**job, "scores": scores, "chat": chat, "built": warm_start_record(folder),
+            "measure_seconds": time.perf_counter() - began}  # fmt: skip
+
+
+def run_job(job: dict) -> dict:
+    """Train one (regime, arm, seed) run in this process from the warm start; return its measures (module
+    docstring)."""
+    from .measures import chat_kept, kl_to
+    from .warm_start import train_problems
+
+    tokenizer, model, folder = load_warm_start(job)
+    chat_start = chat_kept(model, tokenizer)
+    problems = train_problems(job["regime"], job["steps"] * job["prompts_per_step"], job["seed"])
+    sft = sft_first(model, tokenizer, problems, job) if job["arm"] == "sft-grpo" else None
+    trainer, clock = train(job, model, tokenizer, problems)
+    policy = trainer.model.eval()
+    scores, drawn = final_scores(policy, tokenizer, job, seed=job["seed"], engine=clock.engine)
+    clock.curve[job["steps"]] = scores["curve"]
+    chat_end = chat_kept(policy, tokenizer)
+    kl = kl_to(policy, load_warm_start(job)[1].eval(), drawn, job["curve_problems"])
+    return {
+        **job,
+        "final": flat_final(scores, chat_start, chat_end, kl),
+        "scores": scores,
+        "curve": clock.curve,
+        "chat_start": chat_start,
+        "chat_end": chat_end,
+        "kl": kl,
+        "logs": step_logs(trainer.state.log_history, LOGGED),
+        "step_seconds": clock.seconds,
+        "curve_seconds": clock.eval_seconds,
+        "train_seconds": sum(clock.seconds) + (sft["seconds"] if sft else 0.0),
+        "machine_during": clock.watch.stop(),
+        **({"sft": sft} if sft else {}),
+    }
+
+
+def sft_first(model, tokenizer, problems, job: dict) -> dict:
+    """sft-grpo's first phase: one SFT epoch on the training problems' references (the warm-up's settings); its
+    seconds, losses and the curve set's scores after it."""
+    from .measures import held_out_samples, pass_scores
+    from .warm_start import sft_epoch
+
+    began = time.perf_counter()
+    losses = sft_epoch(model, tokenizer, problems, batch_size=job["warmup"]["batch_size"],
+                       learning_rate=job["warmup"]["learning_rate"])  # fmt: skip
+    seconds = time.perf_counter() - began
+    curve_set = held_out(job)["heldout"][: job["curve_problems"]]
+    drawn = held_out_samples(model, tokenizer, curve_set, job["max_completion_length"], seed=job["seed"])
+    return {"seconds": seconds, "steps": len(losses), "losses": losses, "curve": pass_scores(curve_set, drawn)}
+
+
+def train(job: dict, model, tokenizer, problems):
+    """Build the arm's trainer with a `Clock` (per-step seconds, the curve) and train it; (trainer, clock)."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
+
+    from .arms import build_trainer
+
+    clock = make_clock(job, tokenizer)
+    dataset = Dataset.from_list([p.row() for p in problems])
+    output_dir = f"/tmp/trl_mintrl_bench/{job['name']}"
+    trainer = build_trainer(job["arm"], job, model, tokenizer, dataset, output_dir, callbacks=[clock])
+    trainer.remove_callback(PrinterCallback)
+    clock.engine = sampling_engine(trainer)
+    trainer.train()
+    return trainer, clock
+
+
+def sampling_engine(trainer):
+    """The trainer's colocated vLLM engine (it syncs the trainer's weights before sampling) to draw the held-out
+    samples with, about 4x faster here than `transformers` (benchmarks/results/real_engines.md); None without vLLM.
+    It samples with the trainer's settings: temperature 1, top-p 1, no top-k, those of `measures.held_out_samples`."""
+    if not trainer.args.use_vllm:
+        return None
+    from trl_mintrl.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine.from_trainer(trainer)
+    expected = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+    settings = {k: engine.sampling_defaults[k] for k in expected}
+    if settings != expected or engine.sampling_defaults["top_k"] not in (0, -1, None):
+        raise ValueError(f"held-out samples are drawn at {expected} with no top-k; the trainer's vLLM samples with "
+                         f"{engine.sampling_defaults}")  # fmt: skip
+    return engine
+
+
+def make_clock(job: dict, tokenizer):
+    """A callback that records each optimizer step's wall-clock seconds and, every `eval_every` steps before the
+    last, the curve set's scores (not counted in the step's seconds)."""
+    from transformers import TrainerCallback
+
+    from benchmarks.lib.provenance import MachineWatch
+
+    from .measures import held_out_samples, pass_scores
+
+    curve_set = held_out(job)["heldout"][: job["curve_problems"]]
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.seconds, self.curve, self.eval_seconds, self.last = [], {}, 0.0, None
+            self.watch = MachineWatch()
+            self.engine = None  # the trainer's vLLM engine to sample the curve set with (`sampling_engine`)
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last = time.perf_counter()
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self.seconds.append(time.perf_counter() - self.last)
+            step = state.global_step
+            if step % job["eval_every"] == 0 and step < job["steps"]:
+                began = time.perf_counter()
+                drawn = held_out_samples(model, tokenizer, curve_set, job["max_completion_length"], seed=job["seed"],
+                                         engine=self.engine)  # fmt: skip
+                self.curve[step] = pass_scores(curve_set, drawn)
+                self.eval_seconds += time.perf_counter() - began
+            self.last = time.perf_counter()
+
+    return Clock()
+
+
+def describe(record: dict) -> str:
+    f = record["final"]
+    return (f"{record['name']}: pass@1 {100 * f['pass@1']:.1f}%, pass@8 {100 * f['pass@8']:.1f}%, longer pass@1 "
+            f"{100 * f['longer_pass@1']:.1f}%, chat NLL {f['chat_nll_change']:+.3f}, KL {f['kl']:.3f}, "
+            f"{statistics.fmean(record['step_seconds']):.0f} s/step")  # fmt: skip

@@ -1,0 +1,172 @@
+"""The real-model comparison's tables, read from its recorded runs (`run.run_job`'s records, the warm start's
+`run.measure_warm_start`): per regime and arm, the held-out scores, the time to GRPO's final accuracy, the cost paired
+by seed, training health over the logged steps, and the warm start itself."""
+
+from __future__ import annotations
+
+import statistics
+
+from benchmarks.lib.harness import select
+from benchmarks.lib.provenance import conditions_text
+from benchmarks.lib.stats import format_amount, format_mean_std, format_ratio, mean_interval
+
+
+def runs_of(results: dict, regime: str, arm: str) -> list[dict]:
+    return select(results["runs"], regime=regime, arm=arm)
+
+
+def baseline_of(results: dict, regime: str) -> dict | None:
+    return next((b for b in results.get("baselines", []) if b.get("regime") == regime), None)
+
+
+def curve_of(results: dict, run: dict) -> dict[int, float]:
+    """step -> curve-set pass@1 of a run, step 0 from its regime's warm start."""
+    curve = {int(step): point["pass@1"] for step, point in run.get("curve", {}).items()}
+    base = baseline_of(results, run["regime"])
+    if base is not None:
+        curve.setdefault(0, base["scores"]["curve"]["pass@1"])
+    return dict(sorted(curve.items()))
+
+
+def mean_steps(run: dict) -> float:
+    return statistics.fmean(run["step_seconds"]) if run.get("step_seconds") else float("nan")
+
+
+SCORE_KEYS = (("pass@1", "pass@1"), ("pass@8", "pass@8"), ("longer pass@1", "longer_pass@1"),
+              ("longer pass@8", "longer_pass@8"))  # fmt: skip
+
+
+def score_rows(results: dict) -> list[str]:
+    """Per regime and arm: mean ± std over seeds of the held-out scores, the chat NLL change, the KL, s/step."""
+    head = [label for label, _ in SCORE_KEYS] + ["chat NLL change (nats/token)", "KL to warm start (nats/token)"]
+    lines = ["| regime | arm | seeds | " + " | ".join(head) + " | s/step |", "|---" * (len(head) + 4) + "|"]
+    for regime, arms in results["settings"]["plan"].items():
+        base = baseline_of(results, regime)
+        if base is not None:
+            s = base["scores"]
+            cells = [
+                f"{100 * s[split][k]:.1f}" for split in ("heldout", "heldout_longer") for k in ("pass@1", "pass@8")
+            ]
+            lines.append(f"| {regime} | warm start | - | " + " | ".join(cells) + " | 0 | 0 | - |")
+        for arm in arms:
+            runs = runs_of(results, regime, arm)
+            if not runs:
+                continue
+            cells = [format_mean_std([r["final"][k] for r in runs]) for _, k in SCORE_KEYS]
+            cells += [format_mean_std([r["final"][k] for r in runs], 1, 3) for k in ("chat_nll_change", "kl")]
+            cells.append(format_mean_std([mean_steps(r) for r in runs], 1, 0))
+            lines.append(f"| {regime} | {arm} | {len(runs)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def time_to_target(results: dict, run: dict, target: float) -> tuple[int, float] | None:
+    """The first curve step whose pass@1 reaches `target` and the training seconds to it (the steps' own seconds,
+    SFT included), else None."""
+    step = next((s for s, value in curve_of(results, run).items() if value >= target), None)
+    if step is None:
+        return None
+    return step, sum(run["step_seconds"][:step]) + run.get("sft", {}).get("seconds", 0.0)
+
+
+def time_rows(results: dict) -> list[str]:
+    """Time to GRPO's final curve-set pass@1 (its mean over seeds), per regime and arm."""
+    lines = ["| regime | target (GRPO's final curve pass@1, %) | arm | reach it | steps to it | seconds to it |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for regime, arms in results["settings"]["plan"].items():
+        grpo = runs_of(results, regime, "grpo")
+        if not grpo:
+            continue
+        target = statistics.fmean(list(curve_of(results, r).values())[-1] for r in grpo)
+        for arm in arms:
+            runs = runs_of(results, regime, arm)
+            reached = [t for r in runs if (t := time_to_target(results, r, target)) is not None]
+            steps = format_amount(mean_interval([float(s) for s, _ in reached]) if reached else None)
+            seconds = format_amount(mean_interval([s for _, s in reached]) if reached else None)
+            lines.append(f"| {regime} | {100 * target:.1f} | {arm} | {len(reached)} of {len(runs)} | {steps} | "
+                         f"{seconds} |")  # fmt: skip
+    return lines
+
+
+def cost_rows(results: dict) -> list[str]:
+    """Seconds per optimizer step of each arm / GRPO's, paired by seed (the mean of the per-seed ratios with its 95%
+    t-interval), and the whole run's training seconds (SFT included) likewise."""
+    lines = ["| regime | arm | s/step ÷ grpo | training s ÷ grpo | mean s/step | load (1 min, mean during) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for regime, arms in results["settings"]["plan"].items():
+        grpo = {r["seed"]: r for r in runs_of(results, regime, "grpo")}
+        for arm in arms:
+            runs = [r for r in runs_of(results, regime, arm) if r["seed"] in grpo]
+            if not runs:
+                continue
+            step = mean_interval([mean_steps(r) / mean_steps(grpo[r["seed"]]) for r in runs])
+            total = mean_interval([r["train_seconds"] / grpo[r["seed"]]["train_seconds"] for r in runs])
+            load = statistics.fmean(r["machine_during"]["load_during_mean"] for r in runs)
+            lines.append(f"| {regime} | {arm} | {format_ratio(step)} | {format_ratio(total)} | "
+                         f"{statistics.fmean(mean_steps(r) for r in runs):.0f} | {load:.2f} |")  # fmt: skip
+    return lines
+
+
+EVERY_TOKEN_LENGTH = "length, every token"  # derived per step (`logged`), not a logged key
+
+
+def logged(entry: dict, key: str) -> float | None:
+    """A step's value of `key`; for `EVERY_TOKEN_LENGTH`, the mean completion tokens with the judge's: TRL's
+    `completions/mean_length` counts the policy's only, 1 - f of them at judge-token share f."""
+    if key != EVERY_TOKEN_LENGTH:
+        return entry.get(key)
+    if entry.get("completions/mean_length") is None:
+        return None
+    return entry["completions/mean_length"] / (1 - (entry.get("mintrl/judge_token_frac") or 0.0))
+
+
+def phase_means(run: dict, key: str) -> tuple[float | None, float | None]:
+    """Mean of a logged metric (`logged`) over the first and the last quarter of the steps that log it (at least one
+    step each)."""
+    values = [value for e in run.get("logs", []) if (value := logged(e, key)) is not None]
+    if not values:
+        return None, None
+    q = max(1, len(values) // 4)
+    return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
+
+
+# "length": every completion token, the judge's included; "at the cap %": completions that reached
+# max_completion_length; "IS clip ratio": TRL's importance-sampling clip (GRPO's; MInTRL has none); "after correction":
+# the policy's tokens after the judge's last one per revised rollout
+HEALTH = (("entropy", "entropy", 1), ("length", EVERY_TOKEN_LENGTH, 1), ("reward", "reward", 1),
+          ("at the cap %", "completions/clipped_ratio", 100), ("IS clip ratio", "clip_ratio/region_mean", 1),
+          ("judge share %", "mintrl/judge_token_frac", 100), ("judge NLL", "mintrl/judge_token_nll", 1),
+          ("after correction", "mintrl/policy_tokens_after_correction", 1))  # fmt: skip
+
+
+def health_rows(results: dict) -> list[str]:
+    """Training health per run: each metric's mean over the first → the last quarter of the steps that log it;
+    SORT's repairs by the end."""
+    head = [label for label, _, _ in HEALTH]
+    lines = ["| regime | arm | seed | " + " | ".join(f"{h} first → last" for h in head) + " | repairs |",
+             "|---" * (len(head) + 4) + "|"]  # fmt: skip
+    for regime, arms in results["settings"]["plan"].items():
+        for arm in arms:
+            for run in runs_of(results, regime, arm):
+                cells = []
+                for _, key, scale in HEALTH:
+                    first, last = phase_means(run, key)
+                    cells.append("-" if first is None else f"{scale * first:.2f} → {scale * last:.2f}")
+                repairs = [e["sort/repairs"] for e in run.get("logs", []) if "sort/repairs" in e]
+                cells.append(f"{repairs[-1]:.0f}" if repairs else "-")
+                lines.append(f"| {regime} | {arm} | {run['seed']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def warm_start_lines(results: dict) -> list[str]:
+    base = next(iter(results.get("baselines", [])), None)
+    if base is None:
+        return ["Warm start: not measured yet."]
+    built = base["built"]
+    s = built["settings"]
+    return [
+        f"Warm start (`benchmarks.tasks.real.warm_start`, hash `{built['hash']}`): one SFT epoch on {s['problems']} "
+        f"{s['num_steps']}-step problems of no split, batches of {s['batch_size']}, learning rate "
+        f"{s['learning_rate']:g}: {built['steps']} steps in {built['sft_seconds']:.0f} s "
+        f"({conditions_text(built['machine'])}); loss {built['losses'][0]:.3f} → {built['losses'][-1]:.3f}; chat "
+        f"NLL {base['chat']['nats_per_token']:.3f} nats per token."
+    ]
