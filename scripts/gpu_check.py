@@ -324,7 +324,7 @@ def time_rollouts(model, tokenizer, settings: dict, device: str, meter, record, 
     from transformers import GenerationConfig
 
     from trl_mintrl.engines import TransformersEngine
-    from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
+    from trl_mintrl.mintrl import InterventionRollout, RolloutSettings, Trajectory
 
     r = settings["rollout"]
     prompts = []

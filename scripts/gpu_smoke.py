@@ -94,7 +94,7 @@ def compare_rounds(colocate, judge, tok, settings, prompts: list[str], server_ur
     from trl.generation.vllm_client import VLLMClient
 
     from trl_mintrl.engines.vllm import VLLMServerEngine
-    from trl_mintrl.mintrl.rollout import InterventionRollout, Trajectory
+    from trl_mintrl.mintrl import InterventionRollout, Trajectory
 
     client = VLLMClient(base_url=server_url, connection_timeout=300)
     server = VLLMServerEngine(
@@ -143,7 +143,7 @@ def main() -> None:
 
     from trl_mintrl import MInTRLConfig, MInTRLTrainer, SORTConfig, SORTTrainer, cpu_training_fields
     from trl_mintrl.judges import FunctionJudge
-    from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
+    from trl_mintrl.mintrl import InterventionRollout, RolloutSettings, Trajectory
     from trl_mintrl.tiny import build_tiny_model
 
     work = tempfile.mkdtemp(prefix="gpu_smoke_")

@@ -39,7 +39,7 @@ def scripted_judge():
 
 
 def one_rollout(engine, tokenizer, args):
-    from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
+    from trl_mintrl.mintrl import InterventionRollout, RolloutSettings, Trajectory
 
     trajectories = []
     for i in range(args.rows):

@@ -388,7 +388,7 @@ def test_cost_readme_block_is_computed_from_the_saved_rounds():
 
 
 def test_cost_steps_do_not_depend_on_the_variants_beside_them():
-    """Issue 29: a variant's measured step must not depend on which variants take turns beside it. Each variant's
+    """A variant's measured step must not depend on which variants take turns beside it. Each variant's
     step samples from the same seed whatever its position and whoever ran before (GRPO's rollouts are identical
     alone, beside one variant and beside three, and its twin's are GRPO's), and the turn order changes every round
     in a balanced design: over a cycle every variant takes every position, and follows every other variant, equally
@@ -481,7 +481,7 @@ def test_cost_trainers_set_up_one_at_a_time_and_step_only_once_all_have():
 
 
 def test_cost_prompts_do_not_depend_on_the_number_of_rounds():
-    """Issue 29 compared a --rounds 8 run with a --rounds 6 one: the dataset's length followed the steps and the
+    """A --rounds 8 run once disagreed with a --rounds 6 one: the dataset's length followed the steps and the
     sampler shuffles by it, so every step drew other prompts. Step k's prompts must not depend on --rounds."""
     from benchmarks.studies.cost import build
 
@@ -740,7 +740,7 @@ def test_a_part_reruns_its_arms_and_keeps_every_other_record():
 
 
 def test_not_absorbed_warning_fires_on_far_corrections_and_stays_silent_in_band():
-    """Issue 27: on the committed runs, the trainer's not-absorbed warning (its `AbsorptionTracker`, logged per step
+    """On the committed runs, the trainer's not-absorbed warning (its `AbsorptionTracker`, logged per step
     or replayed from the logged judge-token NLL) fires in every out-of-reach run whose corrections are far (the `@`
     step costs ~13 nats), and never in an in-band run (corrections ~7 nats, absorbed)."""
     from benchmarks.lib.records import runs_of

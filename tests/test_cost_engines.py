@@ -43,7 +43,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     ],
 )
 def test_each_engine_and_task_measures_its_variants_into_its_own_files(argv, variants, name):
-    """transformers keeps its variants and file names; vLLM measures issue 46's variants into `*_vllm` files."""
+    """transformers keeps its variants and file names; vLLM measures the engine study's variants into `*_vllm` files."""
     args = parse_args(argv)
     assert (args.variants, args.name) == (variants, name)
 

@@ -223,7 +223,7 @@ def _summary_blocks() -> dict[str, tuple[str, str, object, str]]:
             learning_tools.README_START, learning_tools.README_END, learning_tools.readme_block, "learning_tools.json"
         ),
         "cost-tools": (
-            *markers("benchmarks/studies/cost.py --tools in-band", f"{tools}-results"), cost.readme_block, f"{tools}.json"
+            *markers("-m benchmarks.studies.cost --tools in-band", f"{tools}-results"), cost.readme_block, f"{tools}.json"
         ),
     }  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""The learned toy judge (issue 36 part 3): what it is trained on parses back to the rule judge's answers, its accuracy
+"""The learned toy judge: what it is trained on parses back to the rule judge's answers, its accuracy
 is counted right, and the benchmark's runs train MInTRL through the package's model judge (`judge="model"`)."""
 
 from __future__ import annotations

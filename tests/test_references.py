@@ -1,4 +1,4 @@
-"""The reference-distance benchmark (issue 36, part 1): the styles it rewrites references in, SFT on references
+"""The reference-distance benchmark: the styles it rewrites references in, SFT on references
 before GRPO, which recorded runs it reuses, and the script end to end in its smallest mode."""
 
 from __future__ import annotations

@@ -355,6 +355,43 @@ def test_the_benchmark_checks_see_a_lazy_circle():
     assert circles(made_up.import_graph()) == [["benchmarks.study", "benchmarks.tasks.toy.judge"]]
 
 
+def package_names_imported(folders: tuple[str, ...] = ("benchmarks", "scripts")) -> dict[str, set[str]]:
+    """trl_mintrl module -> the names the files under `folders` import from it, lazy imports included."""
+    found: dict[str, set[str]] = {}
+    for folder in folders:
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and _under(node.module or "", "trl_mintrl"):
+                    found.setdefault(node.module, set()).update(alias.name for alias in node.names)
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if _under(alias.name, "trl_mintrl"):
+                            found.setdefault(alias.name, set()).add("(the module)")
+    return found
+
+
+def documented_seams() -> dict[str, set[str]]:
+    """The table of docs/development.md that lists what the benchmarks use of the package."""
+    text = (REPO / "docs" / "development.md").read_text()
+    table = text.split("The benchmarks reach the package only through", 1)[1].split("\n\n")[1]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    return {module.strip(" `"): set(re.findall(r"`([^`]+)`", names)) for module, names in rows}
+
+
+def test_the_benchmarks_reach_the_package_through_the_documented_names_only():
+    """What the studies and scripts import of trl_mintrl is the table in docs/development.md, and nothing private: a
+    change to those modules or names is a change a maintainer sees listed in one place."""
+    imported = package_names_imported()
+    assert imported == documented_seams(), "update the table in docs/development.md (or the imports)"
+    private = sorted(
+        f"{m}.{n}"
+        for m, names in imported.items()
+        for n in names
+        if any(map(is_private, m.split("."))) or is_private(n)
+    )
+    assert not private, private
+
+
 def tracked_text_files() -> list[str]:
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     return [
@@ -365,8 +402,8 @@ def tracked_text_files() -> list[str]:
     ]
 
 
-# the design document the project started from, and a tracker's issue number ("issue 12", "issues 3 and 4", "#12"
-# after "issue"): spelt in pieces here, so that this file does not cite them
+# the design document the project started from, and a tracker's issue number (the word, then a number): spelt in
+# pieces here, so that this file does not cite them
 UNOPENABLE = {
     "the design document": re.compile(r"\b" + "SP" + r"EC\b"),
     "an issue number": re.compile(r"\b" + "[Ii]ss" + r"ues?\s+#?\d+"),

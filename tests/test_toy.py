@@ -335,7 +335,7 @@ def test_sort_trainer_on_the_sort_hint_regime_takes_the_rule_planner(warm_start,
     assert trainer.repair.planner is planner
 
 
-# ---- the in-band regime family (issue 27): a rule applied more than once, every application checked ------------
+# ---- the in-band regime family: a rule applied more than once, every application checked ------------
 
 
 def test_in_band_problems_apply_their_rule_twice_and_keep_single_rule_problems_as_they_were():

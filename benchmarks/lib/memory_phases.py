@@ -126,7 +126,7 @@ def build_trainers(model, tokenizer, settings: dict, config: dict, output_dir: s
         "repair_batch_size": config["repair_batch_size"],
         "max_reference_tokens": settings["reference_tokens"],
         "max_plan_tokens": settings["plan_tokens"],
-        # fields of the micro-batched repair (issue 29), set where this version has them: one repair per step, a
+        # fields of the micro-batched repair, set where this version has them: one repair per step, a
         # buffer large enough for the configuration's items
         **_supported(
             SORTConfig,
@@ -162,7 +162,7 @@ def build_trainers(model, tokenizer, settings: dict, config: dict, output_dir: s
     return sort, mintrl
 
 
-# the buffer's capacity field of the micro-batched repair (issue 29), where this version has it
+# the buffer's capacity field of the micro-batched repair, where this version has it
 BUFFER_CAPACITY_FIELDS = ("repair_buffer_size",)
 
 

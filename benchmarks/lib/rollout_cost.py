@@ -100,8 +100,7 @@ ROLLOUT_SCHEDULES = ("barrier", "arrival", "continuous", "speculative")
 
 
 def _rollout_of(schedule: str, policy, judge, tok, settings):
-    from trl_mintrl.mintrl.continuous import ContinuousRollout
-    from trl_mintrl.mintrl.rollout import InterventionRollout
+    from trl_mintrl.mintrl import ContinuousRollout, InterventionRollout
 
     if schedule == "barrier":
         return InterventionRollout(policy, judge, tok, settings)
@@ -110,7 +109,7 @@ def _rollout_of(schedule: str, policy, judge, tok, settings):
 
 
 def _time_rollout(rollout, policy, prompts, review_budgets) -> dict:
-    from trl_mintrl.mintrl.rollout import Trajectory
+    from trl_mintrl.mintrl import Trajectory
 
     trajectories = [
         Trajectory(prompt_ids=list(p), question="Compute 2+2.", review_budget=b)
@@ -171,7 +170,7 @@ def _measure_regime(name: str, share: int | None, rounds: int, delay_fraction: f
     from transformers import AutoTokenizer
 
     from trl_mintrl.engines.vllm import VLLMEngine
-    from trl_mintrl.mintrl.rollout import RolloutSettings
+    from trl_mintrl.mintrl import RolloutSettings
     from trl_mintrl.tiny import build_tiny_model
 
     group = shape["controls"] + shape["intervened"]

@@ -1,4 +1,4 @@
-"""Beyond the papers, measured on MInTRL's in-band regime of the toy task (issue 36: fallible judges, in band).
+"""Beyond the papers, measured on MInTRL's in-band regime of the toy task (fallible judges, in band).
 
     python -m benchmarks.studies.beyond --workers 2   # full: 13 arms x 3 seeds = 39 runs of 48 steps (~1 h on 2 free cores)
     python -m benchmarks.studies.beyond --quick       # 1 seed, 4 steps, 7 runs (a few minutes)
@@ -20,7 +20,7 @@
 
 Every run is the toy task's `main_job` (`benchmarks.tasks.toy.arms`) with learning.py's full mode's steps, prompts per step, held-out and curve problems on
 the in-band regime: the `grpo` and plain `mintrl-const` jobs at seed s are learning.json's in-band jobs at seed s
-but for their name and an empty `judge_errors`. 3 seeds (issue 36 allows 3 for the error grid); every comparison is
+but for their name and an empty `judge_errors`. 3 seeds (enough for the error grid); every comparison is
 a paired difference over seeds with a 95% t-interval. `beyond.json` records the command, the commit, the settings
 and one record per run and is rewritten after every run; `beyond.md` and `beyond_noise.png` are rendered from it.
 

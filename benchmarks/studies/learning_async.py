@@ -1,5 +1,5 @@
 """Does staleness cost asynchronous MInTRL what asynchrony gains? `AsyncMInTRLTrainer` against `MInTRLTrainer` on the
-toy's in-band regime, the same optimizer steps, prompts and judge, paired by seed (issue 28).
+toy's in-band regime, the same optimizer steps, prompts and judge, paired by seed.
 
     .venv-vllm/bin/python -m benchmarks.studies.learning_async           # 3 arms x 3 seeds, 48 steps each
     .venv-vllm/bin/python -m benchmarks.studies.learning_async --quick   # 1 seed, 4 steps, 16 held-out problems (minutes)
@@ -240,7 +240,7 @@ def render(saved: dict) -> str:
     prov = saved["provenance"]
     phase = max(1, int(0.4 * s["steps"]))
     lines = [
-        "# Asynchronous against synchronous MInTRL: learning at the same optimizer steps (issue 28)",
+        "# Asynchronous against synchronous MInTRL: learning at the same optimizer steps",
         "",
         f"Command: `{prov['command']}` at commit `{prov['commit'][:7]}`"
         f"{' (with uncommitted changes)' if prov['dirty'] else ''}. Regime `{REGIME}`, "

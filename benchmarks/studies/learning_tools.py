@@ -5,7 +5,7 @@
     python -m benchmarks.studies.learning_tools --fresh    # the in-band headline on fresh seeds 5-9 (H5)
     python -m benchmarks.studies.learning_tools --replot benchmarks/results/learning_tools.json [--readme docs/benchmarks.md]
 
-The task (`benchmarks.tasks.toy.tool_task`, issue 38): `Compute 4+a-b+2 =` where the registers' values are only in the
+The task (`benchmarks.tasks.toy.tool_task`): `Compute 4+a-b+2 =` where the registers' values are only in the
 environment (`RegisterEnv`, TRL's `environment_factory`); the reward (`tool_reward`) is 1 for the right answer with
 every register read through the `get` tool, so a guess earns nothing. Two regimes of one warm start
 (`benchmarks/tasks/toy/warm_start_tools/`), calibrated before any method ran (`benchmarks/results/tools_calibration.md`):
@@ -174,7 +174,7 @@ def judge_rows(results: dict) -> list[str]:
 
 def report(results: dict) -> str:
     s = results["settings"]
-    lines = ["# Learning on the tool task (issue 38)", "",
+    lines = ["# Learning on the tool task", "",
              command_line(results["provenance"]).split("; runs taken")[0] + ".", "",
              f"{s['steps']} optimizer steps of {s['prompts_per_step']} prompts, seeds {s['seeds']}; held-out pass@k in "
              f"% ({s['final_prompts']} problems x 8 samples, temperature 1, tool loop on); mean ± std over seeds; "

@@ -78,16 +78,17 @@ Hypotheses (written before the run):
 1. GRPO and MInTRL loss: working memory grows with the micro-batch (about linearly in its activations; the gradient
    buffers, the size of the model, are the same at every micro-batch, so 1 -> 4 rows gives less than x4) and does not
    depend on `repair_batch_size` or on the items the buffer holds.
-2. Repair update and its base pass: with the repair micro-batched (issue 29: at most `per_device_train_batch_size`
-   rows per forward with gradients) the working memory follows the micro-batch like the loss does, and stays flat
-   (ratio about 1) from 8 to 16 (or 32) references per repair and from 8 to 64 buffered items. Without
-   micro-batching (the repair before issue 29: all `repair_batch_size` rows in one forward) it grows about linearly
-   with `repair_batch_size` (8 -> 16 references: about x2) and the largest forward with gradients has
+2. Repair update and its base pass: with the repair micro-batched (at most `per_device_train_batch_size` rows per
+   forward with gradients) the working memory follows the micro-batch like the loss does, and stays flat (ratio
+   about 1) from 8 to 16 (or 32) references per repair and from 8 to 64 buffered items. Without micro-batching (the
+   repair as it was first written: all `repair_batch_size` rows in one forward) it grows about linearly with
+   `repair_batch_size` (8 -> 16 references: about x2) and the largest forward with gradients has
    `repair_batch_size` rows.
 3. Teacher pass: no gradients, so smaller than the base pass; flat in `repair_batch_size` once micro-batched.
-4. Plan: the policy writes the plans of a repair without gradients, `plan_batch_size` prompts a generate call
-   (default: all of them in one call), and each prompt holds the whole reference, so the call's KV cache grows with
-   the plans in it: bounded by `plan_batch_size`, not by the training micro-batch (docs/sort.md, "Plan generation").
+4. Plan: the policy writes all plans of a repair in one generate call, whose prompts hold the whole reference, so
+   unless plan writing is micro-batched too its KV cache grows with `repair_batch_size` (the next thing to batch).
+   (After the run, plan writing was batched: `plan_batch_size` prompts a generate call, so the call's KV cache is
+   bounded by `plan_batch_size`, not by the training micro-batch; docs/sort.md, "Plan generation".)
 5. Generation: follows the generation batch and the completion length (the same in every configuration here), not
    the micro-batch, `repair_batch_size` or the buffer.
 6. Items held in the buffer cost nothing measurable (a prompt and a reference string each)."""

@@ -53,7 +53,7 @@ def build_engine(name: str, model: str, seed: int):
 def rollout(engine, shape: str, problems, tokenizer, args) -> int:
     """One rollout batch of `shape`; the tokens the policy generated."""
     from benchmarks.tasks.real.judge import rule_judge
-    from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
+    from trl_mintrl.mintrl import InterventionRollout, RolloutSettings, Trajectory
     from trl_mintrl.text import prompt_token_ids
 
     rows = [p for p in problems for _ in range(args.samples)]

@@ -1,4 +1,4 @@
-"""When references are far from the student (issue 36, part 1): SFT on them against MInTRL's corrections.
+"""When references are far from the student: SFT on them against MInTRL's corrections.
 
     python -m benchmarks.studies.references --workers 2   # full: 50 runs of learning.py's in-band jobs (~40 min, 2 free cores)
     python -m benchmarks.studies.references --quick       # 1 seed, 6 steps (~3 min)

@@ -98,7 +98,7 @@ def rollouts_per_prompt(arm: str) -> int:
 def config_fields(arm: str, job: dict, output_dir: str) -> dict:
     """The config fields of `arm` for a run (`job`: steps, prompts_per_step, max_completion_length, seed, engine and
     `overrides`, the mode's extra fields for every arm)."""
-    from trl_mintrl.cpu import cpu_training_fields
+    from trl_mintrl import cpu_training_fields
 
     trainer, fields = ARM_FIELDS[arm]
     rows = job["prompts_per_step"] * rollouts_per_prompt(arm)

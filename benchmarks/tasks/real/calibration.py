@@ -54,7 +54,7 @@ def math_reward_reads_hash() -> bool:
 
 
 def pass_at(flags: list[list[bool]], k: int) -> float | None:
-    from trl_mintrl.eval.passk import pass_at_k
+    from trl_mintrl.eval import pass_at_k
 
     groups = [g for g in flags if len(g) >= k]
     return sum(pass_at_k(len(g), sum(g), k) for g in groups) / len(groups) if groups else None

@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from trl_mintrl.judges.function import FunctionJudge
+from trl_mintrl.judges import FunctionJudge
 
 _NUM = r"\$?\d+(?:,\d{3})*(?:\.\d+)?"
 _OP = r"(?:[-+*/×÷−]|(?<=[ \t\d])x(?=[ \t\d]))"

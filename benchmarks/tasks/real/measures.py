@@ -48,7 +48,7 @@ def pass_scores(problems, drawn: dict, first: int | None = None) -> dict:
     """pass@1 and pass@8 (unbiased, by `trl_mintrl.rewards.math_reward` against each problem's `solution`), the share
     of samples that write `####`, that hit the token cap, and the mean completion tokens; over the first `first`
     problems when given (the curve set inside the held-out set)."""
-    from trl_mintrl.eval.passk import pass_at_k
+    from trl_mintrl.eval import pass_at_k
     from trl_mintrl.rewards import math_reward
 
     n = drawn["samples"]

@@ -47,7 +47,7 @@ def judge_calibration(
     max_rounds: int = 8,
     seed: int = 0,
 ) -> dict[str, float]:
-    """How far the judge's corrections are from the warm start, and whether its reviews reach the errors (issue 27).
+    """How far the judge's corrections are from the warm start, and whether its reviews reach the errors.
 
     The warm start's own rollouts (`n_samples` per problem) go through the intervention loop with the whole
     completion reviewed: the rule judge (`notation`) finds the first wrong step, the rollout is cut there, the judge
@@ -59,7 +59,7 @@ def judge_calibration(
     the first `reviewed_tokens` tokens reaches)."""
     import statistics
 
-    from trl_mintrl.mintrl.steps import split_steps
+    from trl_mintrl.mintrl import split_steps
     from trl_mintrl.text import prompt_token_ids
 
     from .evaluate import sample_texts

@@ -35,7 +35,7 @@ ARMS = {
     "mintrl_async": ("mintrl", False, {"max_staleness": 1}),
     "mintrl_async_barrier": ("mintrl", False, {"max_staleness": 1, "rollout_schedule": "barrier"}),
     "mintrl_async_s2": ("mintrl", False, {"max_staleness": 2}),
-    # issue 39: the same without the continuous schedule's speculative next chunks (requested while a chunk is under
+    # the same without the continuous schedule's speculative next chunks (requested while a chunk is under
     # review, their HTTP requests run to their end on the server when the judge cuts the chunk)
     "mintrl_async_s2_nospec": ("mintrl", False, {"max_staleness": 2, "speculative_chunks": False}),
     "grpo_sync": ("grpo", True, {}),

@@ -26,7 +26,7 @@ def toy_trainer(method: str, overrides: dict, model, tokenizer, steps: int, outp
     judge (or the policy as its own judge: `judge="self"`); with `tools` (a regime of the tool task), on the tool task
     (its environment, reward and rule judge, whose corrections are tool calls)."""
     # a fixed size: the sampler shuffles with a permutation of the dataset's length, so a length that followed
-    # `steps` gave each --rounds other prompts at every step (issue 29 compared --rounds 8 with --rounds 6)
+    # `steps` gave each --rounds other prompts at every step (a --rounds 8 run and a --rounds 6 one once disagreed so)
     size = 16 * max(steps, DATASET_STEPS)
     if tools:
         from .tool_judge import tool_judge

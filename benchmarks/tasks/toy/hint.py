@@ -1,4 +1,4 @@
-"""SORT's regime (issue 19 section 3): a warm start that uses a rule stated in its prompt, and a planner that states it.
+"""SORT's regime: a warm start that uses a rule stated in its prompt, and a planner that states it.
 
 SORT's weights `sqrt(p_base * p_plan)` can only make a reference token salient when the plan makes it likely, so
 the regime needs a policy that reads a hint in its context. The hint warm start (`WARM_START_HINT_DIR`, built by

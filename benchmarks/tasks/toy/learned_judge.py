@@ -1,4 +1,4 @@
-"""A learned toy judge (issue 36 part 3): a copy of the warm start fine-tuned to review chunks and write corrections
+"""A learned toy judge: a copy of the warm start fine-tuned to review chunks and write corrections
 from the rule judge's transcripts, then used by MInTRL through the package's model judge (`judge="model"`), the same
 templates, generation and strict parsing a user's Qwen judge goes through.
 
@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from trl_mintrl.judges.base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
+from trl_mintrl.judges import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict
 
 from .warm_start import WARM_START_DIR, sft_batch, sft_optimizer, sft_step, warmup_cosine_schedule
 
@@ -122,7 +122,7 @@ def review_answer(verdict: dict) -> str:
 def training_examples(transcripts: dict) -> list[tuple[list[dict], str]]:
     """(prompt messages, answer) pairs for `sft_batch`: every review and every correction, rendered with the
     learned judge's templates exactly as `GeneratingJudge` renders them."""
-    from trl_mintrl.judges.templates import JudgeTemplates
+    from trl_mintrl.judges import JudgeTemplates
 
     templates = JudgeTemplates(JUDGE_REVIEW_TEMPLATE, JUDGE_CORRECTION_TEMPLATE)
 

@@ -1,4 +1,4 @@
-"""Reference solutions written at increasing distance from the student (issue 36, part 1).
+"""Reference solutions written at increasing distance from the student.
 
 The same correct steps, written the way a teacher other than the student might: the distance is measured, not
 assumed, as the references' mean NLL per token under the warm start (`benchmarks/studies/references.py`). Every style is a

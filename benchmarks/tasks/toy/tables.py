@@ -86,8 +86,8 @@ def not_absorbed_warning(run: dict) -> bool | None:
     flags = [e["mintrl/corrections_not_absorbed"] for e in run["logs"] if "mintrl/corrections_not_absorbed" in e]
     if flags:
         return any(flags)
+    from trl_mintrl.mintrl import MInTRLConfig
     from trl_mintrl.mintrl.absorption import AbsorptionTracker
-    from trl_mintrl.mintrl.config import MInTRLConfig
 
     defaults = {f.name: f.default for f in MInTRLConfig.__dataclass_fields__.values()}
     tracker = AbsorptionTracker(

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 STEP_SEPARATOR = "\n\n"
 NEW_OPERATOR = "#"  # the unreachable regime's operator
 FAR_OPERATOR = "@"  # the out-of-reach regime's operator
-# The in-band regime's rules (issue 27): `a op b = a+b+k` applied at several steps of a chain, each a correction the
+# The in-band regime's rules: `a op b = a+b+k` applied at several steps of a chain, each a correction the
 # warm start finds unlikely but not impossible; one symbol per offset k so that the distance sweep's regimes differ
 # only in k (k = 0, `a?b = a+b`, is the near end: the warm start's own reading of an unseen operator). `~` (k = -1) is
 # the in-band regime's rule.
@@ -261,7 +261,7 @@ def step_reward(completions, answer, prompts, **kwargs) -> list[float]:
 
 def _split(text: str) -> list[tuple[int, str, bool]]:
     """(start offset, stripped text, closed by a blank line) of each step of `text`."""
-    from trl_mintrl.mintrl.steps import split_steps
+    from trl_mintrl.mintrl import split_steps
 
     out, offset = [], 0
     for step in split_steps(text):
@@ -361,7 +361,7 @@ def rule_judge(
     is passed (KEEP); `wrong_correction`, a correction carries a wrong number (`corrupt_number`: its first result off
     by 1 or 2). Independent draws from one `random.Random(seed)`, so the `judge_votes` reviews of one chunk can
     disagree; a kind at 0 draws nothing and never fires, and with all three at 0 this is the exact judge."""
-    from trl_mintrl.judges.function import FunctionJudge
+    from trl_mintrl.judges import FunctionJudge
 
     if steps_per_correction < 1:
         raise ValueError(f"steps_per_correction must be >= 1, got {steps_per_correction}")

@@ -1,4 +1,4 @@
-"""Calibration of the tool task (issue 38): MInTRL's two preconditions, measured on the warm start before any method.
+"""Calibration of the tool task: MInTRL's two preconditions, measured on the warm start before any method.
 
     python -m benchmarks.tasks.toy.tool_calibration [--design NAME] [--model DIR] [--problems 96] [--samples 64]
 
@@ -47,7 +47,7 @@ def tool_rollouts(model, tokenizer, problems, n_samples: int, *, judge=None, see
     from transformers import GenerationConfig
 
     from trl_mintrl.engines import TransformersEngine
-    from trl_mintrl.mintrl.rollout import InterventionRollout, RolloutSettings, Trajectory
+    from trl_mintrl.mintrl import InterventionRollout, RolloutSettings, Trajectory
     from trl_mintrl.text import prompt_token_ids
 
     from .tool_chat import LocalToolEnvironment
@@ -162,7 +162,7 @@ def calibrate_tools(model, tokenizer, regime: str, n_problems: int = 96, n_sampl
 
 
 def markdown(report: dict) -> str:
-    lines = ["# Tool task calibration (issue 38)", "", "Last run: " + report["provenance_line"], "",
+    lines = ["# Tool task calibration", "", "Last run: " + report["provenance_line"], "",
              "Warm-start preconditions per design and regime, tool loop on, temperature 1. pass@k and shares in %; "
              "correction NLL in nats (mean ± std, n corrections) under the warm start. MInTRL's in-band preconditions: "
              "pass@8 <= 1%, pass@64 <= 5%, corrections ~7 nats (not beyond ~11). Each design's own command and commit "

@@ -112,7 +112,7 @@ def _numeric_question(problem: ToolProblem, conversation) -> str:
 def tool_judge(check_steps: bool = False):
     """The rule judge: flags the first wrong or missing call and writes the next right one (`review_calls`,
     `correct_calls`)."""
-    from trl_mintrl.judges.function import FunctionJudge
+    from trl_mintrl.judges import FunctionJudge
 
     def review(question, prefix, steps, reference, conversation):
         return review_calls(question, prefix, steps, reference, conversation, check_steps)

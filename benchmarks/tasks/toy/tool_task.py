@@ -1,4 +1,4 @@
-"""A toy task that needs a tool (issue 38): arithmetic over registers whose values only `get(name)` reveals.
+"""A toy task that needs a tool: arithmetic over registers whose values only `get(name)` reveals.
 
 DESIGN NOTE (the next session writes its hypotheses from this; numbers: benchmarks/results/tools_calibration.md)
 

@@ -4,7 +4,7 @@ MInTRL, SORT or MInTRL + SORT trainer on the warm start with the same data, budg
 The optimiser settings are the ones that keep plain GRPO stable on this task (constant learning rate after a short
 warm-up, grad-norm clipping at 1.0, no KL, asymmetric clipping 0.2/0.28 as in SORT's main update), so a method's
 gain or loss is not an optimiser artefact. The warm-up is `warmup_schedule`'s: `constant_with_warmup` trains the first
-optimizer step at learning rate 0, which loses MInTRL's first intervention step (issue 27).
+optimizer step at learning rate 0, which loses MInTRL's first intervention step.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl_mintrl.cpu import cpu_training_fields
+from trl_mintrl import cpu_training_fields
 
 from .hint import HINT_TEACHER_TEMPLATE, WARM_START_HINT_DIR, rule_planner
 from .reference_styles import write_reference
@@ -71,7 +71,7 @@ class Regime:
 
 
 def _band(symbol: str) -> Regime:
-    """A regime of the in-band family (issue 27): chains of 3-6 operations, two of them `a op b = a+b+k` (the rule of
+    """A regime of the in-band family: chains of 3-6 operations, two of them `a op b = a+b+k` (the rule of
     `symbol`, the last operation and one other), every rule step checked by the reward, references and the judge's
     corrections in the policy's notation (`12+3=14`), reviews covering the whole completion (6 x 16 tokens)."""
     return Regime(
@@ -96,7 +96,7 @@ REGIMES = {
     # out of reach: the same chains ending in `a@b = a+b-7`, far from the policy's near misses, answers uniform over
     # 0-12 and the `@` step checked by the reward (`step_reward`), so neither a guess nor a slip scores
     "out-of-reach": Regime(3, 6, new_op="@", max_completion_length=96, max_reviews=4, reward=step_reward),
-    # SORT's regime (issue 19 section 3): the out-of-reach problems, from the hint warm start (it applies a rule stated
+    # SORT's regime: the out-of-reach problems, from the hint warm start (it applies a rule stated
     # in its prompt, trained on other operators and offsets; `benchmarks.tasks.toy.hint`), references in the policy's
     # notation (`15+1=9`) and the rule planner's plan (`Rule: a@b = a+b-7.`) in the teacher prompt it was trained on
     "sort-hint": Regime(
@@ -111,7 +111,7 @@ REGIMES = {
         planner=rule_planner,
         sort_overrides={"teacher_template": HINT_TEACHER_TEMPLATE},
     ),
-    # MInTRL's regime (issue 27): outside the inference support (warm-start pass@8 <= 1%, pass@64 <= 5%: two
+    # MInTRL's regime: outside the inference support (warm-start pass@8 <= 1%, pass@64 <= 5%: two
     # applications of `a~b = a+b-1` make the whole solution rare) and inside the training support (each correction is
     # unlikely, not impossible, for the warm start: `correction_nats` <= 7); calibrated in every run
     "in-band": _band("~"),
