@@ -76,7 +76,7 @@ RENDERERS: list[tuple[str, Callable[[Path], None], tuple[str, ...]]] = [
     ("real_calibration*.json", rendered("benchmarks.studies.real_calibration", "report"), ()),
     ("real_engines.json", rendered("benchmarks.studies.real_engines", "render"), ()),
     ("real_judge_check.json", rendered("benchmarks.studies.real_judge_quality", "markdown"), ()),
-    ("tools_calibration.json", rendered("benchmarks.tasks.toy.tool_calibration", "markdown"), ()),
+    ("tools_calibration.json", rendered("benchmarks.studies.tool_calibration", "markdown"), ()),
     ("gpu_check.json", rendered("scripts.gpu_check", "render", end="\n"), ()),
 ]
 

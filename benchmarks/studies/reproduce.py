@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--merge",
         action="store_true",
-        help="add reproduce.json's fresh runs to learning.json as more seeds (then `learning.py --replot`)",
+        help="add reproduce.json's fresh runs to learning.json as more seeds and re-render learning.md",
     )
     args = parser.parse_args(argv)
     recorded = json.loads((args.out / "learning.json").read_text())

@@ -54,7 +54,7 @@ keeps every turn (calls-only judge); `check_steps=True` also checks the arithmet
 toy's rule judge), which would confound "the decisive step is a tool call" and is off by default.
 
 Preconditions (MInTRL's, as in the in-band regime of `benchmarks/studies/learning.py`), measured by
-`python -m benchmarks.tasks.toy.tool_calibration` (96 held-out problems x 64 rollouts at temperature 1, tool loop on:
+`python -m benchmarks.studies.tool_calibration` (96 held-out problems x 64 rollouts at temperature 1, tool loop on:
 MInTRL's own rollout, `InterventionRollout`, with `LocalToolEnvironment`: TRL's parser and TRL's tool-result
 tokens; corrections from 8 intervened rollouts per problem, chunks of 16 tokens, 6 reviews). Targets: in-band
 pass@8 <= 1%, pass@64 <= 5%, correction NLL ~7 nats (not beyond ~11); reachable pass@8 well above 0.
