@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_cost_on_vllm_measures_every_variant_with_the_engines_counts(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the script's own KV cache size, not this session's 1 GiB
-    command = [sys.executable, "benchmarks/studies/cost.py", "--engine", "vllm", "--rounds", "1", "--warmup", "1",
+    command = [sys.executable, "-m", "benchmarks.studies.cost", "--engine", "vllm", "--rounds", "1", "--warmup", "1",
                "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
