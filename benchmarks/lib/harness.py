@@ -1,6 +1,6 @@
 """The harness every learning study runs on: jobs, worker processes, records, resuming, paired statistics, the CLI
-flags and the summary block. Task-agnostic: it imports nothing of `benchmarks.tasks.toy` nor of any study; a study hands it
-its jobs and its own top-level function that runs one.
+flags and the summary block. Task-agnostic: it imports no task and no study; a study hands it its jobs and its own
+top-level function that runs one.
 
 A job is a plain JSON-serialisable dict (an arm, a regime, a seed and whatever the study's function reads); its key
 (`job_key`) hashes its canonical JSON, so the same job has the same key in every invocation. A study:
@@ -12,7 +12,7 @@ A job is a plain JSON-serialisable dict (an arm, a regime, a seed and whatever t
 
     jobs = [{"name": f"{arm}-s{seed}", "regime": "easy", "arm": arm, "seed": seed}
             for seed in (0, 1, 2) for arm in ("grpo", "mintrl")]
-    results = harness.new_results("benchmarks/mine.py", argv, settings)
+    results = harness.new_results("-m benchmarks.studies.mine", argv, settings)
     harness.execute(results, out, "mine.json", jobs, run_one, workers=2, render=render, resume=args.resume)
     runs = results["runs"]
     diff = harness.versus(harness.select(runs, arm="mintrl"), harness.select(runs, arm="grpo"))  # paired by seed
@@ -52,6 +52,8 @@ ENVIRONMENT = {
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "TRL_EXPERIMENTAL_SILENCE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
 }
 PROVENANCE_KEYS = ("command", "commit", "dirty", "changed_files_that_matter")
 

@@ -16,11 +16,6 @@ from pathlib import Path
 
 from benchmarks.lib.harness import free_port
 
-# before datasets or transformers are imported, here and in every process started from here (TRL's worker process,
-# the server): offline
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 VLLM_CLI = ROOT / "tests" / "real_vllm" / "vllm_cli.py"
 SERVER_START_S = 900  # vllm serve answers /health in ~30 s on 2 idle cores; other jobs slow it down

@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 from unittest import mock
 
-# benchmarks.lib.vllm_server sets the process environment (offline) before torch is imported
 from benchmarks.lib import harness
 from benchmarks.lib.provenance import provenance
 from benchmarks.lib.server_training import StalenessRecorder, disk_synced, staleness_text
@@ -188,8 +187,8 @@ def run_job(job: dict) -> dict:
 
 
 def curve_callback_class():
-    """`CurveCallback`, defined once transformers is imported (benchmarks.lib.vllm_server sets the environment before
-    it is)."""
+    """`CurveCallback`, defined once transformers is imported (after the studies package has set the offline
+    environment)."""
     from transformers import TrainerCallback
 
     from benchmarks.tasks.toy import evaluate
