@@ -507,3 +507,18 @@ def test_lengths_and_clipped_ratios_count_every_token_per_half(tiny_model_path, 
     assert log["mintrl/clipped_ratio_control"] == pytest.approx(truncated[control].float().mean().item())
     assert log["mintrl/clipped_ratio_intervened"] == pytest.approx(truncated[~control].float().mean().item())
     assert not truncated[control].any() and truncated[~control].all()  # the halves differ: a swap would show
+
+
+def test_rollout_groups_hands_back_each_rollouts_tokens(toy_dataset, cpu_args):
+    """`rollout_groups` (the rollout of a first batch, for checks before training) gives each row's completion ids:
+    the judge's correction in the intervened rows only, as long as the row's token count, its judge-mask ones the
+    row's judge tokens."""
+    trainer = scripted_trainer(str(WARM_START_DIR), mintrl_args(cpu_args, max_steps=1), toy_dataset)
+    rollout = trainer.rollout_groups([toy_dataset[0], toy_dataset[1]])
+    texts = trainer.processing_class.batch_decode(rollout.completion_ids)
+    assert len(texts) == 2 * trainer.num_generations
+    tokens, judge = rollout.stat("completion_tokens"), rollout.stat("judge_tokens")
+    assert [len(ids) for ids in rollout.completion_ids] == tokens.int().tolist()
+    assert [sum(mask) for mask in rollout.judge_masks] == judge.int().tolist()
+    for text, control in zip(texts, rollout.is_control.tolist(), strict=True):
+        assert (CORRECTION in text) != control

@@ -17,7 +17,10 @@ temperature 1 (top-p 1, no top-k), through the chat template with its default sy
   and the correction tokenised on its own (as the rollout appends it); (b) after the reference's own prefix, one
   reference step at a time; nats per correction and per token;
 - the NLL of whole reference solutions (then the end-of-turn token) after the prompt;
-- once: the NLL of the handwritten chat answers (`task.CHAT`), the chat model's baseline.
+- once: the NLL of the handwritten chat answers (`task.CHAT`), the chat model's baseline;
+- with `--rollouts N`, after the rest: MInTRL's own rollouts of the first N problems (`calibration.rollout_locality`:
+  the package's rollout loop, `mintrl-const`'s judge and settings at `--chunk_size`, every intervened slot reviewed,
+  nothing trained), for how local the corrections are: the judge's share of all tokens and of each intervened rollout.
 
 Results go to `--out`.json/.md (default benchmarks/results/real_calibration) after each difficulty, with the command,
 commit, machine and timings, and the sampled completions to `--out`.samples.json (`--rescore` scores them again, no
@@ -33,7 +36,12 @@ import sys
 from pathlib import Path
 
 from benchmarks.lib.provenance import provenance
-from benchmarks.tasks.real.calibration import calibrate_difficulty, math_reward_reads_hash, text_stats
+from benchmarks.tasks.real.calibration import (
+    calibrate_difficulty,
+    math_reward_reads_hash,
+    rollout_locality,
+    text_stats,
+)
 from benchmarks.tasks.real.scoring import chat_nll
 from benchmarks.tasks.real.task import FAMILIES, calibration_problems, chat_dataset
 
@@ -61,6 +69,9 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(OUT), help="path without suffix: writes .json and .md")
     parser.add_argument("--fresh", action="store_true", help="redo difficulties already in --out.json")
+    parser.add_argument("--rollouts", type=int, default=0,
+                        help="also roll out this many problems a difficulty through MInTRL's own loop (0: none)")  # fmt: skip
+    parser.add_argument("--chunk_size", type=int, default=48, help="the policy's chunk between reviews in --rollouts")
     parser.add_argument(
         "--rescore", action="store_true", help="only score --out.samples.json again (math reward at this commit)"
     )
@@ -129,6 +140,7 @@ def main(argv=None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     samples_path = _path(out, ".samples.json")
+    samples_path.parent.mkdir(parents=True, exist_ok=True)
     stored = json.loads(samples_path.read_text()) if samples_path.is_file() and results["difficulties"] else {}
     for num_steps in args.steps:
         if str(num_steps) in results["difficulties"]:
@@ -144,7 +156,29 @@ def main(argv=None) -> dict:
     if "chat" not in results:
         results["chat"] = chat_nll(model, tokenizer, chat_dataset())
     write(results, out)
+    if args.rollouts:  # last: building a trainer around the model may change its settings
+        roll_out_difficulties(model, tokenizer, args, results, out)
     return results
+
+
+def roll_out_difficulties(model, tokenizer, args, results: dict, out: Path) -> None:
+    """`rollout_locality` on the first `--rollouts` calibration problems of each difficulty, unless its record has
+    them at these sizes already."""
+    for num_steps in args.steps:
+        record = results["difficulties"][str(num_steps)]
+        sizes = {
+            "problems": args.rollouts,
+            "chunk_size": args.chunk_size,
+            "max_completion_length": args.max_new_tokens,
+        }
+        if {k: record.get("rollouts", {}).get(k) for k in sizes} == sizes:
+            continue
+        problems = calibration_problems(num_steps, args.rollouts, family=args.family)
+        print(f"num_steps={num_steps}: MInTRL's rollouts on {args.rollouts} problems", flush=True)
+        record["rollouts"] = rollout_locality(model, tokenizer, problems, max_completion_length=args.max_new_tokens,
+                                              chunk_size=args.chunk_size, seed=args.seed)  # fmt: skip
+        write(results, out)
+        print(rollouts_table(results), flush=True)
 
 
 def _model_source(path: str) -> dict:
@@ -215,6 +249,29 @@ def table(results: dict) -> str:
     return "\n".join(found) + "\n\n" + "\n".join(cost) + ("\n" + "\n".join(where) if flags else "")
 
 
+def rollouts_table(results: dict) -> str:
+    """MInTRL's own rollouts per difficulty (`rollout_locality`), where measured; empty otherwise."""
+    rows = [(key, d["rollouts"]) for key, d in sorted(results["difficulties"].items(), key=lambda kv: int(kv[0]))
+            if d.get("rollouts")]  # fmt: skip
+    if not rows:
+        return ""
+    lines = [
+        "| steps | problems (rollouts) | chunk | judge tokens: of all / per intervened / per revised rollout (%) | "
+        "revised (%) | reviews per intervened | judge tokens per revised | length: controls / intervened | "
+        "capped: controls / intervened (%) | reward: controls / intervened (%) | seconds |",
+        "|---" * 11 + "|",
+    ]
+    for key, r in rows:
+        lines.append(
+            f"| {key} | {r['problems']} ({r['rollouts']}) | {r['chunk_size']} | {_pct(r['judge_share_all'])} / "
+            f"{_pct(r['judge_share_per_intervened'])} / {_pct(r['judge_share_per_revised'])} | {_pct(r['revised_share'])} "
+            f"| {r['reviews_per_intervened']:.2f} | {r['judge_tokens_per_revised']:.1f} | {r['length_control']:.1f} / "
+            f"{r['length_intervened']:.1f} | {_pct(r['capped_control'])} / {_pct(r['capped_intervened'])} | "
+            f"{_pct(r['reward_control'])} / {_pct(r['reward_intervened'])} | {r['seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def _corrections(block: dict) -> str:
     return f"{_nats(block)} / {_nats(block, 'median_nats')} ({_nats(block, 'nats_per_token')}, {block['n']})"
 
@@ -254,6 +311,11 @@ def report(results: dict) -> str:
         "the reference's own prefix. Reference solution: the whole reference and the end-of-turn token after the "
         "prompt.",
     ]
+    rollouts = rollouts_table(results)
+    if rollouts:
+        lines += ["", "MInTRL's own rollouts (`calibration.rollout_locality`: one group a problem, 4 controls and 4 "
+                  "intervened, every intervened slot reviewed, `mintrl-const`'s judge and settings at this chunk, "
+                  "nothing trained; every token counted, the policy's and the judge's):", "", rollouts]  # fmt: skip
     if chat:
         lines += ["", f"Chat answers (`task.CHAT`, {chat['answers']} answers, {chat['tokens']} tokens): "
                   f"{chat['nats_per_token']:.3f} nats per token, {chat['mean_nats_per_answer']:.1f} per answer."]  # fmt: skip

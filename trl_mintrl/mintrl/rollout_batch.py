@@ -42,8 +42,9 @@ class RolloutBatch:
     judge_unanswered: float = 0.0  # ... of which got no answer (connection refused, timeout, HTTP error)
     judge_last_error: str | None = None  # why this process's latest unanswered request got none (not gathered)
     # this process's rows only (not gathered): each rollout's token roles (TRL's env_mask: 1 on policy tokens; 1 on
-    # judge tokens) and its messages with tools (assistant turns and tool results)
+    # judge tokens), its completion's token ids, and its messages with tools (assistant turns and tool results)
     env_masks: list[list[int]] = field(default_factory=list)
+    completion_ids: list[list[int]] = field(default_factory=list)
     judge_masks: list[list[int]] = field(default_factory=list)
     messages: list[list[dict]] = field(default_factory=list)
 
@@ -91,6 +92,7 @@ class RolloutBatch:
             judge_unanswered=float(transport_after.unanswered - transport_before.unanswered),
             judge_last_error=transport_after.last_error if more_unanswered else None,
             env_masks=[t.env_mask for t in trajectories],
+            completion_ids=[t.completion_ids for t in trajectories],
             judge_masks=[t.judge_mask for t in trajectories],
             messages=[t.messages for t in trajectories],
         )

@@ -265,3 +265,59 @@ def _agreement(kept: list[bool], right: list[bool], capped: list[bool]) -> dict:
         "finished_kept_and_right": statistics.fmean(right[i] for i in kept_done) if kept_done else None,
         "finished_right_and_kept": statistics.fmean(kept[i] for i in right_done) if right_done else None,
     }
+
+
+def rollout_locality(model, tokenizer, problems, *, max_completion_length: int, chunk_size: int, seed: int) -> dict:
+    """How local MInTRL's corrections are on `problems`: one group each (4 controls, 4 intervened, every intervened
+    slot reviewed) rolled out by the package's own loop with `mintrl-const`'s settings (`arms.build_trainer`: the
+    rule judge, 4 reviews, corrections of at most 32 tokens) at `chunk_size`, nothing trained. The judge's share of
+    all completion tokens and of each intervened rollout (every token counted, the policy's and the judge's), how
+    many intervened rollouts it revised, and what the math reward gives each half."""
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+
+    from trl_mintrl.rewards import math_reward
+
+    from .arms import build_trainer
+
+    job = {"steps": 1, "prompts_per_step": len(problems), "max_completion_length": max_completion_length,
+           "seed": seed, "engine": "transformers", "overrides": {"chunk_size": chunk_size}}  # fmt: skip
+    dataset = Dataset.from_list([p.row() for p in problems])
+    torch.manual_seed(seed)
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer = build_trainer("mintrl-const", job, model, tokenizer, dataset, output_dir)
+        rollout = trainer.rollout_groups([dataset[i] for i in range(len(dataset))])
+    seconds = time.perf_counter() - began
+    model.eval()
+    texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    group = len(texts) // len(problems)
+    rewards = math_reward(texts, [p.solution for p in problems for _ in range(group)])
+    judge, tokens = rollout.stat("judge_tokens"), rollout.stat("completion_tokens")
+    intervened, revised = rollout.stat("intervened").bool(), rollout.stat("revised").bool()
+    control = rollout.is_control
+    own_share = (judge / tokens.clamp(min=1))[intervened]
+    return {
+        "problems": len(problems),
+        "rollouts": len(texts),
+        "chunk_size": chunk_size,
+        "max_completion_length": max_completion_length,
+        "judge_share_all": judge.sum().item() / max(tokens.sum().item(), 1.0),
+        "judge_share_per_intervened": own_share.mean().item(),
+        "judge_share_per_revised": (judge / tokens.clamp(min=1))[revised].mean().nan_to_num().item(),
+        "revised_share": revised[intervened].float().mean().item(),
+        "reviews_per_intervened": rollout.stat("reviews")[intervened].mean().item(),
+        "judge_tokens_per_revised": judge[revised].mean().nan_to_num().item(),
+        "length_control": tokens[control].mean().item(),
+        "length_intervened": tokens[intervened].mean().item(),
+        "capped_control": rollout.stat("truncated")[control].mean().item(),
+        "capped_intervened": rollout.stat("truncated")[intervened].mean().item(),
+        "reward_control": statistics.fmean(r or 0.0 for r, c in zip(rewards, control.tolist(), strict=True) if c),
+        "reward_intervened": statistics.fmean(
+            r or 0.0 for r, i in zip(rewards, intervened.tolist(), strict=True) if i
+        ),
+        "seconds": round(seconds, 1),
+        "examples": [texts[i] for i in range(len(texts)) if revised[i]][:3],
+    }

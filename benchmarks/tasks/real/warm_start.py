@@ -41,8 +41,10 @@ SPLIT_SEED = 0
 REGIMES = {"in-band": ((2,), (3,)), "reachable": ((1,), (2,))}
 WARMUP = dict(problems=256, num_steps=1, seed="warmup/0", batch_size=8, learning_rate=3e-5)
 # the warm-up for the `chain` family (MInTRL's own regime, `task.make_chain_problem`): long chains of the easy steps
-# alone, so that the decisive step is what the model has not been shown
-WARMUP_CHAIN = dict(problems=256, num_steps=[7, 8, 9], seed="warmup-chain/0", batch_size=8, learning_rate=3e-5,
+# alone, so that the decisive step is what the model has not been shown. 1024 problems: on 256 (the first
+# calibration's, real_calibration_chain.md) the model still read the operation of about one easy sentence in five
+# the wrong way round, so the judge's first cut fell before the decisive step in most samples
+WARMUP_CHAIN = dict(problems=1024, num_steps=[7, 8, 9], seed="warmup-chain/0", batch_size=8, learning_rate=3e-5,
                     family="chain-easy")  # fmt: skip
 WARMUPS = {"mixed": WARMUP, "chain-easy": WARMUP_CHAIN}
 MARKER = "warm_start.json"
