@@ -1,6 +1,7 @@
 """The real-model task (benchmarks/tasks/real/task.py) and its rule judge (benchmarks/tasks/real/judge.py): generation, splits,
 datasets, and the judge's rules on handwritten chunks. No model needed."""
 
+import hashlib
 import random
 import re
 from fractions import Fraction
@@ -24,6 +25,7 @@ from benchmarks.tasks.real.task import (
     make_splits,
 )
 from benchmarks.tasks.real.themes import THEMES
+from benchmarks.tasks.real.warm_start import warmup_problems
 from trl_mintrl.judges.base import CorrectionRequest, ReviewRequest
 from trl_mintrl.judges.function import FunctionJudge
 from trl_mintrl.mintrl.steps import split_steps
@@ -128,6 +130,24 @@ def test_a_chain_is_easy_steps_and_one_decisive_step_the_judge_reads():
     assert make_problems(20, (1, 2), seed=3) == make_problems(20, (1, 2), seed=3, family="mixed")
     with pytest.raises(ValueError, match="family"):
         make_problems(1, 8, seed=0, family="chains")
+
+
+def test_a_chain_warm_up_can_start_high_and_hold_a_share_of_decisive_steps():
+    """The chain warm-up's options: easy chains starting up to `start_high` (the values the decisive step leads to),
+    and the decisive step in about `decisive_share` of them; the defaults draw the chains as before the options."""
+    mixed = make_problems(400, (7, 8, 9), seed=5, family="chain-easy", start_high=180, decisive_share=0.25)
+    decisive = [p for p in mixed if any(op == DECISIVE_OP for _, op, _, _ in p.computations)]
+    assert 60 <= len(decisive) <= 140  # about a quarter
+    easy = [p for p in mixed if p not in decisive]
+    assert max(p.computations[0][0] for p in easy) > 100  # easy chains start past where the defaults stop
+    assert all(p.computations[0][0] <= MAX_VALUE // 2 for p in decisive)  # room for the decisive step to double
+    for problem in mixed:
+        assert all(c == apply(a, op, b) and CHAIN_LOW <= c <= MAX_VALUE for a, op, b, c in problem.computations)
+    assert max(p.computations[0][0] for p in make_problems(400, 8, seed=5, family="chain-easy")) <= 60
+    # without the options, the second calibration's warm-up (real_calibration_chain2.md) draws the same chains
+    second = dict(problems=1024, num_steps=[7, 8, 9], seed="warmup-chain/0", family="chain-easy")
+    keys = str([p.key for p in warmup_problems(second)])
+    assert hashlib.sha256(keys.encode()).hexdigest()[:12] == "4a953aab42a7"
 
 
 def test_splits_share_no_problem_and_are_deterministic():

@@ -22,8 +22,8 @@ shop's stock), `savings` (a person's dollars) and `shopping` (a bill in dollars)
 A second family, `chain` (`make_chain_problem`), is built for MInTRL's own regime, a short correction inside a long
 rollout the policy writes: long chains of easy steps (`+` or `-` of one digit, values kept in 10..`MAX_VALUE`) with
 one decisive step of another operation (`*` by 2-4, never the first step), so that a model warmed up on the easy
-steps alone (`chain-easy`) gets most of a solution right but rarely the decisive step, and a judge's correction of
-that one step is a small part of the rollout.
+steps (`chain-easy`, the decisive step in few chains or none) gets most of a solution right but rarely the decisive
+step, and a judge's correction of that one step is a small part of the rollout.
 
 Splits (`make_splits`, `make_datasets`): `heldout` (the training difficulties), `heldout_longer` (more steps than
 training saw), `train`; drawn in that order from their own seeded streams, each skipping every problem an earlier
@@ -49,6 +49,7 @@ OPS = ("+", "-", "*", "/")
 FAMILIES = ("mixed", "chain", "chain-easy")
 EASY_OPS = ("+", "-")
 CHAIN_LOW = 10  # a chain's running value never goes below it
+CHAIN_START_HIGH = 60  # a chain starts at 20..this
 DECISIVE_OP = "*"
 
 
@@ -155,16 +156,19 @@ def make_problem(rng: random.Random, num_steps: int) -> Problem:
     return Problem(theme.name, " ".join(sentences), tuple(steps), tuple(computations))
 
 
-def make_chain_problem(rng: random.Random, num_steps: int, decisive: bool = True) -> Problem:
+def make_chain_problem(
+    rng: random.Random, num_steps: int, decisive: bool = True, start_high: int = CHAIN_START_HIGH
+) -> Problem:
     """A `chain` problem (module docstring): `num_steps` steps of `EASY_OPS` with operands 2-9 on a value starting at
-    20-60 and kept in `CHAIN_LOW`..`MAX_VALUE` (before the decisive step, at most half of it); with `decisive`, the
+    20..`start_high` and kept in `CHAIN_LOW`..`MAX_VALUE` (before the decisive step, at most half of it: a decisive
+    chain starts at most there); with `decisive`, the
     step at a random position after the first is `DECISIVE_OP` by 2-4 instead. The question's and the solution's
     sentences are the themes' own."""
     if num_steps < 2:
         raise ValueError(f"a chain needs num_steps >= 2 (the decisive step is never the first), got {num_steps}")
     theme = rng.choice(THEMES)
     slots = theme.slots(rng)
-    value = rng.randint(20, 60)
+    value = rng.randint(20, min(start_high, MAX_VALUE // 2) if decisive else start_high)
     sentences, steps, computations = [theme.start.format(v=value, **slots)], [], []
     at = rng.randint(1, num_steps - 1) if decisive else None
     while len(computations) < num_steps:
@@ -190,11 +194,18 @@ def make_chain_problem(rng: random.Random, num_steps: int, decisive: bool = True
 
 
 def make_problems(
-    n: int, steps: int | tuple[int, ...], seed: int | str, exclude: set | None = None, family: str = "mixed"
+    n: int,
+    steps: int | tuple[int, ...],
+    seed: int | str,
+    exclude: set | None = None,
+    family: str = "mixed",
+    start_high: int = CHAIN_START_HIGH,
+    decisive_share: float | None = None,
 ) -> list[Problem]:
     """`n` distinct problems (by `Problem.key`) of `family` (`FAMILIES`), their `num_steps` cycling through `steps`;
-    deterministic in `seed`, `steps` and `family`. Problems whose key is in `exclude` are skipped (and not
-    returned)."""
+    deterministic in `seed`, `steps`, `family` and the chain options. Problems whose key is in `exclude` are skipped
+    (and not returned). Chains start at 20..`start_high`; `decisive_share` (chain families): each chain has its
+    decisive step with this probability, instead of all (`chain`) or none (`chain-easy`)."""
     steps = (steps,) if isinstance(steps, int) else tuple(steps)
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
@@ -211,7 +222,8 @@ def make_problems(
         if family == "mixed":
             problem = make_problem(rng, num_steps)
         else:
-            problem = make_chain_problem(rng, num_steps, decisive=family == "chain")
+            decisive = family == "chain" if decisive_share is None else rng.random() < decisive_share
+            problem = make_chain_problem(rng, num_steps, decisive=decisive, start_high=start_high)
         if problem.key not in seen:
             seen.add(problem.key)
             out.append(problem)

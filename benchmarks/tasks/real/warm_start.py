@@ -6,7 +6,7 @@ SFT epoch (`WARMUP`: 256 ONE-step problems, their reference solutions written th
 `#### N`, batches of 8, AdamW at a constant rate, grad norm clipped at 1) on problems of none of the regimes' splits:
 
     python -m benchmarks.tasks.real.warm_start [--model DIR]   # builds it (once) and prints its folder
-    python -m benchmarks.tasks.real.warm_start --family chain-easy   # the chain family's (`WARMUP_CHAIN`)
+    python -m benchmarks.tasks.real.warm_start --family chain-easy [--decisive_share 0.03]   # the chain family's
 
 The checkpoint (538 MB, not committed) is cached beside the prepared model, in `smollm2-warm-<hash>` where the hash
 covers the settings and the base model's GGUF SHA-256, and rebuilt the same way when missing (one CPU thread, no
@@ -40,12 +40,14 @@ SPLIT_SEED = 0
 # regime -> (train and held-out steps, held-out-longer steps)
 REGIMES = {"in-band": ((2,), (3,)), "reachable": ((1,), (2,))}
 WARMUP = dict(problems=256, num_steps=1, seed="warmup/0", batch_size=8, learning_rate=3e-5)
-# the warm-up for the `chain` family (MInTRL's own regime, `task.make_chain_problem`): long chains of the easy steps
-# alone, so that the decisive step is what the model has not been shown. 1024 problems: on 256 (the first
-# calibration's, real_calibration_chain.md) the model still read the operation of about one easy sentence in five
-# the wrong way round, so the judge's first cut fell before the decisive step in most samples
+# the warm-up for the `chain` family (MInTRL's own regime, `task.make_chain_problem`): long chains of the easy steps,
+# the decisive step in a small share of them. The second calibration's warm-up (real_calibration_chain2.md) was
+# this on easy chains alone starting at 20-60 (no `start_high`, no `decisive_share`: their defaults): it learned the
+# easy steps (1024 problems; on 256 it read one easy sentence in five the wrong way round), but the decisive correction
+# cost it 17-21 nats, and past 100 (where the decisive step leads) it slipped on the easy steps too. Hence chains
+# starting up to 180 and the decisive operation in `decisive_share` of them (`--decisive_share` builds another share)
 WARMUP_CHAIN = dict(problems=1024, num_steps=[7, 8, 9], seed="warmup-chain/0", batch_size=8, learning_rate=3e-5,
-                    family="chain-easy")  # fmt: skip
+                    family="chain-easy", start_high=180, decisive_share=1 / 32)  # fmt: skip
 WARMUPS = {"mixed": WARMUP, "chain-easy": WARMUP_CHAIN}
 MARKER = "warm_start.json"
 DEFAULT_MODEL = Path(os.environ.get("TRL_MINTRL_SMOLLM2_DIR", Path.home() / ".cache" / "trl-mintrl" / "smollm2"))
@@ -74,7 +76,8 @@ def warmup_problems(settings: dict) -> list:
     steps = settings["num_steps"]
     steps = tuple(steps) if isinstance(steps, list) else steps
     family = settings.get("family", "mixed")
-    return make_problems(settings["problems"], steps, seed=settings["seed"], exclude=used, family=family)
+    chain = {k: settings[k] for k in ("start_high", "decisive_share") if k in settings}
+    return make_problems(settings["problems"], steps, seed=settings["seed"], exclude=used, family=family, **chain)
 
 
 def settings_hash(settings: dict, base: Path) -> str:
@@ -198,11 +201,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the prepared SmolLM2 folder")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--family", choices=list(WARMUPS), default="mixed",
-                        help="whose warm-up: the mixed problems' (`WARMUP`) or the chain family's easy steps")  # fmt: skip
+                        help="whose warm-up: the mixed problems' (`WARMUP`) or the chain family's (`WARMUP_CHAIN`)")  # fmt: skip
+    parser.add_argument("--decisive_share", type=float, default=None,
+                        help="the chain warm-up with the decisive step in this share of its chains instead")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    settings = WARMUPS[args.family]
+    if args.decisive_share is not None:
+        if "decisive_share" not in settings:
+            parser.error(f"--decisive_share: the {args.family} warm-up has no decisive step; use --family chain-easy")
+        settings = {**settings, "decisive_share": args.decisive_share}
     from trl_mintrl.smollm2 import prepare_smollm2
 
-    print(build_warm_start(prepare_smollm2(args.model), WARMUPS[args.family], threads=args.threads))
+    print(build_warm_start(prepare_smollm2(args.model), settings, threads=args.threads))
 
 
 if __name__ == "__main__":
