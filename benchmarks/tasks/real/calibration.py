@@ -298,15 +298,15 @@ def rollout_locality(model, tokenizer, problems, *, max_completion_length: int, 
     judge, tokens = rollout.stat("judge_tokens"), rollout.stat("completion_tokens")
     intervened, revised = rollout.stat("intervened").bool(), rollout.stat("revised").bool()
     control = rollout.is_control
-    own_share = (judge / tokens.clamp(min=1))[intervened]
+    share = judge / tokens.clamp(min=1)  # of each rollout
     return {
         "problems": len(problems),
         "rollouts": len(texts),
         "chunk_size": chunk_size,
         "max_completion_length": max_completion_length,
         "judge_share_all": judge.sum().item() / max(tokens.sum().item(), 1.0),
-        "judge_share_per_intervened": own_share.mean().item(),
-        "judge_share_per_revised": (judge / tokens.clamp(min=1))[revised].mean().nan_to_num().item(),
+        "judge_share_per_intervened": share[intervened].mean().item(),
+        "judge_share_per_revised": share[revised].mean().nan_to_num().item(),
         "revised_share": revised[intervened].float().mean().item(),
         "reviews_per_intervened": rollout.stat("reviews")[intervened].mean().item(),
         "judge_tokens_per_revised": judge[revised].mean().nan_to_num().item(),
