@@ -145,6 +145,11 @@ def test_a_working_judge_is_reported_as_it_answered(tiny_model_path, tmp_path, c
     assert 0 < float(reported(report, "judge-token share").split()[0]) < 1  # corrections were inserted
     # above the recipe's judge_share_warning (0.01 here): the report says training will warn, and names the fix
     assert "above judge_share_warning=0.01: training warns when two" in report and "judge_token_target=0.03" in report
+    revised, control, ratio = re.match(
+        r"([\d.]+) tokens against the controls' ([\d.]+) \(([\d.]+)x", reported(report, "revised length")
+    ).groups()
+    assert float(ratio) == pytest.approx(float(revised) / float(control), abs=0.006)
+    assert ("at or above revised_length_warning=1.5" in report) == (float(ratio) >= 1.5)
     written = [answer for answer in corrections if answer != "raised"]
     with_answer = sum("Answer: " in answer for answer in written)  # the toy's judge ends a solution "Answer: 14"
     assert 0 < with_answer < len(written)
@@ -349,3 +354,16 @@ def test_the_command_is_listed_and_has_help(capsys):
     assert re.search(r"^  judge-check +try a MInTRL recipe's judge", capsys.readouterr().out, flags=re.M)
     cli_main(["judge-check", "--help"])
     assert capsys.readouterr().out.startswith("usage: trl-mintrl judge-check {mintrl,mintrl-sort} --config")
+
+
+def test_the_revised_length_line_gives_the_ratio_and_says_when_training_would_warn():
+    from trl_mintrl.cli.judge_check import length_lines
+
+    # SmolLM2 in band at step 1: revised rollouts 41 tokens, controls 22
+    [line, warning] = length_lines({"length_control": 22.0, "length_revised": 41.0}, 1.5)
+    assert "41.0 tokens against the controls' 22.0 (1.86x" in line and "revised_length_warning=1.5" in warning
+    assert len(length_lines({"length_control": 22.0, "length_revised": 22.4}, 1.5)) == 1  # the reachable regime
+    assert len(length_lines({"length_control": 22.0, "length_revised": 41.0}, None)) == 1  # the warning off
+    assert length_lines({"length_control": 22.0, "length_revised": None}, 1.5) == [
+        "  revised length       no rollout revised"
+    ]

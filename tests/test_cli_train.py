@@ -106,6 +106,7 @@ def test_bad_command_line_is_named(flags, key):
         ("prompt_template: 'no placeholder'\ndataset_loader: mintrl_math\n", "grpo", "prompt_template"),
         ("judge_function: benchmarks.tasks.toy.task.rule_judge\n", "sort", "judge_function is a MInTRL setting"),
         ("judge_function: benchmarks.tasks.toy.task.no_judge\n", "mintrl", "judge_function: cannot import"),
+        ("warm_start_function: benchmarks.tasks.real.warm_start.nope\n", "grpo", "warm_start_function: cannot import"),
         ("push_to_hub: true\n", "grpo", "push_to_hub=true needs hub_model_id"),
         ("repair_beta: 2.0\n", "sort", "repair_beta"),
         ("max_steps: -3\n", "sort", r"max_steps=-3: give a positive number of steps, or -1 to train for num_train"),
@@ -289,6 +290,28 @@ def test_sort_recipe_trains_and_cards_name_method_base_model_and_recipe(tmp_path
     assert history[-1]["sort/repairs"] >= 1  # the random model gets everything wrong: prompts were repaired
     before, after = load_file(f"{tiny_model_path}/model.safetensors"), load_file(out / "model.safetensors")
     assert any(not after[name].equal(before[name]) for name in before)
+
+
+def copied_warm_start(model_dir: str) -> str:
+    """A recipe's `warm_start_function` for the test: the model copied to $WARM_START_TEST_DIR, its argument noted."""
+    import shutil
+
+    out = Path(os.environ["WARM_START_TEST_DIR"])
+    shutil.copytree(model_dir, out)
+    (out / "warmed_from.txt").write_text(model_dir)
+    return str(out)
+
+
+def test_a_warm_start_function_is_called_on_the_model_and_training_starts_from_its_folder(
+    tmp_path, tiny_model_path, monkeypatch
+):
+    warm = tmp_path / "warm"
+    monkeypatch.setenv("WARM_START_TEST_DIR", str(warm))
+    out = tmp_path / "out"
+    main(["grpo", "--config", CPU_RECIPES["grpo"], "--model_name_or_path", tiny_model_path, "--output_dir", str(out),
+          "--warm_start_function", "tests.test_cli_train.copied_warm_start", "--max_steps", "1", "--save_steps", "1"])  # fmt: skip
+    assert (warm / "warmed_from.txt").read_text() == tiny_model_path
+    assert f"Base model: `{warm}`" in (out / "README.md").read_text()
 
 
 def test_model_card_mixin_is_added_once_and_first():

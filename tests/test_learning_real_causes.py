@@ -8,9 +8,10 @@ import pytest
 
 from benchmarks.lib.stats import format_interval, mean_interval
 from benchmarks.studies import learning_real_causes as study
-from benchmarks.tasks.real.arms import arm_judge, config_fields
+from benchmarks.tasks.real.arms import answer_last_math_reward, answer_penalty_math_reward, arm_judge, config_fields
 from benchmarks.tasks.real.task import make_problems
 from trl_mintrl.judges import CorrectionRequest
+from trl_mintrl.rewards import math_reward
 
 SEEDS = (0, 1, 2)
 # per arm and seed: the last-quarter share at the cap
@@ -78,6 +79,22 @@ def test_pairs_follow_the_seeds_and_the_rule_the_hypotheses_fixed():
     assert line_of(text, "| mintrl-const s2 |")[1] == "100"  # per run, in %
 
 
+def test_a_contrast_pairs_an_arm_with_the_cause_arm_one_factor_away():
+    text = study.report(make_results())
+    assert not [line for line in text.splitlines() if "(contrast)" in line]  # neither arm ran: no row
+    results = make_results()
+    clipped = {"mintrl-answer-last": (0.9, 0.8, 0.85), "mintrl-answer-penalty": (0.2, 0.1, 0.3)}
+    for arm, shares in clipped.items():
+        for seed in SEEDS:
+            run = make_run("mintrl-const", seed)
+            for entry in run["logs"][6:]:
+                entry["completions/clipped_ratio"] = shares[seed]
+            results["runs"].append({**run, "name": f"real-in-band-{arm}-s{seed}", "arm": arm})
+    cells = line_of(study.report(results), "| mintrl-answer-penalty − mintrl-answer-last |")
+    diffs = [a - b for a, b in zip(clipped["mintrl-answer-penalty"], clipped["mintrl-answer-last"], strict=True)]
+    assert cells[1] == format_interval(mean_interval(diffs), 100, 0) and cells[-1] == "(contrast)"
+
+
 def test_a_single_seed_leaves_the_rule_open():
     results = make_results()
     results["runs"] = [r for r in results["runs"] if r["seed"] == 0]
@@ -91,7 +108,23 @@ def test_each_cause_arm_changes_one_field_of_mintrl_const():
                               ("mintrl-target", "judge_token_target", 0.03)):  # fmt: skip
         fields = config_fields(arm, job, "/tmp/out")
         assert {k for k in fields if fields[k] != base.get(k)} == {field} and fields[field] == value
-    assert config_fields("mintrl-no-answer", job, "/tmp/out") == base  # its judge object differs, not its config
+    for arm in ("mintrl-no-answer", "mintrl-answer-only"):  # their judge objects differ, not their configs
+        assert config_fields(arm, job, "/tmp/out") == base
+    for arm in ("mintrl-answer-last", "mintrl-answer-penalty"):  # their rewards differ
+        assert config_fields(arm, job, "/tmp/out") == base
+
+
+def test_the_answer_last_reward_pays_only_completions_that_end_at_their_answer_line():
+    [problem] = make_problems(1, 2, seed=1)
+    solved = "".join(step + "\n" for step in problem.steps) + f"#### {problem.answer}"
+    texts = [solved, solved + "\n\n", solved + "\nJack has more.", solved + f"\n#### {problem.answer}",
+             solved.replace(f"#### {problem.answer}", f"#### {problem.answer + 1}")]  # fmt: skip
+    completions = [[{"role": "assistant", "content": text}] for text in texts]  # conversational, as the runs'
+    assert math_reward(completions, [problem.solution] * 5) == [1.0, 1.0, 1.0, 1.0, 0.0]  # the first line counts
+    assert answer_last_math_reward(completions, [problem.solution] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    # running on scores below a wrong answer that ends there; a completion with no answer line (cut) too
+    cut = [[{"role": "assistant", "content": problem.steps[0] + "\n" + problem.steps[1]}]]
+    assert answer_penalty_math_reward(completions + cut, [problem.solution] * 6) == [1.0, 1.0, -1.0, -1.0, 0.0, -1.0]
 
 
 def test_only_the_no_answer_arm_has_a_judge_that_leaves_the_answer_line_to_the_policy():
@@ -102,3 +135,26 @@ def test_only_the_no_answer_arm_has_a_judge_that_leaves_the_answer_line_to_the_p
     assert answers["mintrl-no-answer"] == ""
     assert {answers[arm] for arm in study.ARMS if arm != "mintrl-no-answer"} == {f"#### {problem.answer}\n"}
     assert arm_judge("mintrl-self") is None  # the config's self judge
+    one_step = CorrectionRequest(problem.prompt[0]["content"], problem.steps[0] + "\n", problem.solution)
+    missing = {arm: arm_judge(arm).correct([one_step])[0].text for arm in study.ARMS}
+    assert missing["mintrl-answer-only"] == f"#### {problem.answer}\n"  # the answer line, not the missing step
+    assert {missing[arm] for arm in study.ARMS if arm != "mintrl-answer-only"} == {problem.steps[1] + "\n"}
+
+
+def test_the_answer_reward_arms_train_with_their_reward_and_the_others_with_math_reward(tiny_model_path, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.tasks.real.arms import build_trainer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    dataset = Dataset.from_list([p.row() for p in make_problems(2, 2, seed=1)])
+    job = {"steps": 1, "prompts_per_step": 1, "max_completion_length": 16, "seed": 0, "engine": "transformers"}
+    for arm, reward in (
+        ("mintrl-answer-last", answer_last_math_reward),
+        ("mintrl-answer-penalty", answer_penalty_math_reward),
+        ("mintrl-const", math_reward),
+    ):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+        trainer = build_trainer(arm, job, model, tokenizer, dataset, str(tmp_path / arm))
+        assert [f.__wrapped__ for f in trainer.reward_funcs] == [reward]  # inside the package's guard

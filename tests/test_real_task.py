@@ -327,6 +327,20 @@ def test_a_judge_that_never_writes_the_answer_line_leaves_it_to_the_policy():
     assert [c.text for c in rule_judge().correct([CorrectionRequest(q, prefixes[0], ref)])] == ["#### 21\n"]
 
 
+def test_an_answer_only_judge_replaces_the_wrong_line_with_the_answer_and_adds_no_step():
+    q, ref = question(JACK), JACK.solution
+    judge = rule_judge(answer_only=True)
+    prefixes = ["28 - 12 = 16\n", "", "Jack has 28 - 12 = 16 stickers left.\n#### ", "So, Jack"]
+    corrections = judge.correct([CorrectionRequest(q, prefix, ref) for prefix in prefixes])
+    # a step missing (the second, or both): the answer line all the same; a started answer line is completed
+    assert [c.text for c in corrections] == ["#### 21\n", "#### 21\n", "21\n", "\n#### 21\n"]
+    # it reviews as the other rule judges do: a wrong answer line after one step is flagged
+    one_step = ReviewRequest(q, "Jack has 28 - 12 = 16 stickers left.\n", ["#### 16\n"], ref)
+    assert [v.wrong_step for v in judge.review([one_step])] == [0]
+    with pytest.raises(ValueError, match="needs writes_answer=True"):
+        rule_judge(writes_answer=False, answer_only=True)
+
+
 def test_a_result_the_reference_computes_twice_is_done_only_when_computed_twice():
     twice = Problem(
         "people",

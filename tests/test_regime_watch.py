@@ -16,7 +16,7 @@ LOGGER = "trl_mintrl.mintrl.regime_watch"
 
 def watch(**overrides) -> RegimeWatch:
     return RegimeWatch(**{"max_judge_share": 0.25, "control_length_climb": 0.5, "max_completion_length": 64,
-                          **overrides})  # fmt: skip
+                          "revised_length_ratio": 1.5, **overrides})  # fmt: skip
 
 
 def feed(w: RegimeWatch, shares, lengths=None, clipped=None) -> list[list[str]]:
@@ -71,6 +71,46 @@ def test_the_warnings_name_their_fixes():
     assert "mask_truncated_completions=True" in text and "from 22 to 48 tokens" in text
 
 
+def lengthening(w: RegimeWatch, controls, revised, gaps) -> list[list[str]]:
+    """Feed steps with a share under the threshold and no controls cut: only the lengthening warning can speak."""
+    return [w.update(0.05, c, 0.0, r, g) for c, r, g in zip(controls, revised, gaps, strict=True)]
+
+
+def test_the_lengthening_warning_speaks_when_revised_rollouts_outgrow_the_controls():
+    # SmolLM2 in band (the cause study's mintrl-target, seed 0): controls 21.5 tokens, revised 37.6 then 46.9 (step 2
+    # revised nothing), rewarded ~1 against ~0.06; the controls reached 37.6 by the fourth step, 55.5 by the eighth
+    said = lengthening(watch(), [21.5, 21.6, 23.8, 37.6], [37.6, None, 46.9, 64.0], [0.94, None, 0.9, 0.93])
+    assert said == [[], [], ["lengthening"], []]  # steps that revised none do not count; once per run
+    # the reachable regime: a correction replaces a step, the revised rollouts as long as the controls (0.96-1.06x)
+    assert lengthening(watch(), [21.5, 21.6, 22.0], [21.3, 21.6, 22.4], [0.5, 0.5, 0.94]) == [[]] * 3
+    # longer but scoring no better than the controls (the self-judge in band: rewards ~0 on both sides)
+    assert lengthening(watch(), [21.4, 20.8, 21.0], [40.0, 41.0, 42.0], [0.0, -0.06, 0.0]) == [[]] * 3
+    assert lengthening(watch(revised_length_ratio=None), [21.5, 21.5], [37.6, 43.8], [0.9, 0.9]) == [[], []]
+    w = watch()
+    lengthening(w, [21.5, 21.5], [37.6, 43.8], [0.94, 0.88])
+    assert "1.9 times as long as the controls (41 tokens against 22" in w.message("lengthening")
+    assert "warm-up on complete answers" in w.message("lengthening")
+
+
+def test_the_lengthening_window_is_kept_in_the_checkpoint_state():
+    w = watch()
+    lengthening(w, [21.5], [37.6], [0.94])
+    resumed = watch()
+    resumed.load_state_dict(w.state_dict())
+    assert resumed.revised == [(21.5, 37.6, 0.94)]
+    assert lengthening(resumed, [21.5], [43.8], [0.88]) == [["lengthening"]]
+    older = w.state_dict()
+    del older["revised"]  # a checkpoint written before the warning existed
+    resumed.load_state_dict(older)
+    assert resumed.revised == []
+
+
+@pytest.mark.parametrize("value", [1.0, 0.5])
+def test_a_revised_length_ratio_of_one_or_less_is_refused(cpu_args, value):
+    with pytest.raises(ValueError, match="revised_length_warning must be > 1"):
+        mintrl_args(cpu_args, revised_length_warning=value)
+
+
 @pytest.mark.parametrize("field", ["judge_share_warning", "control_length_warning"])
 @pytest.mark.parametrize("value", [0.0, 1.0, -0.1])
 def test_thresholds_outside_zero_one_are_refused(cpu_args, field, value):
@@ -96,6 +136,9 @@ def test_the_trainer_warns_from_its_second_intervention_step_and_keeps_the_state
     assert "judge_token_target" in share and "were cut at max_completion_length=24" in clipped
     assert resumed.schedule.regime_watch.warned == {"share", "clipped"}
     assert len(resumed.schedule.regime_watch.shares) == 2
+    # the revised rollouts' length beside the controls' reached the watch at both steps (the untrained model: all cut)
+    revised = resumed.schedule.regime_watch.revised
+    assert len(revised) == 2 and all(control == length == 24.0 for control, length, _ in revised), revised
     quiet = scripted_trainer(
         tiny_model_path, mintrl_args(cpu_args, max_steps=2, control_length_warning=None), toy_dataset
     )

@@ -141,6 +141,12 @@ METHOD_FLAGS = {
 }
 
 
+def kept_model(model_dir: str) -> str:
+    """The recipes' `warm_start_function` for these one-step tests: the prepared model as it is (the format warm-up
+    is an SFT epoch of minutes; the benchmarks' smoke test builds one)."""
+    return model_dir
+
+
 def length_reward(completions, **kwargs):
     """A reward that differs within every group (the 135M model rarely solves a problem in 24 tokens, and a group
     whose rewards are all equal gives GRPO no gradient): the completion's length in characters, scaled."""
@@ -159,6 +165,7 @@ def test_each_trainer_trains_the_real_model_from_its_cpu_recipe(method, smollm2_
     out = tmp_path / method
     main(["train", method, "--config", f"recipes/cpu/smollm2-{method}.yaml", "--model_name_or_path", smollm2_path,
           "--output_dir", str(out), "--reward_funcs", "math", "tests.test_smollm2.length_reward", *SMALL,
+          "--warm_start_function", "tests.test_smollm2.kept_model",
           *METHOD_FLAGS[method]])  # fmt: skip
     log = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
     before = load_file(Path(smollm2_path) / "model.safetensors")

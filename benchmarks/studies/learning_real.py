@@ -139,7 +139,11 @@ def report(results: dict) -> str:
              *pair_rows(results), "", "Time to GRPO's final accuracy (curve set; mean [95% t-interval] over the seeds "
              "that reach it):", "", *tables.time_rows(results), "", "Cost, paired by seed:", "",
              *tables.cost_rows(results), "", "Training health (first → last quarter of the logged steps):", "",
-             *tables.health_rows(results), "", "Per-run final pass@1 (%):", "",
+             *tables.health_rows(results), "", "MInTRL's controls against the rollouts the judge completed, per run "
+             "(lengths count every completion token; iv: the intervention steps):", "",
+             *tables.lead_rows([(f"{regime} {arm} s{r['seed']}", r) for regime, arms in s["plan"].items()
+                                for arm in arms if arm.startswith("mintrl") for r in tables.runs_of(results, regime, arm)]),
+             "", "Per-run final pass@1 (%):", "",
              *harness.per_run_lines(results, tables.runs_of)]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,11 @@
 """What made MInTRL's completions grow to the cap on SmolLM2-135M-Instruct? `mintrl-const`, the in-band arm of
-`benchmarks/studies/learning_real.py`, against three arms that each change one factor (`benchmarks.tasks.real.arms`): the judge
+`benchmarks/studies/learning_real.py`, against four arms that each change one factor (`benchmarks.tasks.real.arms`): the judge
 never writes the answer line (`mintrl-no-answer`), completions cut at the cap leave the regression
-(`mintrl-masked`), and the judge-token share is held near the paper's 3% (`mintrl-target`). Everything else is
+(`mintrl-masked`), the judge-token share is held near the paper's 3% (`mintrl-target`), and every correction is the
+answer line, so that a judge-completed rollout is no longer than the policy's own (`mintrl-answer-only`, added after
+the first three arms' runs, from their logs: C5 below), and the reward pays only a completion that ends at its answer
+line (`mintrl-answer-last`, added after two of C5's seeds, from their logs: C6), and scores -1 one that does not
+(`mintrl-answer-penalty`, added after two of C6's seeds, from their logs: C7). Everything else is
 `learning_real.py`'s full mode: the same warm start, problems, seeds 0-2, 20 steps of 4 prompts, 64-token completions,
 interventions for the first 8 steps, vLLM rollouts, the same held-out measures.
 
@@ -34,12 +38,58 @@ is 0.5 or more; *not supported* when the interval includes 0.
   so step 1 runs at the uncapped share; the report gives the share measured over the intervention steps.
 - C4 (held-out): no cause arm's pass@1 is resolved above mintrl-const's (3 seeds, small effects), and mintrl-target's
   KL to the warm start ends below mintrl-const's (0.59-0.67 nats a token there).
+- C5 (`mintrl-answer-only`; written on 2026-12-06 after 8 runs of the arms above, from their logs, before any run of
+  this arm): supported. In every run so far the controls grew, by the fourth intervention step, to about the length
+  of the intervened rollouts of the first three (22 tokens to 35-52, against 39-45), whatever the share, the answer
+  line or the masking; in band the warm start writes one line and stops, so a correction adds the missing step and an
+  intervened rollout is about twice a control, with every nonzero advantage (+1) on it. In the comparison's reachable
+  runs a correction replaced a step, the intervened rollouts were as long as the controls, and nothing grew. Here the
+  judge replaces the wrong answer line with the right one and adds no step: the intervened rollouts stay about as
+  long as the controls (the policy's line, the judge's answer line), still rewarded about +1 against controls at
+  about 0, so the arm keeps the in-band advantages and changes the length of what they reward. If the lead is right
+  the controls do not grow (secondary: the controls' length at the fourth intervention step within 5 tokens of the
+  first's); if they grow anyway, the lead is wrong. The arm is no teacher a user would run (it teaches answers without
+  their steps, and may shorten the completions or lower pass@k): it asks what the length of the rewarded rollouts does.
+- C6 (`mintrl-answer-last`; written on 2026-12-07 after two of C5's three seeds, from their logs, before any run of
+  this arm): supported. In those two runs the intervened rollouts were about as long as the controls over the first
+  three intervention steps (21.8-27.9 tokens against 20.8-22.5) and the controls had not grown by the fourth (23.2 and
+  23.5 tokens: C5's secondary held), yet both grew after it (controls 54-61 tokens at the eighth step) and the last
+  quarter was 90% and 92.5% at the cap. What grew first is what the policy writes after the judge's answer line: 14-16
+  tokens at the first intervention step, 35-40 by the sixth or seventh (`mintrl/policy_tokens_after_correction`).
+  `math_reward` reads the first answer line, so those tokens are free: each shares its rollout's +1 advantage, and with
+  the controls scoring about 0 nothing pays for them. In mintrl-const the same tail was 4.5-6.2 tokens at the first
+  step and 16-20 by the eighth; in mintrl-no-answer the policy writes the answer line itself and can run on after it
+  the same way. Here, with mintrl-const's judge, the reward pays only a completion whose last line is its one answer
+  line (`arms.answer_last_math_reward`), so a tail costs the +1. If the free tail is the cause, the blow-up goes (the
+  rule's supported). Secondary, fixed now: the intervened rollouts' reward stays above the controls' over the
+  intervention steps; if it does not, the arm removed the blow-up by removing the signal, and the report says so. The
+  reward changes what the rollouts are paid for, not only their length: a user would write it as a format reward.
+- C7 (`mintrl-answer-penalty`; written on 2026-12-07 after two of C6's three seeds, from their logs, before any run of
+  this arm): supported. C6 left the growth as it was (97% and 77% at the cap in the last quarter; controls 42-50
+  tokens at the fourth intervention step, as in mintrl-const) and its tail did not shrink (11.2 tokens after the last
+  correction over the intervention steps, mintrl-const's 11.2), while the intervened rollouts' reward fell from
+  0.81-0.88 to 0.00-0.19 by the eighth step. In band the controls score about 0, so the baseline is 0 and a rollout
+  the reward refuses has advantage 0: the regression holds it where it was and pushes only the rewarded ones up;
+  nothing pushes text down, in any arm so far, and no reachable run (controls rewarded 0.06-0.62) grew. Here a
+  completion that does not end at its one answer line (a tail, a second answer line, none: cut at the cap) scores -1
+  instead of 0, so running on has a negative advantage whatever the controls score. One factor from C6, two from
+  mintrl-const (the rule reads it against mintrl-const as for every arm). If the missing push down is the cause, the
+  blow-up goes (the rule's supported). Secondaries, fixed now: its last-quarter share at the cap is below C6's, paired
+  by seed, with the interval below 0 (the report's contrast row); the intervened rollouts' reward stays above the
+  controls' over the intervention steps (reward gap > 0). The arm is a format reward a user could write; it also pays
+  a wrong answer that ends (0) over one that runs on (-1), so held-out pass@k may move either way: reported, not
+  predicted.
 Where this differs from the paper's regime: a correction is a whole reference sentence inside a ~22-token answer, so
 a reviewed rollout is about half judge text, against the paper's <= 64 tokens in rollouts of thousands; this study
 asks what made the run grow, not whether MInTRL helps at the paper's share.
 
-Sizing: 12 runs at about 45-50 minutes each with two workers (learning_real.py's in-band runs), so three sittings
-of about 4 runs (`--resume --workers 2 --max_runs 4`). Plan order is seed-major: every arm's seed 0 first.
+Sizing: the sizes of learning_real.py's in-band runs, so that each arm is compared with the blow-up as it happened
+there (a cause that removes it moves the last-quarter share at the cap by tens of points, which 3 seeds resolve):
+21 runs (7 arms x 3 seeds) at about 45-75 minutes each with two workers, sittings of about 4 runs
+(`--resume --workers 2 --max_runs 4`).
+Plan order is seed-major: every arm's seed 0 first; runs already recorded are kept, so the arms added later
+(`mintrl-answer-only`, then `mintrl-answer-last`, then `mintrl-answer-penalty`) run their three seeds after the earlier
+arms'.
 """
 
 from __future__ import annotations
@@ -62,6 +112,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 BASELINE = "mintrl-const"
 ARMS = (BASELINE, *CAUSE_ARMS)
+# (arm, other arm): paired rows besides arm − BASELINE, for an arm one factor away from another cause arm
+CONTRASTS = (("mintrl-answer-penalty", "mintrl-answer-last"),)
 MODES = {
     "full": {**FULL, "plan": {"in-band": list(ARMS)}},
     "smoke": {**SMOKE, "plan": {"in-band": list(ARMS)}},
@@ -77,6 +129,7 @@ MEASURES = (
     ("length intervened (iv)", "length_intervened_iv", 1, 1),
     ("after correction (iv)", "after_correction_iv", 1, 1),
     ("judge share % (iv)", "judge_share_iv", 100, 1),
+    ("reward gap (iv)", "reward_gap_iv", 1, 2),
     ("pass@1", "pass@1", 100, 1),
     ("pass@8", "pass@8", 100, 1),
     ("KL", "kl", 1, 3),
@@ -102,6 +155,7 @@ def derived(run: dict) -> dict:
         "length_intervened_iv": _mean(intervention, "mintrl/length_intervened"),
         "after_correction_iv": _mean(intervention, "mintrl/policy_tokens_after_correction"),
         "judge_share_iv": _mean(intervention, "mintrl/judge_token_frac"),
+        "reward_gap_iv": _mean(intervention, "mintrl/reward_gap"),
         **{k: run["final"][k] for k in ("pass@1", "pass@8", "kl")},
     }
 
@@ -134,11 +188,19 @@ def pair_rows(results: dict) -> list[str]:
         runs = runs_of(results, arm)
         if not runs or not base:
             continue
-        cells = [format_interval(paired(runs, base, key), scale, digits) for _, key, scale, digits in MEASURES]
+        cells = pair_cells(runs, base)
         clipped = [r["derived"]["clipped_last"] for r in runs if r["derived"]["clipped_last"] is not None]
         cause = verdict_of(paired(runs, base, "clipped_last"), statistics.fmean(clipped) if clipped else None)
         lines.append(f"| {arm} − {BASELINE} | " + " | ".join(cells) + f" | {cause} |")
+    for arm, other in CONTRASTS:
+        runs, base = runs_of(results, arm), runs_of(results, other)
+        if runs and base:
+            lines.append(f"| {arm} − {other} | " + " | ".join(pair_cells(runs, base)) + " | (contrast) |")
     return lines
+
+
+def pair_cells(runs: list[dict], base: list[dict]) -> list[str]:
+    return [format_interval(paired(runs, base, key), scale, digits) for _, key, scale, digits in MEASURES]
 
 
 def paired(runs: list[dict], base: list[dict], key: str):
@@ -180,12 +242,16 @@ def report(results: dict) -> str:
              f"completions of at most {s['max_completion_length']} tokens, rollouts by {s['engine']}. Each arm is "
              f"{BASELINE} with one factor changed (benchmarks/tasks/real/arms.py). (iv): mean over the intervention steps; "
              "last quarter: the last quarter of the steps (every rollout a control then). Lengths count every "
-             "completion token, the judge's included. Held-out pass@k in %, KL to the warm start in nats a token. "
+             "completion token, the judge's included; reward gap: the intervened rollouts' mean reward minus the "
+             "controls'. Held-out pass@k in %, KL to the warm start in nats a token. "
              "Mean ± std over seeds:", "",
              *measure_rows(results), "",
              f"Paired by seed, arm − {BASELINE}, with 95% t-intervals (cause?: the rule the hypotheses fixed, on the "
-             "last-quarter share at the cap):", "",
-             *pair_rows(results), "", "Per run:", "", *per_run_rows(results)]  # fmt: skip
+             "last-quarter share at the cap; a contrast pairs an arm with the cause arm one factor away):", "",
+             *pair_rows(results), "", "Per run:", "", *per_run_rows(results), "",
+             "The controls against the rollouts the judge completed, per run (lengths count every completion token; "
+             "an intervened rollout's step 1-3 mean skips steps that reviewed no slot):", "",
+             *tables.lead_rows([(f"{arm} s{r['seed']}", r) for arm in ARMS for r in runs_of(results, arm)])]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

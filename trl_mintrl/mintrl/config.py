@@ -331,6 +331,15 @@ class MInTRLFields:
             "no answer: every gradient is the judge's). The warnings name mask_truncated_completions. None: neither."
         },
     )
+    revised_length_warning: float | None = field(
+        default=1.5,
+        metadata={
+            "help": "Warn (once per run) when, over 2 intervention steps that revised any rollout, the revised rollouts "
+            "are at least this many times the controls' length (every token counted) and score above them: the "
+            "corrections add the steps the policy leaves out, and the controls learn to grow to that length. The "
+            "warning names a warm-up on whole solutions. None: never."
+        },
+    )
     # rollout schedule
     rollout_schedule: str = field(
         default="auto",
@@ -444,6 +453,12 @@ class MInTRLFields:
             value = getattr(self, name)
             if value is not None and not 0 < value < 1:
                 raise ValueError(f"{name} must be in (0, 1) (a share) or None to turn the warning off, got {value}.")
+        ratio = self.revised_length_warning
+        if ratio is not None and not ratio > 1:
+            raise ValueError(
+                f"revised_length_warning must be > 1 (revised rollouts' length over the controls', e.g. 1.5) or None "
+                f"to turn the warning off, got {ratio}."
+            )
 
     def _check_absorption(self) -> None:
         if self.absorption_window < 2:
@@ -701,6 +716,14 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
             over the first 2 intervention steps: a reward that reads the final answer then scores them about 0, and
             every gradient comes from the judge-completed rollouts. The warnings name `mask_truncated_completions`.
             `None`: neither.
+        revised_length_warning (`float` or `None`, *optional*, defaults to `1.5`):
+            Warn when, over 2 intervention steps that revised any rollout, the revised rollouts are at least this many
+            times the controls' length (every token counted) and score above them. A correction that adds the steps the
+            policy left out, rather than replacing a wrong one, puts every positive advantage on a rollout longer than
+            the policy writes. On SmolLM2-135M in band the intervened rollouts (revised or not) were about 1.5-2.2 times
+            the controls' length at the first two intervention steps and the controls grew toward and past that length,
+            at every judge-token share tried; in the reachable regime (0.96-1.06 times) nothing grew. The warning names
+            a warm-up on whole solutions. `None`: never.
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["judge_chat_template_kwargs"]

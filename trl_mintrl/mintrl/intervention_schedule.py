@@ -26,7 +26,11 @@ class InterventionSchedule:
         self.judge_failure_warning = JudgeFailureWarning(args, enabled=main_process)
         self.judge_outage = JudgeOutage(args, main_process=main_process)
         self.regime_watch = RegimeWatch(
-            args.judge_share_warning, args.control_length_warning, args.max_completion_length, enabled=main_process
+            args.judge_share_warning,
+            args.control_length_warning,
+            args.max_completion_length,
+            revised_length_ratio=args.revised_length_warning,
+            enabled=main_process,
         )
         self.judge_failures_total = 0
         self.reward_gap_ema: float | None = None  # adaptive switch-off state (saved with checkpoints)
@@ -47,7 +51,14 @@ class InterventionSchedule:
         if self.intervention_budget is not None and rollout.intervening:
             self._update_intervention_budget(measured.judge_token_share)
         if rollout.intervening:
-            self.regime_watch.update(measured.judge_token_share, measured.length_control, measured.clipped_control)
+            gap = None if measured.reward_revised is None else measured.reward_revised - measured.reward_control
+            self.regime_watch.update(
+                measured.judge_token_share,
+                measured.length_control,
+                measured.clipped_control,
+                revised_length=measured.length_revised,
+                revised_reward_gap=gap,
+            )
         self.judge_failures_total += int(measured.judge_failures)
         self.judge_failure_warning.update(
             measured.reviews * self.args.judge_votes,

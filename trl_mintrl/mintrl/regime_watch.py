@@ -14,7 +14,16 @@ back. Fed once per training batch with measures over all processes, so every pro
   supervised training on the judge's text rather than RL. SmolLM2-135M-Instruct, without a format warm-up, had half
   to all of its 96-token completions cut from the first step.
 
-All three look at the last `WINDOW` intervention steps, so they can speak from the second one, and each warns once per
+- Corrections that lengthen the rollouts. When the policy stops early (one line where two are needed), the judge's
+  correction adds the missing step instead of replacing a wrong one, and a revised rollout is about twice a control's
+  length; with the controls scoring less, every positive advantage sits on such a rollout. In every SmolLM2 in-band run
+  the intervened rollouts (revised or not) were about 1.5-2.2 times the controls' length at the first two intervention
+  steps and the controls then grew toward and past that length (22 tokens to 25-52 at the fourth intervention step,
+  50-63 at the eighth), whatever the judge-token share (a run held at 2-8% a step grew too); where a correction replaced
+  a step and the rollouts stayed as long as the controls (the reachable regime, 0.96-1.06 times), nothing grew at a
+  13-39% share.
+
+All four look at the last `WINDOW` intervention steps, so they can speak from the second one, and each warns once per
 run. With `judge_token_target` the controller's first step runs with every slot reviewed; the share warning needs
 every step of its window above the threshold, so that first step alone never triggers it.
 """
@@ -22,6 +31,7 @@ every step of its window above the threshold, so that first step alone never tri
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
@@ -33,34 +43,49 @@ CLIPPED_FROM_START = 0.5  # share of the controls cut at the cap over the first 
 
 @dataclass
 class RegimeWatch:
-    """The three warnings of the module's docstring. `max_judge_share`: warn when the judge's share of the completion
+    """The four warnings of the module's docstring. `max_judge_share`: warn when the judge's share of the completion
     tokens is above it on each of the last `WINDOW` intervention steps (None: never). `control_length_climb`: warn
     when the controls' mean length over the last `WINDOW` intervention steps has covered this share of the way from
     their length at the first intervention step to `max_completion_length`, with at least `CLIPPED_CONTROLS` of them
     cut at the cap, or when at least `CLIPPED_FROM_START` of them were cut over the first `WINDOW` intervention steps
-    (None: neither)."""
+    (None: neither). `revised_length_ratio`: warn when, over the last `WINDOW` intervention steps that revised any
+    rollout, the revised rollouts' mean length is at least this multiple of the controls' and their mean reward above
+    the controls' (None: never)."""
 
     max_judge_share: float | None
     control_length_climb: float | None
     max_completion_length: int
+    revised_length_ratio: float | None = None
     enabled: bool = True  # False on every process but the main one: they decide alike, one of them logs
     shares: list[float] = field(default_factory=list)
     control_lengths: list[float] = field(default_factory=list)
     control_clipped: list[float] = field(default_factory=list)
+    revised: list[tuple[float, float, float]] = field(default_factory=list)  # (controls', revised length, reward gap)
     start_length: float | None = None
     intervention_steps: int = 0  # seen so far
-    warned: set[str] = field(default_factory=set)  # "share", "length", "clipped"
+    warned: set[str] = field(default_factory=set)  # "share", "length", "clipped", "lengthening"
 
-    def update(self, judge_share: float, control_length: float, control_clipped: float) -> list[str]:
-        """One intervention step's judge-token share, controls' mean length (every token) and share cut at the cap.
-        Returns the warnings it logged (each once per run)."""
+    def update(
+        self,
+        judge_share: float,
+        control_length: float,
+        control_clipped: float,
+        revised_length: float | None = None,
+        revised_reward_gap: float | None = None,
+    ) -> list[str]:
+        """One intervention step's judge-token share, controls' mean length (every token) and share cut at the cap;
+        the revised rollouts' mean length and mean reward minus the controls' (None: the judge revised none, or no
+        reward). Returns the warnings it logged (each once per run)."""
+        if revised_length is not None and revised_reward_gap is not None and math.isfinite(revised_reward_gap):
+            self.revised = [*self.revised, (control_length, revised_length, revised_reward_gap)][-WINDOW:]
         self.shares = [*self.shares, judge_share][-WINDOW:]
         self.control_lengths = [*self.control_lengths, control_length][-WINDOW:]
         self.control_clipped = [*self.control_clipped, control_clipped][-WINDOW:]
         if self.start_length is None:
             self.start_length = control_length
         self.intervention_steps += 1
-        checks = (("share", self._share), ("length", self._length), ("clipped", self._clipped))
+        checks = (("share", self._share), ("length", self._length), ("clipped", self._clipped),
+                  ("lengthening", self._lengthening))  # fmt: skip
         said = [name for name, check in checks if check()]
         if self.enabled:
             for name in said:
@@ -87,6 +112,13 @@ class RegimeWatch:
         clipped = sum(self.control_clipped) / WINDOW
         return self.control_length_climb is not None and first_window and clipped >= CLIPPED_FROM_START
 
+    def _lengthening(self) -> bool:
+        ratio = self.revised_length_ratio
+        if ratio is None or "lengthening" in self.warned or len(self.revised) < WINDOW:
+            return False
+        controls, revised, gap = (sum(column) / WINDOW for column in zip(*self.revised, strict=True))
+        return revised >= ratio * controls and gap > 0
+
     def message(self, name: str) -> str:
         if name == "share":
             return (
@@ -97,6 +129,20 @@ class RegimeWatch:
                 "judge_token_target=0.03 (review only a share of the intervened slots), or corrections that are "
                 "short against the rollout (max_correction_tokens, max_reviews; longer problems or "
                 "max_completion_length). Shown once per run; mintrl/judge_token_frac is logged every step."
+            )
+        if name == "lengthening":
+            controls, revised, gap = (sum(column) / WINDOW for column in zip(*self.revised, strict=True))
+            return (
+                f"MInTRL: the rollouts the judge revised are {revised / controls:.1f} times as long as the controls "
+                f"({revised:.0f} tokens against {controls:.0f}, every token counted) and score {gap:+.2f} above them, "
+                f"over the last {WINDOW} intervention steps that revised any: the corrections add the steps the policy "
+                "left out rather than replace a wrong one. Every positive advantage then sits on a rollout longer than "
+                "the policy writes, and on SmolLM2-135M the controls then grew to that length and past it (half way "
+                "to the cap within 3-6 more steps), whatever the judge-token share. Fixes: make the policy write whole "
+                "solutions before MInTRL (an SFT or format warm-up on complete answers), so that a correction replaces "
+                "a step inside a rollout of the usual length; mask_truncated_completions=True keeps rollouts cut at "
+                "the cap out of the regression if they grow anyway. Shown once per run; mintrl/length_control and "
+                "mintrl/length_intervened are logged every step."
             )
         length = sum(self.control_lengths) / WINDOW
         clipped = sum(self.control_clipped) / WINDOW
@@ -115,20 +161,24 @@ class RegimeWatch:
             f"tokens of max_completion_length={self.max_completion_length} while the judge intervenes, "
             f"{100 * clipped:.0f}% of them cut at the cap: the policy is learning to run on. Everything the policy "
             "writes after the judge's last correction shares the rollout's advantage, and a cut rollout stays in the "
-            "regression. Fixes: mask_truncated_completions=True (cut rollouts leave the regression), a judge that "
-            "leaves the final answer line to the policy, judge_token_target=0.03. Shown once per run; "
-            "mintrl/length_control and mintrl/clipped_ratio_control are logged every step."
+            "regression. Fixes: a warm-up on whole solutions, so that a correction replaces a step instead of adding "
+            "the ones the policy left out (the lengthening warning); mask_truncated_completions=True (cut rollouts "
+            "leave the regression) and judge_token_target=0.03 each lowered the share at the cap by about 30 points "
+            "on SmolLM2-135M without stopping the growth. Shown once per run; mintrl/length_control and "
+            "mintrl/clipped_ratio_control are logged every step."
         )
 
     def state_dict(self) -> dict:
         return {"shares": self.shares, "control_lengths": self.control_lengths,
-                "control_clipped": self.control_clipped, "start_length": self.start_length,
+                "control_clipped": self.control_clipped, "revised": [list(step) for step in self.revised],
+                "start_length": self.start_length,
                 "intervention_steps": self.intervention_steps, "warned": sorted(self.warned)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.shares = [float(v) for v in state["shares"]]
         self.control_lengths = [float(v) for v in state["control_lengths"]]
         self.control_clipped = [float(v) for v in state["control_clipped"]]
+        self.revised = [tuple(float(v) for v in step) for step in state.get("revised", [])]  # added later
         self.start_length = None if state["start_length"] is None else float(state["start_length"])
         self.intervention_steps = int(state["intervention_steps"])
         self.warned = set(state["warned"])

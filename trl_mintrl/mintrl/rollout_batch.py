@@ -138,10 +138,14 @@ class RolloutMeasures:
     reward_intervened: float | None  # mean reward of the intervened rollouts; None when there are none
     length_control: float  # the controls' mean length in written tokens (no tool results)
     clipped_control: float  # the share of the controls cut at max_completion_length
+    length_revised: float | None  # the mean length (written tokens, the judge's included) of the rollouts the judge
+    # revised; None when it revised none
+    reward_revised: float | None  # their mean reward; None when the judge revised none
 
     @classmethod
     def of(cls, rewards: torch.Tensor, rollout: RolloutBatch) -> RolloutMeasures:
         intervened = rollout.stat("intervened").bool()
+        revised = rollout.stat("revised").bool()
         total_tokens = max(rollout.stat("completion_tokens").sum().item(), 1.0)
         return cls(
             judge_token_share=rollout.stat("judge_tokens").sum().item() / total_tokens,
@@ -152,6 +156,8 @@ class RolloutMeasures:
             reward_intervened=torch.nanmean(rewards[intervened]).item() if intervened.any() else None,
             length_control=rollout.stat("completion_tokens")[rollout.is_control].mean().nan_to_num().item(),
             clipped_control=rollout.stat("truncated")[rollout.is_control].mean().nan_to_num().item(),
+            length_revised=rollout.stat("completion_tokens")[revised].mean().item() if revised.any() else None,
+            reward_revised=torch.nanmean(rewards[revised]).item() if revised.any() else None,
         )
 
     @property

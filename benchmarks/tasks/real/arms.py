@@ -17,20 +17,37 @@ What made `mintrl-const`'s completions grow to the cap (`benchmarks/studies/lear
 `mintrl-const` with one factor changed (`CAUSE_ARMS`):
 - `mintrl-no-answer`: the rule judge never writes the `#### N` answer line (`rule_judge(writes_answer=False)`);
 - `mintrl-masked`: completions cut at the cap leave the regression (`mask_truncated_completions=True`);
-- `mintrl-target`: the judge-token share held near the paper's 3% (`judge_token_target=0.03`).
-Rewards: `trl_mintrl.rewards.math_reward` only. A step's rollouts are computed in micro-batches of `MICRO_BATCH`
-rows (gradient accumulation over one generation batch: still one optimizer step per batch of rollouts).
+- `mintrl-target`: the judge-token share held near the paper's 3% (`judge_token_target=0.03`);
+- `mintrl-answer-only`: every correction is the reference's answer line (`rule_judge(answer_only=True)`): it replaces
+  the wrong answer line instead of adding the missing step, so an intervened rollout is about as long as a control;
+- `mintrl-answer-last`: the reward pays only completions whose answer line is their last line
+  (`answer_last_math_reward`): text after the first `#### N`, which `math_reward` leaves unread, scores 0;
+- `mintrl-answer-penalty`: the same, but a completion that does not end at its answer line scores -1
+  (`answer_penalty_math_reward`), so that running on is pushed down even when every control scores 0 (one factor from
+  `mintrl-answer-last`, two from `mintrl-const`).
+Rewards: `trl_mintrl.rewards.math_reward` only, but for `mintrl-answer-last` and `mintrl-answer-penalty`. A step's
+rollouts are computed in micro-batches of `MICRO_BATCH` rows (gradient accumulation over one generation batch: still
+one optimizer step per batch of rollouts).
 """
 
 from __future__ import annotations
 
 ARMS = ("grpo", "grpo-2x", "mintrl-const", "mintrl-self", "sft-grpo", "sort")
-CAUSE_ARMS = ("mintrl-no-answer", "mintrl-masked", "mintrl-target")
+CAUSE_ARMS = (
+    "mintrl-no-answer",
+    "mintrl-masked",
+    "mintrl-target",
+    "mintrl-answer-only",
+    "mintrl-answer-last",
+    "mintrl-answer-penalty",
+)
 MICRO_BATCH = 8
 LEARNING_RATE = 1e-5
 INTERVENTION_SHARE = 0.4  # of the steps (paper: 200 of 500)
 # label -> (trainer, config fields of the arm); a MInTRL arm's "judge" is "rule" (`judge.rule_judge`), "rule-no-answer"
-# (the same, never writing the answer line) or a judge backend of `MInTRLConfig.judge`
+# (the same, never writing the answer line), "rule-answer-only" (every correction the answer line) or a judge backend
+# of `MInTRLConfig.judge`; "reward": "answer-last" trains with `answer_last_math_reward` instead of `math_reward`,
+# "answer-penalty" with `answer_penalty_math_reward`
 ARM_FIELDS = {
     "grpo": ("grpo", {"num_generations": 8}),
     "grpo-2x": ("grpo", {"num_generations": 16}),
@@ -39,6 +56,9 @@ ARM_FIELDS = {
     "mintrl-no-answer": ("mintrl", {"judge": "rule-no-answer"}),
     "mintrl-masked": ("mintrl", {"judge": "rule", "mask_truncated_completions": True}),
     "mintrl-target": ("mintrl", {"judge": "rule", "judge_token_target": 0.03}),
+    "mintrl-answer-only": ("mintrl", {"judge": "rule-answer-only"}),
+    "mintrl-answer-last": ("mintrl", {"judge": "rule", "reward": "answer-last"}),
+    "mintrl-answer-penalty": ("mintrl", {"judge": "rule", "reward": "answer-penalty"}),
     "sft-grpo": ("grpo", {"num_generations": 8}),
     "sort": ("sort", {"num_generations": 8}),
 }
@@ -101,6 +121,7 @@ def config_fields(arm: str, job: dict, output_dir: str) -> dict:
     from trl_mintrl import cpu_training_fields
 
     trainer, fields = ARM_FIELDS[arm]
+    fields = {k: v for k, v in fields.items() if k != "reward"}  # the trainer's argument, not a config field
     rows = job["prompts_per_step"] * rollouts_per_prompt(arm)
     micro = min(MICRO_BATCH, rows)
     common = cpu_training_fields(
@@ -125,14 +146,17 @@ def config_fields(arm: str, job: dict, output_dir: str) -> dict:
 
 
 def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: str, callbacks=()):
-    """The arm's trainer on `dataset` (rows of `task.Problem.row`), `math_reward` as its only reward."""
+    """The arm's trainer on `dataset` (rows of `task.Problem.row`), `math_reward` as its only reward (or
+    `answer_last_math_reward`, `answer_penalty_math_reward`: `ARM_FIELDS`)."""
     from trl_mintrl.rewards import math_reward
 
     trainer = ARM_FIELDS[arm][0]
+    rewards = {"answer-last": answer_last_math_reward, "answer-penalty": answer_penalty_math_reward}
+    reward = rewards.get(ARM_FIELDS[arm][1].get("reward"), math_reward)
     args = config_fields(arm, job, output_dir)
     if job["engine"] == "vllm":
         prepare_vllm_cpu()
-    kwargs = dict(model=model, reward_funcs=math_reward, train_dataset=dataset, processing_class=tokenizer,
+    kwargs = dict(model=model, reward_funcs=reward, train_dataset=dataset, processing_class=tokenizer,
                   callbacks=list(callbacks))  # fmt: skip
     if trainer == "grpo":
         from trl import GRPOConfig, GRPOTrainer
@@ -149,8 +173,37 @@ def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: st
 
 def arm_judge(arm: str):
     """The judge object a MInTRL arm passes to its trainer: the rule judge (never writing the answer line for
-    "rule-no-answer"), or None when the config's backend (`judge="self"`) builds it."""
+    "rule-no-answer", writing only it for "rule-answer-only"), or None when the config's backend (`judge="self"`)
+    builds it."""
     from .judge import rule_judge
 
     judge = ARM_FIELDS[arm][1]["judge"]
-    return rule_judge(writes_answer=judge == "rule") if judge.startswith("rule") else None
+    if not judge.startswith("rule"):
+        return None
+    return rule_judge(writes_answer=judge != "rule-no-answer", answer_only=judge == "rule-answer-only")
+
+
+def answer_last_math_reward(completions: list, solution: list[str], **kwargs) -> list[float | None]:
+    """`math_reward` for a completion whose last non-blank line is its one `####` line, 0.0 otherwise: whatever follows
+    the answer line (which `math_reward`, reading the first one, leaves unread) costs the reward."""
+    return _math_reward_ending_at_answer(completions, solution, 0.0, **kwargs)
+
+
+def answer_penalty_math_reward(completions: list, solution: list[str], **kwargs) -> list[float | None]:
+    """`answer_last_math_reward`, with -1.0 instead of 0.0 for a completion that does not end at its one answer line:
+    running on scores below a wrong answer, by as much as a right answer scores above it."""
+    return _math_reward_ending_at_answer(completions, solution, -1.0, **kwargs)
+
+
+def _math_reward_ending_at_answer(completions: list, solution: list[str], otherwise: float, **kwargs):
+    from trl_mintrl.rewards import completion_text, math_reward
+
+    def answer_last(text: str) -> bool:
+        lines = [line for line in text.splitlines() if line.strip()]
+        return bool(lines) and lines[-1].lstrip().startswith("####") and sum("####" in line for line in lines) == 1
+
+    scores = math_reward(completions, solution, **kwargs)
+    return [
+        s if s is None or answer_last(completion_text(c)) else otherwise
+        for s, c in zip(scores, completions, strict=True)
+    ]

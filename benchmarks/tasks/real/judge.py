@@ -29,7 +29,10 @@ well under 64 tokens); once every step is there, the answer line `#### N`. When 
 the target sentence starts with, the correction completes it; otherwise it starts a new line. With
 `writes_answer=False` (`rule_judge(writes_answer=False)`) the judge never writes the answer line: once every step is
 there its correction is empty, so a wrong answer line is cut and the policy writes the answer itself. The reward
-reads the first answer line, so a judge that writes it also makes everything the policy writes after it free.
+reads the first answer line, so a judge that writes it also makes everything the policy writes after it free. With
+`answer_only=True` (`correct_with_answer`) every correction is the answer line, whatever steps are missing: where the
+policy wrote one step and a wrong answer, the judge replaces the answer line instead of adding the missing step, so
+an intervened rollout is about as long as the policy's own (a test of what lengthening corrections do, not a teacher).
 """
 
 from __future__ import annotations
@@ -218,7 +221,18 @@ def correct_step(question: str, prefix: str, reference: str | None = None, write
     index = next_step(question, prefix, ref)
     if index == len(ref.steps) and not writes_answer:
         return ""
-    target = ref.steps[index] if index < len(ref.steps) else ref.answer_line
+    return _written_after(prefix, ref.steps[index] if index < len(ref.steps) else ref.answer_line)
+
+
+def correct_with_answer(question: str, prefix: str, reference: str | None = None) -> str:
+    """The reference's answer line, whatever steps the prefix lacks: a correction about as long as the line it
+    replaces, so that a judge-completed rollout is no longer than the policy's own."""
+    return _written_after(prefix, Reference.parse(reference).answer_line)
+
+
+def _written_after(prefix: str, target: str) -> str:
+    """`target` as a line after `prefix`: completing the prefix's last line when that line is the start of it, on a
+    new line otherwise."""
     partial = prefix.rsplit("\n", 1)[-1].lstrip()
     if not partial:
         return target + "\n"
@@ -231,8 +245,8 @@ class RuleJudge(FunctionJudge):
     """`review_chunk` / `correct_step` as a `FunctionJudge`. `FunctionJudge` calls `review_fn` without the request's
     `last_step_complete`, which this rule reads: requests are routed to a review bound to their flag."""
 
-    def __init__(self, writes_answer: bool = True):
-        correct = correct_step if writes_answer else _correct_without_answer
+    def __init__(self, writes_answer: bool = True, answer_only: bool = False):
+        correct = correct_with_answer if answer_only else correct_step if writes_answer else _correct_without_answer
         super().__init__(review_chunk, correct)
         self._cut = FunctionJudge(_review_cut, correct)
 
@@ -251,7 +265,10 @@ def _correct_without_answer(question: str, prefix: str, reference: str | None = 
     return correct_step(question, prefix, reference, writes_answer=False)
 
 
-def rule_judge(writes_answer: bool = True) -> RuleJudge:
+def rule_judge(writes_answer: bool = True, answer_only: bool = False) -> RuleJudge:
     """The oracle teacher for `MInTRLTrainer(judge=...)` on `benchmarks.tasks.real.task` datasets (reference column:
-    `solution`); `writes_answer=False`: it never writes the answer line (the module's docstring)."""
-    return RuleJudge(writes_answer)
+    `solution`); `writes_answer=False`: it never writes the answer line; `answer_only=True`: every correction is the
+    answer line (the module's docstring)."""
+    if answer_only and not writes_answer:
+        raise ValueError("answer_only=True writes nothing but the answer line: it needs writes_answer=True")
+    return RuleJudge(writes_answer, answer_only)

@@ -157,6 +157,34 @@ def health_rows(results: dict) -> list[str]:
     return lines
 
 
+LEAD_STEPS = 3  # the intervention steps whose intervened rollouts `lead_rows` sets against the controls' later length
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def lead_rows(labelled_runs: list[tuple[str, dict]]) -> list[str]:
+    """Per MInTRL run, the controls' length (every token) at the first, the `LEAD_STEPS + 1`-th and the last
+    intervention step against the intervened rollouts' mean length over the first `LEAD_STEPS` (steps that reviewed
+    no slot skipped), with each half's mean reward over the intervention steps: does the policy grow to the length of
+    what the judge completed? Runs with too few intervention steps are left out."""
+    lines = ["| run | controls, step 1 | controls, step 4 | controls, last iv step | intervened, steps 1-3 "
+             "| reward controls (iv) | reward intervened (iv) |", "|---" * 7 + "|"]  # fmt: skip
+    for label, run in labelled_runs:
+        steps = [e for e in run.get("logs", []) if e.get("mintrl/interventions_active")]
+        if len(steps) <= LEAD_STEPS:
+            continue
+        control = [e.get("mintrl/length_control") for e in steps]
+        intervened = [v for e in steps[:LEAD_STEPS] if (v := e.get("mintrl/length_intervened")) is not None]
+        lengths = [control[0], control[LEAD_STEPS], control[-1], statistics.fmean(intervened) if intervened else None]
+        rewards = [statistics.fmean(v) if (v := [e[key] for e in steps if e.get(key) is not None]) else None
+                   for key in ("mintrl/reward_control", "mintrl/reward_intervened")]  # fmt: skip
+        cells = [_cell(v, 1) for v in lengths] + [_cell(v, 2) for v in rewards]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines if len(lines) > 2 else [f"No MInTRL run has more than {LEAD_STEPS} intervention steps."]
+
+
 def warm_start_lines(results: dict) -> list[str]:
     base = next(iter(results.get("baselines", [])), None)
     if base is None:

@@ -189,6 +189,13 @@ def _build(base: Path, settings: dict, out: Path, threads: int) -> None:
     print(f"warm start built in {seconds:.0f} s (loss {losses[0]:.3f} -> {losses[-1]:.3f})", flush=True)
 
 
+def format_warm_start(model_dir: str | Path) -> Path:
+    """`WARMUP`'s warm start of the model at `model_dir`, built beside it when missing: a recipe's
+    `warm_start_function` (recipes/cpu/smollm2-*.yaml), so that a recipe trains from the answer format every arm of
+    the real-model comparison starts from."""
+    return build_warm_start(model_dir, WARMUP)
+
+
 def warm_start_record(folder: str | Path) -> dict:
     """The warm start's marker: settings, losses, SFT seconds, the machine's load."""
     return json.loads((Path(folder) / MARKER).read_text())
