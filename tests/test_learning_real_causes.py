@@ -4,6 +4,8 @@ at the cap; the arms differ from mintrl-const in the one field each names."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks.lib.stats import format_interval, mean_interval
@@ -93,6 +95,28 @@ def test_a_contrast_pairs_an_arm_with_the_cause_arm_one_factor_away():
     cells = line_of(study.report(results), "| mintrl-answer-penalty − mintrl-answer-last |")
     diffs = [a - b for a, b in zip(clipped["mintrl-answer-penalty"], clipped["mintrl-answer-last"], strict=True)]
     assert cells[1] == format_interval(mean_interval(diffs), 100, 0) and cells[-1] == "(contrast)"
+
+
+def test_a_sitting_runs_the_named_arms_and_keeps_every_other_record(tmp_path, monkeypatch):
+    """`--arms` limits a sitting to those arms' runs not yet recorded; with `--resume` the other arms' records stay."""
+    ran = []
+
+    def fake_run(job):
+        ran.append(job["arm"])
+        record = make_run("mintrl-const", job["seed"])
+        record["final"].update({"longer_pass@1": 0.0, "chat_nll_change": 0.0})
+        return {**job, **record, "arm": job["arm"], "name": job["name"], "step_seconds": [1.0]}
+
+    monkeypatch.setattr(study, "run_job", fake_run)
+    monkeypatch.setattr(study, "measure_warm_start", lambda job: {**job, "scores": {}})
+    argv = ["--smoke", "--workers", "0", "--out", str(tmp_path)]
+    study.main([*argv, "--max_runs", "1"])
+    study.main([*argv, "--resume", "--arms", "mintrl-answer-penalty", "mintrl-answer-last"])
+    study.main([*argv, "--resume", "--max_runs", "1"])
+    assert ran == ["mintrl-const", "mintrl-answer-last", "mintrl-answer-penalty", "mintrl-no-answer"]
+    saved = json.loads((tmp_path / "learning_real_causes.json").read_text())
+    assert sorted(r["arm"] for r in saved["runs"]) == sorted(ran) and len(saved["baselines"]) == 1
+    assert "| mintrl-answer-penalty − mintrl-answer-last |" in (tmp_path / "learning_real_causes.md").read_text()
 
 
 def test_a_single_seed_leaves_the_rule_open():

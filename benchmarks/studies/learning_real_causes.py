@@ -9,7 +9,7 @@ line (`mintrl-answer-last`, added after two of C5's seeds, from their logs: C6),
 `learning_real.py`'s full mode: the same warm start, problems, seeds 0-2, 20 steps of 4 prompts, 64-token completions,
 interventions for the first 8 steps, vLLM rollouts, the same held-out measures.
 
-    .venv-vllm/bin/python -m benchmarks.studies.learning_real_causes --resume --workers 2 [--max_runs 4]   # a sitting
+    .venv-vllm/bin/python -m benchmarks.studies.learning_real_causes --resume --workers 2 [--max_runs 4] [--arms A ..]
     python -m benchmarks.studies.learning_real_causes --smoke     # 1 step of every arm on tiny sizes (the test)
     python -m benchmarks.studies.learning_real_causes --replot benchmarks/results/learning_real_causes.json
 
@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.set_defaults(workers=1)
     parser.add_argument("--engine", choices=list(ENGINES), default=None,
                         help="the rollout engine (default: vllm for the full mode, transformers for --smoke)")  # fmt: skip
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=None,
+                        help="only these arms' runs (a sitting for one arm's remaining seeds)")  # fmt: skip
     add_max_runs_argument(parser)
     args = parser.parse_args(argv)
     if harness.replot_from(args, render):
@@ -274,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     out.mkdir(parents=True, exist_ok=True)
     engine = args.engine or ("vllm" if mode == "full" else "transformers")
     settings = {"mode": mode, **MODES[mode], "engine": engine}
-    baselines, jobs = plan_jobs(settings)
+    baselines, jobs = plan_jobs(settings, args.arms)
     results = harness.new_results("benchmarks/studies/learning_real_causes.py", argv, settings)
     return execute_sitting(results, out, "learning_real_causes.json", args, baselines=baselines, jobs=jobs,
                            measure=measure_warm_start, run=run_job, describe=describe, render=render)  # fmt: skip
