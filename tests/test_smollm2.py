@@ -127,6 +127,9 @@ METHOD_FLAGS = {
         "2",
         "--max_correction_tokens",
         "16",
+        # one step at a 24-token cap cuts every completion; the recipe's masking would leave none in the regression
+        "--mask_truncated_completions",
+        "false",
     ],  # fmt: skip
     "sort": [
         "--num_generations",
