@@ -116,8 +116,12 @@ class RegimeWatch:
         ratio = self.revised_length_ratio
         if ratio is None or "lengthening" in self.warned or len(self.revised) < WINDOW:
             return False
-        controls, revised, gap = (sum(column) / WINDOW for column in zip(*self.revised, strict=True))
+        controls, revised, gap = self._revised_means()
         return revised >= ratio * controls and gap > 0
+
+    def _revised_means(self) -> tuple[float, ...]:
+        """(controls' length, revised length, reward gap), each a mean over the window of steps that revised any."""
+        return tuple(sum(column) / WINDOW for column in zip(*self.revised, strict=True))
 
     def message(self, name: str) -> str:
         if name == "share":
@@ -131,7 +135,7 @@ class RegimeWatch:
                 "max_completion_length). Shown once per run; mintrl/judge_token_frac is logged every step."
             )
         if name == "lengthening":
-            controls, revised, gap = (sum(column) / WINDOW for column in zip(*self.revised, strict=True))
+            controls, revised, gap = self._revised_means()
             return (
                 f"MInTRL: the rollouts the judge revised are {revised / controls:.1f} times as long as the controls "
                 f"({revised:.0f} tokens against {controls:.0f}, every token counted) and score {gap:+.2f} above them, "
