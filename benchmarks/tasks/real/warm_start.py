@@ -7,6 +7,7 @@ SFT epoch (`WARMUP`: 256 ONE-step problems, their reference solutions written th
 
     python -m benchmarks.tasks.real.warm_start [--model DIR]   # builds it (once) and prints its folder
     python -m benchmarks.tasks.real.warm_start --family chain-easy [--decisive_share 0.03]   # the chain family's
+    python -m benchmarks.tasks.real.warm_start --family chain-long   # a second epoch on longer chains after it
 
 The checkpoint (538 MB, not committed) is cached beside the prepared model, in `smollm2-warm-<hash>` where the hash
 covers the settings and the base model's GGUF SHA-256, and rebuilt the same way when missing (one CPU thread, no
@@ -48,7 +49,14 @@ WARMUP = dict(problems=256, num_steps=1, seed="warmup/0", batch_size=8, learning
 # starting up to 180 and the decisive operation in `decisive_share` of them (`--decisive_share` builds another share)
 WARMUP_CHAIN = dict(problems=1024, num_steps=[7, 8, 9], seed="warmup-chain/0", batch_size=8, learning_rate=3e-5,
                     family="chain-easy", start_high=180, decisive_share=1 / 32)  # fmt: skip
-WARMUPS = {"mixed": WARMUP, "chain-easy": WARMUP_CHAIN}
+# after it (`after`: a second SFT epoch that starts from that warm start), 1024 fresh chains of 10-12 steps: on
+# WARMUP_CHAIN alone the easy steps were 86% right on the wider values (real_calibration_chain3.md), so a rollout
+# needed about four corrections; and one correction (a sentence) is 12-13% of a 7-9-step rollout but about 8% of a
+# 12-step one, the paper's local share
+WARMUP_CHAIN_LONG = dict(after=WARMUP_CHAIN, problems=1024, num_steps=[10, 11, 12], seed="warmup-chain/1",
+                         batch_size=8, learning_rate=3e-5, family="chain-easy", start_high=180,
+                         decisive_share=1 / 32)  # fmt: skip
+WARMUPS = {"mixed": WARMUP, "chain-easy": WARMUP_CHAIN, "chain-long": WARMUP_CHAIN_LONG}
 MARKER = "warm_start.json"
 DEFAULT_MODEL = Path(os.environ.get("TRL_MINTRL_SMOLLM2_DIR", Path.home() / ".cache" / "trl-mintrl" / "smollm2"))
 
@@ -71,8 +79,10 @@ def train_problems(regime: str, n: int, seed: int) -> list:
 
 def warmup_problems(settings: dict) -> list:
     """The warm-up's problems: `settings["problems"]` problems of `num_steps` steps (of `settings["family"]`, by
-    default the mixed one), none in any regime's split."""
+    default the mixed one), none in any regime's split nor in the warm-up it continues (`after`)."""
     used = {p.key for regime in REGIMES for split in regime_splits(regime).values() for p in split}
+    if "after" in settings:
+        used |= {p.key for p in warmup_problems(settings["after"])}
     steps = settings["num_steps"]
     steps = tuple(steps) if isinstance(steps, list) else steps
     family = settings.get("family", "mixed")
@@ -148,9 +158,10 @@ def sft_epoch(model, tokenizer, problems, *, batch_size: int, learning_rate: flo
 
 
 def build_warm_start(base: str | Path, settings: dict | None = None, threads: int = 1) -> Path:
-    """The warm start's folder (`warm_start_dir`), built first when missing: load the model at `base`, `sft_epoch`
-    on `warmup_problems`, save it with its tokenizer, then the marker. Safe to call from several processes at once
-    (a file lock: one builds, the others wait and read it)."""
+    """The warm start's folder (`warm_start_dir`), built first when missing: load the model at `base` (or, when
+    `settings` has `after`, that warm start of it, built first when missing), `sft_epoch` on `warmup_problems`, save
+    it with its tokenizer, then the marker. Safe to call from several processes at once (a file lock: one builds,
+    the others wait and read it)."""
     settings = WARMUP if settings is None else settings
     out = warm_start_dir(base, settings)
     if (out / MARKER).is_file():
@@ -167,12 +178,13 @@ def _build(base: Path, settings: dict, out: Path, threads: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    start = build_warm_start(base, settings["after"], threads) if "after" in settings else base
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(start)
+    model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
     problems = warmup_problems(settings)
-    print(f"warm start: one SFT epoch on {len(problems)} problems -> {out}", flush=True)
+    print(f"warm start: one SFT epoch on {len(problems)} problems from {start} -> {out}", flush=True)
     watch, began = MachineWatch(), time.perf_counter()
     losses = sft_epoch(model, tokenizer, problems, batch_size=settings["batch_size"],
                        learning_rate=settings["learning_rate"])  # fmt: skip
@@ -181,8 +193,9 @@ def _build(base: Path, settings: dict, out: Path, threads: int) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    marker = {"settings": settings, "hash": settings_hash(settings, base), "base": str(base), "sft_seconds": seconds,
-              "steps": len(losses), "losses": losses, "threads": threads, "machine": watch.stop()}  # fmt: skip
+    marker = {"settings": settings, "hash": settings_hash(settings, base), "base": str(base), "start": str(start),
+              "sft_seconds": seconds, "steps": len(losses), "losses": losses, "threads": threads,
+              "machine": watch.stop()}  # fmt: skip
     (partial / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
@@ -208,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the prepared SmolLM2 folder")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--family", choices=list(WARMUPS), default="mixed",
-                        help="whose warm-up: the mixed problems' (`WARMUP`) or the chain family's (`WARMUP_CHAIN`)")  # fmt: skip
+                        help="whose warm-up: the mixed problems' (`WARMUP`), the chain family's (`WARMUP_CHAIN`) "
+                        "or its second epoch on longer chains (`WARMUP_CHAIN_LONG`)")  # fmt: skip
     parser.add_argument("--decisive_share", type=float, default=None,
                         help="the chain warm-up with the decisive step in this share of its chains instead")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
