@@ -1,0 +1,57 @@
+"""benchmarks/studies/intensity_real.py: its probe trains the chain regime's arms with the calibrated settings, and
+its report reads each step from the run's logs. No model needed (the runs are faked)."""
+
+import json
+
+import pytest
+
+from benchmarks.studies import intensity_real as study
+from benchmarks.tasks.real.arms import config_fields
+from benchmarks.tasks.real.run import plan_jobs
+from benchmarks.tasks.real.warm_start import WARMUP_CHAIN_LONG, train_problems
+
+
+def test_the_probe_trains_the_chain_regime_with_the_calibrated_settings(tmp_path):
+    settings = {"mode": "probe", **study.MODES["probe"], "engine": "transformers"}
+    [baseline], jobs = plan_jobs(settings)
+    assert baseline["regime"] == "chain" and baseline["warmup"] == WARMUP_CHAIN_LONG
+    assert [job["arm"] for job in jobs] == ["grpo", "mintrl-const"]
+    mintrl = config_fields("mintrl-const", jobs[1], str(tmp_path))
+    assert mintrl["chunk_size"] == 64 and mintrl["max_completion_length"] == 320 and mintrl["max_reviews"] == 4
+    assert config_fields("grpo", jobs[0], str(tmp_path))["max_completion_length"] == 320
+    assert {p.num_steps for p in train_problems(jobs[0]["regime"], 8, jobs[0]["seed"])} == {12}
+
+
+def fake_run(job: dict) -> dict:
+    logs = [{"step": 1, "reward": 0.5, "completions/mean_length": 190.0}, {"step": 2, "reward": 0.25,
+             "completions/mean_length": 205.0}]  # fmt: skip
+    if job["arm"] == "mintrl-const":
+        logs[0].update({"mintrl/judge_token_frac": 0.05, "mintrl/length_control": 200.0,
+                        "mintrl/length_intervened": 210.5, "mintrl/reward_control": 0.125,
+                        "mintrl/reward_intervened": 0.875})  # fmt: skip
+    final = {"pass@1": 0.1, "pass@8": 0.4, "longer_pass@1": 0.05, "longer_pass@8": 0.2, "chat_nll": 2.6,
+             "chat_nll_change": 0.0, "kl": 0.01}  # fmt: skip
+    return {**job, "logs": logs, "step_seconds": [300.0, 250.0], "train_seconds": 550.0, "final": final,
+            "scores": {"heldout": {"sample_seconds": 60.0}}, "curve": {},
+            "machine_during": {"load_during_mean": 2.0}}  # fmt: skip
+
+
+def test_the_report_reads_each_step_from_the_logs(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "run_job", fake_run)
+    scores = {split: {"pass@1": 0.05, "pass@8": 0.25} for split in ("heldout", "heldout_longer")}
+    monkeypatch.setattr(study, "measure_warm_start", lambda job: {**job, "scores": scores})
+    study.main(["--probe", "--workers", "0", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "intensity_real_probe.json").read_text())
+    assert sorted(r["arm"] for r in saved["runs"]) == ["grpo", "mintrl-const"]
+    text = (tmp_path / "intensity_real_probe.md").read_text()
+    assert "| mintrl-const s0 | 1 | 300 | 0.50 | 5.0% | 200.0 / 210.5 | 0.12 / 0.88 | 190.0 |" in text
+    assert "| mintrl-const s0 | 2 | 250 | 0.25 | - | - | - | 205.0 |" in text
+    assert "| grpo s0 | 1 | 300 | 0.50 | - | - | - | 190.0 |" in text
+    assert "| chain | warm start | - | 5.0 | 25.0 | 5.0 | 25.0 |" in text
+    assert "chunks of 64 tokens" in text and "at most 320 tokens" in text
+
+
+def test_the_full_mode_waits_for_its_hypotheses(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        study.main(["--out", str(tmp_path)])
+    assert "hypotheses come first" in capsys.readouterr().err
