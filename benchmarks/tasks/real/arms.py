@@ -25,6 +25,11 @@ What made `mintrl-const`'s completions grow to the cap (`benchmarks/studies/lear
 - `mintrl-answer-penalty`: the same, but a completion that does not end at its answer line scores -1
   (`answer_penalty_math_reward`), so that running on is pushed down even when every control scores 0 (one factor from
   `mintrl-answer-last`, two from `mintrl-const`).
+The intensity ablation's higher judge-token shares (`benchmarks/studies/intensity_real.py`, `INTENSITY_ARMS`):
+- `mintrl-lines4`: each correction writes the next 4 lines the rollout lacks (`rule_judge(lines=4)`), at most 96
+  tokens;
+- `mintrl-rest`: each correction writes the rest of the solution, answer line included (`rule_judge(lines=None)`), at
+  most 256 tokens.
 Rewards: `trl_mintrl.rewards.math_reward` only, but for `mintrl-answer-last` and `mintrl-answer-penalty`. A step's
 rollouts are computed in micro-batches of `MICRO_BATCH` rows (gradient accumulation over one generation batch: still
 one optimizer step per batch of rollouts).
@@ -41,12 +46,16 @@ CAUSE_ARMS = (
     "mintrl-answer-last",
     "mintrl-answer-penalty",
 )
+# the intensity ablation's higher shares (`benchmarks/studies/intensity_real.py`): mintrl-const with corrections of more
+# reference lines
+INTENSITY_ARMS = ("mintrl-lines4", "mintrl-rest")
 MICRO_BATCH = 8
 LEARNING_RATE = 1e-5
 INTERVENTION_SHARE = 0.4  # of the steps (paper: 200 of 500)
 # label -> (trainer, config fields of the arm); a MInTRL arm's "judge" is "rule" (`judge.rule_judge`), "rule-no-answer"
-# (the same, never writing the answer line), "rule-answer-only" (every correction the answer line) or a judge backend
-# of `MInTRLConfig.judge`; "reward": "answer-last" trains with `answer_last_math_reward` instead of `math_reward`,
+# (the same, never writing the answer line), "rule-answer-only" (every correction the answer line), "rule-lines4"
+# (corrections of the next 4 missing lines), "rule-rest" (the rest of the solution) or a judge backend of
+# `MInTRLConfig.judge`; "reward": "answer-last" trains with `answer_last_math_reward` instead of `math_reward`,
 # "answer-penalty" with `answer_penalty_math_reward`
 ARM_FIELDS = {
     "grpo": ("grpo", {"num_generations": 8}),
@@ -59,6 +68,8 @@ ARM_FIELDS = {
     "mintrl-answer-only": ("mintrl", {"judge": "rule-answer-only"}),
     "mintrl-answer-last": ("mintrl", {"judge": "rule", "reward": "answer-last"}),
     "mintrl-answer-penalty": ("mintrl", {"judge": "rule", "reward": "answer-penalty"}),
+    "mintrl-lines4": ("mintrl", {"judge": "rule-lines4", "max_correction_tokens": 96}),
+    "mintrl-rest": ("mintrl", {"judge": "rule-rest", "max_correction_tokens": 256}),
     "sft-grpo": ("grpo", {"num_generations": 8}),
     "sort": ("sort", {"num_generations": 8}),
 }
@@ -180,7 +191,8 @@ def arm_judge(arm: str):
     judge = ARM_FIELDS[arm][1]["judge"]
     if not judge.startswith("rule"):
         return None
-    return rule_judge(writes_answer=judge != "rule-no-answer", answer_only=judge == "rule-answer-only")
+    lines = {"rule-lines4": 4, "rule-rest": None}.get(judge, 1)
+    return rule_judge(writes_answer=judge != "rule-no-answer", answer_only=judge == "rule-answer-only", lines=lines)
 
 
 def answer_last_math_reward(completions: list, solution: list[str], **kwargs) -> list[float | None]:

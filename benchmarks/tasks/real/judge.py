@@ -33,6 +33,9 @@ reads the first answer line, so a judge that writes it also makes everything the
 `answer_only=True` (`correct_with_answer`) every correction is the answer line, whatever steps are missing: where the
 policy wrote one step and a wrong answer, the judge replaces the answer line instead of adding the missing step, so
 an intervened rollout is about as long as the policy's own (a test of what lengthening corrections do, not a teacher).
+With `lines=k` (`rule_judge(lines=k)`) a correction writes the next k lines the prefix lacks (steps, then the answer
+line), and with `lines=None` all of them, the rest of the solution: more judge text a correction, the intensity
+ablation's higher shares (`benchmarks/studies/intensity_real.py`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 
 from trl_mintrl.judges import FunctionJudge
 
@@ -214,14 +218,16 @@ def next_step(question: str, prefix: str, ref: Reference) -> int:
     return len(ref.steps)
 
 
-def correct_step(question: str, prefix: str, reference: str | None = None, writes_answer: bool = True) -> str:
+def correct_step(
+    question: str, prefix: str, reference: str | None = None, writes_answer: bool = True, lines: int | None = 1
+) -> str:
     """The first reference step the prefix has not computed (or the answer line; nothing without `writes_answer`),
-    ending with a newline."""
+    ending with a newline; with `lines`, that many of the lines the prefix lacks (the steps from that one on, then
+    the answer line), None: all of them (the rest of the solution)."""
     ref = Reference.parse(reference)
-    index = next_step(question, prefix, ref)
-    if index == len(ref.steps) and not writes_answer:
-        return ""
-    return _written_after(prefix, ref.steps[index] if index < len(ref.steps) else ref.answer_line)
+    rest = [*ref.steps[next_step(question, prefix, ref) :], *([ref.answer_line] if writes_answer else [])]
+    rest = rest if lines is None else rest[:lines]
+    return _written_after(prefix, "\n".join(rest)) if rest else ""
 
 
 def correct_with_answer(question: str, prefix: str, reference: str | None = None) -> str:
@@ -245,8 +251,10 @@ class RuleJudge(FunctionJudge):
     """`review_chunk` / `correct_step` as a `FunctionJudge`. `FunctionJudge` calls `review_fn` without the request's
     `last_step_complete`, which this rule reads: requests are routed to a review bound to their flag."""
 
-    def __init__(self, writes_answer: bool = True, answer_only: bool = False):
-        correct = correct_with_answer if answer_only else correct_step if writes_answer else _correct_without_answer
+    def __init__(self, writes_answer: bool = True, answer_only: bool = False, lines: int | None = 1):
+        correct = (
+            correct_with_answer if answer_only else partial(correct_step, writes_answer=writes_answer, lines=lines)
+        )
         super().__init__(review_chunk, correct)
         self._cut = FunctionJudge(_review_cut, correct)
 
@@ -261,14 +269,13 @@ def _review_cut(question: str, prefix: str, steps: list[str], reference: str | N
     return review_chunk(question, prefix, steps, reference, last_step_complete=False)
 
 
-def _correct_without_answer(question: str, prefix: str, reference: str | None = None) -> str:
-    return correct_step(question, prefix, reference, writes_answer=False)
-
-
-def rule_judge(writes_answer: bool = True, answer_only: bool = False) -> RuleJudge:
+def rule_judge(writes_answer: bool = True, answer_only: bool = False, lines: int | None = 1) -> RuleJudge:
     """The oracle teacher for `MInTRLTrainer(judge=...)` on `benchmarks.tasks.real.task` datasets (reference column:
     `solution`); `writes_answer=False`: it never writes the answer line; `answer_only=True`: every correction is the
-    answer line (the module's docstring)."""
+    answer line; `lines`: a correction writes that many of the missing lines, None: the rest of the solution (the
+    module's docstring)."""
     if answer_only and not writes_answer:
         raise ValueError("answer_only=True writes nothing but the answer line: it needs writes_answer=True")
-    return RuleJudge(writes_answer, answer_only)
+    if lines is not None and lines < 1:
+        raise ValueError(f"lines must be >= 1 (reference lines a correction writes) or None (the rest), got {lines}")
+    return RuleJudge(writes_answer, answer_only, lines)
