@@ -37,10 +37,11 @@ def test_the_higher_share_arms_write_more_of_the_solution_a_correction(tmp_path)
 def fake_run(job: dict) -> dict:
     logs = [{"step": 1, "reward": 0.5, "completions/mean_length": 190.0}, {"step": 2, "reward": 0.25,
              "completions/mean_length": 205.0}]  # fmt: skip
-    if job["arm"] == "mintrl-const":
+    if job["arm"].startswith("mintrl"):  # after the intervention steps MInTRL logs the controls' half only
         logs[0].update({"mintrl/judge_token_frac": 0.05, "mintrl/length_control": 200.0,
                         "mintrl/length_intervened": 210.5, "mintrl/reward_control": 0.125,
                         "mintrl/reward_intervened": 0.875})  # fmt: skip
+        logs[1].update({"mintrl/judge_token_frac": 0.0, "mintrl/length_control": 205.0, "mintrl/reward_control": 0.25})
     final = {"pass@1": 0.1, "pass@8": 0.4, "longer_pass@1": 0.05, "longer_pass@8": 0.2, "chat_nll": 2.6,
              "chat_nll_change": 0.0, "kl": 0.01}  # fmt: skip
     return {**job, "logs": logs, "step_seconds": [300.0, 250.0], "train_seconds": 550.0, "final": final,
@@ -57,8 +58,8 @@ def test_the_report_reads_each_step_from_the_logs(tmp_path, monkeypatch):
     assert sorted(r["arm"] for r in saved["runs"]) == ["grpo", "mintrl-const", "mintrl-lines4", "mintrl-rest"]
     text = (tmp_path / "intensity_real_probe.md").read_text()
     assert "| mintrl-const s0 | 1 | 300 | 0.50 | 5.0% | 200.0 / 210.5 | 0.12 / 0.88 | 190.0 |" in text
-    assert "| mintrl-const s0 | 2 | 250 | 0.25 | - | - | - | 205.0 |" in text
-    assert "| grpo s0 | 1 | 300 | 0.50 | - | - | - | 190.0 |" in text
+    assert "| mintrl-const s0 | 2 | 250 | 0.25 | 0.0% | 205.0 / - | 0.25 / - | 205.0 |" in text
+    assert "| grpo s0 | 1 | 300 | 0.50 | - | - / - | - / - | 190.0 |" in text
     assert "| chain | warm start | - | 5.0 | 25.0 | 5.0 | 25.0 |" in text
     assert "chunks of 64 tokens" in text and "at most 320 tokens" in text
 

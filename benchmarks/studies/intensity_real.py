@@ -51,7 +51,7 @@ CLI_MODES = {
 
 def step_rows(results: dict) -> list[str]:
     """Per run and step: seconds, the judge's share of the completion tokens, every-token lengths and rewards per
-    half (MInTRL's intervention steps; a control-only step leaves the halves empty)."""
+    half (after MInTRL's intervention steps every rollout is a control: the intervened half is empty)."""
     keys = ("mintrl/judge_token_frac", "mintrl/length_control", "mintrl/length_intervened", "mintrl/reward_control",
             "mintrl/reward_intervened")  # fmt: skip
     lines = ["| run | step | seconds | reward | judge share | length: controls / intervened | reward: controls / "
@@ -60,12 +60,16 @@ def step_rows(results: dict) -> list[str]:
         for run in tables.runs_of(results, REGIME, arm):
             for entry, seconds in zip(run["logs"], run["step_seconds"], strict=False):
                 share, control, intervened, reward_c, reward_i = (entry.get(k) for k in keys)
-                halves = "-" if control is None else f"{control:.1f} / {intervened:.1f}"
-                rewards = "-" if reward_c is None else f"{reward_c:.2f} / {reward_i:.2f}"
                 lines.append(f"| {arm} s{run['seed']} | {entry['step']} | {seconds:.0f} | {entry['reward']:.2f} | "
-                             f"{'-' if share is None else f'{100 * share:.1f}%'} | {halves} | {rewards} | "
+                             f"{'-' if share is None else f'{100 * share:.1f}%'} | {_cell(control, 1)} / "
+                             f"{_cell(intervened, 1)} | {_cell(reward_c, 2)} / {_cell(reward_i, 2)} | "
                              f"{entry['completions/mean_length']:.1f} |")  # fmt: skip
     return lines
+
+
+def _cell(value: float | None, digits: int) -> str:
+    """`value` to `digits` decimals, "-" where the step logged none (a half without rollouts)."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def report(results: dict) -> str:
