@@ -64,7 +64,7 @@ def test_the_report_reads_each_step_from_the_logs(tmp_path, monkeypatch):
     assert "chunks of 64 tokens" in text and "at most 320 tokens" in text
 
 
-def test_the_full_mode_waits_for_its_hypotheses(tmp_path, capsys):
+def test_the_full_mode_refuses_until_it_is_built(tmp_path, capsys):
     with pytest.raises(SystemExit):
         study.main(["--out", str(tmp_path)])
-    assert "hypotheses come first" in capsys.readouterr().err
+    assert "full mode is not built yet" in capsys.readouterr().err

@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     mode = harness.mode_of(args, CLI_MODES)
     if mode not in MODES:
-        parser.error("the intensity ablation and the comparison are not planned yet (their hypotheses come first): "
-                     "run --probe to measure a step, or --smoke")  # fmt: skip
+        parser.error("the intensity ablation's full mode is not built yet (its hypotheses are in docs/benchmarks.md, "
+                     "the comparison's come after it): run --probe to measure a step, or --smoke")  # fmt: skip
     out = args.out or RESULTS / "quick"
     out.mkdir(parents=True, exist_ok=True)
     engine = args.engine or ("vllm" if mode == "probe" else "transformers")
