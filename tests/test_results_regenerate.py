@@ -68,6 +68,7 @@ RENDERERS: list[tuple[str, Callable[[Path], None], tuple[str, ...]]] = [
     ("learning_real_causes.json", replot("learning_real_causes"), ()),
     ("learning_real*.json", replot("learning_real"), ()),
     ("learning_tools*.json", replot("learning_tools"), ()),
+    ("intensity_real*.json", replot("intensity_real"), ()),
     ("beyond.json", replot("beyond"), ()),
     ("learned_judge.json", replot("learned_judge"), ()),
     ("references.json", replot("references"), ()),

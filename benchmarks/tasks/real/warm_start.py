@@ -72,11 +72,9 @@ DEFAULT_MODEL = Path(os.environ.get("TRL_MINTRL_SMOLLM2_DIR", Path.home() / ".ca
 def regime_splits(regime: str) -> dict:
     """`make_splits` of `regime` (`REGIMES`, or `CHAIN_REGIMES` of the chain family) at `SPLIT_SEED`: `heldout`,
     `heldout_longer`, `train`."""
-    if regime in CHAIN_REGIMES:
-        train_steps, longer_steps = CHAIN_REGIMES[regime]
-        return make_splits(train_steps=train_steps, longer_steps=longer_steps, seed=SPLIT_SEED, family="chain")
-    train_steps, longer_steps = REGIMES[regime]
-    return make_splits(train_steps=train_steps, longer_steps=longer_steps, seed=SPLIT_SEED)
+    family = "chain" if regime in CHAIN_REGIMES else "mixed"
+    train_steps, longer_steps = {**REGIMES, **CHAIN_REGIMES}[regime]
+    return make_splits(train_steps=train_steps, longer_steps=longer_steps, seed=SPLIT_SEED, family=family)
 
 
 def train_problems(regime: str, n: int, seed: int) -> list:
