@@ -3,8 +3,6 @@ its report reads each step from the run's logs. No model needed (the runs are fa
 
 import json
 
-import pytest
-
 from benchmarks.studies import intensity_real as study
 from benchmarks.tasks.real.arms import arm_judge, config_fields
 from benchmarks.tasks.real.run import plan_jobs
@@ -64,7 +62,23 @@ def test_the_report_reads_each_step_from_the_logs(tmp_path, monkeypatch):
     assert "chunks of 64 tokens" in text and "at most 320 tokens" in text
 
 
-def test_the_full_mode_refuses_until_it_is_built(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        study.main(["--out", str(tmp_path)])
-    assert "full mode is not built yet" in capsys.readouterr().err
+def test_a_full_sitting_runs_its_runs_then_the_warm_start_measure(tmp_path, monkeypatch):
+    order = []
+    scores = {split: {"pass@1": 0.05, "pass@8": 0.25} for split in ("heldout", "heldout_longer")}
+
+    def measure(job: dict) -> dict:
+        order.append(job["name"])
+        return {**job, "scores": scores}
+
+    monkeypatch.setattr(study, "run_job", lambda job: order.append(job["name"]) or fake_run(job))
+    monkeypatch.setattr(study, "measure_warm_start", measure)
+    study.main(["--arms", "grpo", "mintrl-const", "--max_runs", "2", "--workers", "0", "--out", str(tmp_path)])
+    assert order == ["real-chain-grpo-s0", "real-chain-mintrl-const-s0", "real-chain-warm-start"]
+    saved = json.loads((tmp_path / "intensity_real.json").read_text())
+    s = saved["settings"]
+    sizes = (s["steps"], s["seeds"], s["final_problems"], s["max_completion_length"], s["engine"])
+    assert sizes == (20, [0, 1, 2], 48, 320, "vllm")
+    assert s["warmup"] == WARMUP_CHAIN_LONG and s["overrides"] == {"chunk_size": 64}
+    study.main(["--resume", "--max_runs", "1", "--workers", "0", "--out", str(tmp_path)])
+    assert order[3:] == ["real-chain-mintrl-lines4-s0"]  # the next in plan order; the others are kept
+    assert len(json.loads((tmp_path / "intensity_real.json").read_text())["runs"]) == 3

@@ -192,13 +192,17 @@ def execute(
     on_record: Callable[[dict, str, dict], None] | None = None,
     resume: bool = False,
     fresh_process: bool = False,
+    baselines_first: bool = True,
 ) -> dict:
-    """Run the `baselines` (`(function, job)` pairs, first) and `run` on every job (module docstring). After each
+    """Run the `baselines` (`(function, job)` pairs; first, or after the runs with `baselines_first=False`) and `run`
+    on every job (module docstring). After each
     record: `on_record(results, collection, record)` (a study's own bookkeeping; also called for every record kept
     by `resume`), `out/json_name` rewritten, `render(results, out, plots=False)`, and `describe(record)` printed for
     a run; with workers, `fresh_process` runs each job in a process of its own (`run_tasks`). At the end
     `render(results, out)` is printed; `JobsFailed` if any job failed. Returns `results`."""
-    tasks = [Task(function, job, "baselines") for function, job in baselines] + [Task(run, job) for job in jobs]
+    measures = [Task(function, job, "baselines") for function, job in baselines]
+    runs = [Task(run, job) for job in jobs]
+    tasks = measures + runs if baselines_first else runs + measures
     path = out / json_name
     if resume:
         tasks = _resume(results, path, tasks, on_record)

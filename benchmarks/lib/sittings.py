@@ -55,10 +55,11 @@ def execute_sitting(
     render: Callable[..., str],
 ) -> dict:
     """`harness.execute` for one sitting (`args`: the study's `--resume`, `--max_runs` and `--workers`), each job in
-    a fresh process: `measure` on the `baselines` jobs, then `run` on this sitting's `jobs` (plan order)."""
+    a fresh process: `run` on this sitting's `jobs` (plan order), then `measure` on the `baselines` jobs not yet
+    recorded. Runs first: a sitting is sized by its runs, and a measure its end cuts off is taken by the next one."""
     previous = previous_records(out / name) if args.resume else {}
     jobs = this_sitting(jobs, previous, args.max_runs)
     keep_other_records(results, previous, baselines + jobs)
     return harness.execute(results, out, name, jobs, run, workers=args.workers, render=render, describe=describe,
                            baselines=[(measure, job) for job in baselines], resume=args.resume,
-                           fresh_process=True)  # fmt: skip
+                           fresh_process=True, baselines_first=False)  # fmt: skip

