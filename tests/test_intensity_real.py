@@ -18,6 +18,9 @@ def test_the_probe_trains_the_chain_regime_with_the_calibrated_settings(tmp_path
     mintrl = config_fields("mintrl-const", jobs[1], str(tmp_path))
     assert mintrl["chunk_size"] == 64 and mintrl["max_completion_length"] == 320 and mintrl["max_reviews"] == 4
     assert config_fields("grpo", jobs[0], str(tmp_path))["max_completion_length"] == 320
+    for arm, job in zip(("grpo", "mintrl-const"), jobs, strict=False):  # 32 rollouts a step in micro-batches of 4
+        fields = config_fields(arm, job, str(tmp_path))
+        assert (fields["per_device_train_batch_size"], fields["gradient_accumulation_steps"]) == (4, 8)
     assert {p.num_steps for p in train_problems(jobs[0]["regime"], 8, jobs[0]["seed"])} == {12}
 
 
@@ -47,10 +50,18 @@ def fake_run(job: dict) -> dict:
             "machine_during": {"load_during_mean": 2.0}}  # fmt: skip
 
 
+def fake_measure(job: dict) -> dict:
+    scores = {split: {"pass@1": 0.05, "pass@8": 0.25} for split in ("heldout", "heldout_longer")}
+    machine = {"cpu_model": "AMD EPYC", "logical_cpus": 2, "usable_cpus": 2, "load_before": 0.5,
+               "load_during_mean": 2.0, "load_during_max": 2.9}  # fmt: skip
+    built = {"hash": "f6b614b5ff98", "sft_seconds": 2635.0, "steps": 128, "losses": [0.026, 0.004], "machine": machine,
+             "settings": {**WARMUP_CHAIN_LONG, "after": {"problems": 1024, "num_steps": [7, 8, 9]}}}  # fmt: skip
+    return {**job, "scores": scores, "built": built, "chat": {"nats_per_token": 2.605}, "sampled_by": "vllm"}
+
+
 def test_the_report_reads_each_step_from_the_logs(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "run_job", fake_run)
-    scores = {split: {"pass@1": 0.05, "pass@8": 0.25} for split in ("heldout", "heldout_longer")}
-    monkeypatch.setattr(study, "measure_warm_start", lambda job: {**job, "scores": scores})
+    monkeypatch.setattr(study, "measure_warm_start", fake_measure)
     study.main(["--probe", "--workers", "0", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "intensity_real_probe.json").read_text())
     assert sorted(r["arm"] for r in saved["runs"]) == ["grpo", "mintrl-const", "mintrl-lines4", "mintrl-rest"]
@@ -64,14 +75,8 @@ def test_the_report_reads_each_step_from_the_logs(tmp_path, monkeypatch):
 
 def test_a_full_sitting_runs_its_runs_then_the_warm_start_measure(tmp_path, monkeypatch):
     order = []
-    scores = {split: {"pass@1": 0.05, "pass@8": 0.25} for split in ("heldout", "heldout_longer")}
-
-    def measure(job: dict) -> dict:
-        order.append(job["name"])
-        return {**job, "scores": scores}
-
     monkeypatch.setattr(study, "run_job", lambda job: order.append(job["name"]) or fake_run(job))
-    monkeypatch.setattr(study, "measure_warm_start", measure)
+    monkeypatch.setattr(study, "measure_warm_start", lambda job: order.append(job["name"]) or fake_measure(job))
     study.main(["--arms", "grpo", "mintrl-const", "--max_runs", "2", "--workers", "0", "--out", str(tmp_path)])
     assert order == ["real-chain-grpo-s0", "real-chain-mintrl-const-s0", "real-chain-warm-start"]
     saved = json.loads((tmp_path / "intensity_real.json").read_text())
@@ -82,3 +87,58 @@ def test_a_full_sitting_runs_its_runs_then_the_warm_start_measure(tmp_path, monk
     study.main(["--resume", "--max_runs", "1", "--workers", "0", "--out", str(tmp_path)])
     assert order[3:] == ["real-chain-mintrl-lines4-s0"]  # the next in plan order; the others are kept
     assert len(json.loads((tmp_path / "intensity_real.json").read_text())["runs"]) == 3
+
+
+# per arm: pass@1 by seed, pass@8's offset from it, KL, the controls' length at the last intervention step, s/step
+FULL_RUNS = {"grpo": ([0.10, 0.12, 0.08], 0.30, 0.01, None, 300.0),
+             "mintrl-const": ([0.15, 0.18, 0.12], 0.31, 0.02, 210.0, 330.0),
+             "mintrl-lines4": ([0.16, 0.17, 0.12], 0.31, 0.03, 190.0, 320.0),
+             "mintrl-rest": ([0.10, 0.12, 0.08], 0.31, 0.05, 300.0, 320.0)}  # fmt: skip
+
+
+def full_run(job: dict) -> dict:
+    """Three seeds of every arm: mintrl-const resolved above grpo, mintrl-rest below mintrl-const, the KL rising with
+    the share, mintrl-rest's controls growing by half over the intervention steps."""
+    pass1, offset, kl, last_control, seconds = FULL_RUNS[job["arm"]]
+    logs = [{"step": step, "reward": 0.1, "completions/mean_length": 200.0, "completions/clipped_ratio": 0.02}
+            for step in (1, 2, 3, 4)]  # fmt: skip
+    if job["arm"].startswith("mintrl"):
+        for entry, control in zip(logs[:2], (200.0, last_control), strict=True):
+            entry.update({"mintrl/interventions_active": 1.0, "mintrl/judge_token_frac": 0.05,
+                          "mintrl/length_control": control, "mintrl/reward_gap": 0.9})  # fmt: skip
+    final = {"pass@1": pass1[job["seed"]], "pass@8": pass1[job["seed"]] + offset, "longer_pass@1": 0.05,
+             "longer_pass@8": 0.2, "chat_nll": 2.6, "chat_nll_change": 0.01 * job["seed"], "kl": kl}  # fmt: skip
+    return {**job, "logs": logs, "step_seconds": [seconds] * 4, "train_seconds": 4 * seconds, "final": final,
+            "scores": {"heldout": {"sample_seconds": 60.0}}, "curve": {},
+            "machine_during": {"load_during_mean": 2.0}}  # fmt: skip
+
+
+def test_the_report_reads_each_hypothesis_by_its_rule(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "run_job", full_run)
+    monkeypatch.setattr(study, "measure_warm_start", fake_measure)
+    study.main(["--workers", "0", "--out", str(tmp_path)])
+    text = (tmp_path / "intensity_real.md").read_text()
+    assert (
+        "- I1 (mintrl-const above grpo): pass@1 +5.0 [+2.5, +7.5], pass@8 +6.0 [+3.5, +8.5] points: supported" in text
+    )
+    assert "the paper's shape: below 0: mintrl-rest − mintrl-const pass@1, mintrl-rest − mintrl-const pass@8" in text
+    assert "holds in 6 of 9 MInTRL runs; fails in mintrl-rest s0, mintrl-rest s1, mintrl-rest s2." in text
+    assert "mintrl-lines4 0.030, mintrl-rest 0.050 (as predicted); the largest chat NLL change +0.020 (under" in text
+    assert "mintrl-const s/step ÷ grpo 1.10 [1.10, 1.10]" in text and "mintrl-rest ÷ mintrl-const 0.97" in text
+    assert (
+        "| mintrl-rest s1 | 5.0 | 0.90 | 200.0 | 300.0 | 50 | 2.0 | 12.0 | 43.0 | 0.050 | 0.010 | 320 | 2.00 |" in text
+    )
+    assert "| chain | mintrl-rest − mintrl-const | -5.0 [-7.5, -2.5] |" in text
+    assert "Warm start (`benchmarks.tasks.real.warm_start`, hash `f6b614b5ff98`)" in text
+    assert "after one on 1024 [7, 8, 9]-step problems" in text and "drawn by vllm" in text
+
+
+def test_a_gain_whose_interval_includes_zero_is_the_predicted_sign_unresolved(tmp_path, monkeypatch):
+    monkeypatch.setitem(FULL_RUNS, "mintrl-const", ([0.15, 0.09, 0.12], 0.31, 0.02, 210.0, 330.0))
+    monkeypatch.setattr(study, "run_job", full_run)
+    monkeypatch.setattr(study, "measure_warm_start", fake_measure)
+    study.main(["--workers", "0", "--out", str(tmp_path)])
+    assert (
+        "points: the sign as predicted, not resolved (an interval includes 0)."
+        in (tmp_path / "intensity_real.md").read_text()
+    )

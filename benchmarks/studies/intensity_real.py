@@ -29,6 +29,7 @@ from pathlib import Path
 from benchmarks.lib import harness
 from benchmarks.lib.provenance import command_line
 from benchmarks.lib.sittings import add_max_runs_argument, execute_sitting
+from benchmarks.lib.stats import format_interval, format_ratio
 from benchmarks.tasks.real import tables
 from benchmarks.tasks.real.arms import ENGINES, INTENSITY_ARMS
 from benchmarks.tasks.real.run import FULL, SMOKE, describe, measure_warm_start, plan_jobs, run_job
@@ -39,14 +40,20 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository root
 RESULTS = ROOT / "benchmarks" / "results"
 REGIME = "chain"
 ARMS = ("grpo", "mintrl-const", *INTENSITY_ARMS)  # shares: 0, the judge's own (one line a correction), higher
-CHAIN = dict(warmup=WARMUP_CHAIN_LONG, max_completion_length=320, overrides={"chunk_size": 64})
+# micro-batches of 4 rows: a pass with gradients over 8 rows of ~470 tokens adds ~8 GB (arms.py), and two runs side
+# by side at 8 rows ran out of the machine's 24 GB
+CHAIN = dict(warmup=WARMUP_CHAIN_LONG, max_completion_length=320, overrides={"chunk_size": 64}, micro_batch=4)
 MODES = {
     "full": {**FULL, **CHAIN, "plan": {REGIME: list(ARMS)}},
     # the full per-step sizes for 2 steps (MInTRL: one intervened, one not), small held-out sets: seconds per step
     "probe": {**FULL, **CHAIN, "steps": 2, "seeds": [0], "final_problems": 8, "curve_problems": 8, "curve_points": 1,
               "plan": {REGIME: list(ARMS)}},
-    "smoke": {**SMOKE, "plan": {REGIME: list(ARMS)}},
+    "smoke": {**SMOKE, "micro_batch": 4, "plan": {REGIME: list(ARMS)}},
 }  # fmt: skip
+# the hypotheses' pairs besides every arm − grpo: I2's contrasts against the judge's own share
+CONTRASTS = (("mintrl-lines4", "mintrl-const"), ("mintrl-rest", "mintrl-const"))
+CAP_LIMIT, GROWTH_LIMIT = 0.10, 0.20  # I3: last-quarter share at the cap under 10%; controls' length within 20%
+CHAT_LIMIT, COST_LIMIT = 0.1, 1.3  # I4: chat NLL change under 0.1 nats a token; I5: mintrl-const within 1.3x grpo
 CLI_MODES = {
     "probe": "2 steps of every arm at the full sizes: the seconds per step and the first step's judge share",
     "smoke": "1 step of each arm on tiny sizes, 1 seed: they train",
@@ -76,20 +83,140 @@ def _cell(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def derived(run: dict) -> dict:
+    """A run's measures for I3-I5 from its per-step logs (None where nothing logged them): over the intervention steps
+    the judge's share and the reward gap, the controls' length (every token) at the first and the last of them, the
+    last quarter's share of completions at the cap, the mean seconds a step."""
+    iv, mean = tables.intervention_logs(run), tables.mean_logged
+    controls = [e.get("mintrl/length_control") for e in iv]
+    first, last = (controls[0], controls[-1]) if controls else (None, None)
+    return {
+        "judge_share_iv": mean(iv, "mintrl/judge_token_frac"),
+        "reward_gap_iv": mean(iv, "mintrl/reward_gap"),
+        "control_first": first,
+        "control_last": last,
+        "control_change": last / first - 1 if first and last is not None else None,
+        "cap_last": mean(tables.last_quarter_logs(run), "completions/clipped_ratio"),
+        "seconds_per_step": tables.mean_steps(run),
+    }
+
+
+# per-run columns: (label, derived or final key, scale, digits)
+RUN_MEASURES = (("judge share % (iv)", "judge_share_iv", 100, 1), ("reward gap (iv)", "reward_gap_iv", 1, 2),
+                ("controls, first iv step", "control_first", 1, 1), ("controls, last iv step", "control_last", 1, 1),
+                ("change %", "control_change", 100, 0), ("cap % last quarter", "cap_last", 100, 1),
+                ("pass@1", "pass@1", 100, 1), ("pass@8", "pass@8", 100, 1), ("KL", "kl", 1, 3),
+                ("chat NLL change", "chat_nll_change", 1, 3), ("s/step", "seconds_per_step", 1, 0))  # fmt: skip
+
+
+def run_rows(results: dict) -> list[str]:
+    head = [label for label, *_ in RUN_MEASURES]
+    lines = ["| run | " + " | ".join(head) + " | load |", "|---" * (len(head) + 2) + "|"]
+    for arm in ARMS:
+        for run in tables.runs_of(results, REGIME, arm):
+            values = {**derived(run), **run["final"]}
+            cells = [_cell(None if values[k] is None else scale * values[k], digits) for _, k, scale, digits in
+                     RUN_MEASURES]  # fmt: skip
+            lines.append(f"| {arm} s{run['seed']} | " + " | ".join(cells) +
+                         f" | {run['machine_during']['load_during_mean']:.2f} |")  # fmt: skip
+    return lines
+
+
+def versus_arm(results: dict, arm: str, other: str, key: str):
+    """arm − other on a final score, paired by seed with its 95% t-interval (None: no shared seed)."""
+    return harness.versus(tables.runs_of(results, REGIME, arm), tables.runs_of(results, REGIME, other), key)
+
+
+def open_or(verdict, *intervals) -> str:
+    """`verdict()`, or "open" while an interval is missing (fewer than 2 shared seeds)."""
+    return "open (fewer than 2 paired seeds)" if any(i is None or i.low is None for i in intervals) else verdict()
+
+
+def hypothesis_lines(results: dict) -> list[str]:
+    """Each hypothesis against the rule written with it (docs/benchmarks.md), from the recorded runs."""
+    p1, p8 = (versus_arm(results, "mintrl-const", "grpo", k) for k in ("pass@1", "pass@8"))
+
+    def i1() -> str:
+        if p1.low > 0 and p8.low > 0:
+            return "supported (both intervals above 0)"
+        if p1.mean > 0 and p8.mean > 0:
+            return "the sign as predicted, not resolved (an interval includes 0)"
+        return "not supported (a mean at or below 0)"
+
+    contrasts = {(a, b, k): versus_arm(results, a, b, k) for a, b in CONTRASTS for k in ("pass@1", "pass@8")}
+    below = [f"{a} − {b} {k}" for (a, b, k), d in contrasts.items() if d is not None and d.high is not None
+             and d.high < 0]  # fmt: skip
+    rest = versus_arm(results, "mintrl-rest", "grpo", "pass@1")
+    i2 = lambda: (f"the paper's shape: below 0: {', '.join(below)}" if below else "no inverted U, as predicted (no "  # noqa: E731
+                  "contrast's interval below 0)") + (f"; mintrl-rest − grpo pass@1 {format_interval(rest)}")  # fmt: skip
+    mintrl = [(arm, r, derived(r)) for arm in ARMS[1:] for r in tables.runs_of(results, REGIME, arm)]
+    failing = [f"{arm} s{r['seed']}" for arm, r, d in mintrl if not (d["cap_last"] is not None and d["cap_last"] <
+               CAP_LIMIT and d["control_change"] is not None and abs(d["control_change"]) <= GROWTH_LIMIT)]  # fmt: skip
+    kl = {arm: statistics.fmean(r["final"]["kl"] for r in runs) for arm in ARMS
+          if (runs := tables.runs_of(results, REGIME, arm))}  # fmt: skip
+    order = sorted(kl, key=kl.get)
+    chat = max((r["final"]["chat_nll_change"] for arm in ARMS for r in tables.runs_of(results, REGIME, arm)),
+               default=None)  # fmt: skip
+    runs_of = lambda arm: tables.runs_of(results, REGIME, arm)  # noqa: E731
+    cost = tables.paired_ratio(runs_of("mintrl-const"), runs_of("grpo"), tables.mean_steps)
+    dearer = {a: tables.paired_ratio(runs_of(a), runs_of("mintrl-const"), tables.mean_steps) for a, _ in CONTRASTS}
+    return [
+        f"- I1 (mintrl-const above grpo): pass@1 {format_interval(p1)}, pass@8 {format_interval(p8)} points: "
+        f"{open_or(i1, p1, p8)}.",
+        f"- I2 (no inverted U): {open_or(i2, *contrasts.values())}.",
+        f"- I3 (no blow-up: cap share in the last quarter under {100 * CAP_LIMIT:.0f}%, controls' length at the last "
+        f"intervention step within {100 * GROWTH_LIMIT:.0f}% of the first's): "
+        + (
+            f"holds in {len(mintrl) - len(failing)} of {len(mintrl)} MInTRL runs"
+            + (f"; fails in {', '.join(failing)}" if failing else "")
+            if mintrl
+            else "no MInTRL run yet"
+        )
+        + ".",
+        f"- I4 (KL rises with the share; chat NLL change under {CHAT_LIMIT} everywhere): KL by arm, lowest first: "
+        + ", ".join(f"{arm} {kl[arm]:.3f}" for arm in order)
+        + f" ({'as predicted' if order == [a for a in ARMS if a in kl] else 'not the predicted order'}); the largest "
+        + (
+            "chat NLL change -"
+            if chat is None
+            else f"chat NLL change {chat:+.3f} ({'under' if chat < CHAT_LIMIT else 'not under'} {CHAT_LIMIT})"
+        )
+        + ".",
+        f"- I5 (cost): mintrl-const s/step ÷ grpo {_ratio(cost)} (predicted within {COST_LIMIT}x); "
+        + ", ".join(f"{a} ÷ mintrl-const {_ratio(r)}" for a, r in dearer.items())
+        + " (predicted no dearer; compare the runs' load: a run alone has both cores).",
+    ]
+
+
+def _ratio(interval) -> str:
+    return "-" if interval is None else format_ratio(interval)
+
+
 def report(results: dict) -> str:
     s = results["settings"]
     runs = [r for arm in ARMS for r in tables.runs_of(results, REGIME, arm)]
     held_out = statistics.fmean(r["scores"]["heldout"]["sample_seconds"] for r in runs) if runs else 0.0
+    pairs = [(REGIME, arm, "grpo") for arm in ARMS[1:]] + [(REGIME, a, b) for a, b in CONTRASTS]
     lines = ["# MInTRL in its own regime on SmolLM2-135M-Instruct: the chain family at 12 steps", "",
              "Written by benchmarks/studies/intensity_real.py from its JSON; do not edit.", "",
              command_line(results["provenance"]).split("; runs taken")[0] + ".", "",
              f"{s['steps']} optimizer steps of {s['prompts_per_step']} prompts, seeds {s['seeds']}, completions of at "
              f"most {s['max_completion_length']} tokens, MInTRL's chunks of {s['overrides'].get('chunk_size')} "
              f"tokens, rollouts by {s['engine']}; held-out sets of {s['final_problems']} problems x 8 samples "
-             f"({held_out:.0f} s a set on average).", "",
-             *tables.score_rows(results), "", "Cost, paired by seed:", "", *tables.cost_rows(results), "",
-             "Per step (lengths count every completion token, the judge's included; TRL's policy length counts "
-             "the policy's only):", "", *step_rows(results)]  # fmt: skip
+             f"({held_out:.0f} s a set on average). Held-out pass@k in %, mean ± std over seeds; differences paired by "
+             "seed with 95% t-intervals (points; nats per token for chat NLL and KL).", "",
+             *tables.warm_start_lines(results), "", *tables.score_rows(results), "", "Paired differences (every arm "
+             "against grpo; the higher shares against mintrl-const):", "", *tables.pair_rows(results, pairs), "",
+             "The hypotheses (docs/benchmarks.md), each against the rule written with it:", "",
+             *hypothesis_lines(results), "",
+             "Per run (iv: over the intervention steps; lengths count every completion token, the judge's included; "
+             "reward gap: intervened minus controls; load: the 1-minute load average during the run):", "",
+             *run_rows(results), "", "Cost, paired by seed:", "", *tables.cost_rows(results), ""]  # fmt: skip
+    if s["mode"] == "full":
+        lines += ["Training health (first → last quarter of the logged steps):", "", *tables.health_rows(results)]
+    else:
+        lines += ["Per step (lengths count every completion token, the judge's included; TRL's policy length counts "
+                  "the policy's only):", "", *step_rows(results)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

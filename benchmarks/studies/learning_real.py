@@ -67,10 +67,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.lib import harness
-from benchmarks.lib.harness import versus
 from benchmarks.lib.provenance import command_line
 from benchmarks.lib.sittings import add_max_runs_argument, execute_sitting
-from benchmarks.lib.stats import format_interval
 from benchmarks.tasks.real import tables
 from benchmarks.tasks.real.arms import ARMS, ENGINES
 from benchmarks.tasks.real.run import FULL, MODEL_ENV, SMOKE, describe, measure_warm_start, plan_jobs, run_job
@@ -111,21 +109,6 @@ def pairs(results: dict) -> list[tuple[str, str, str]]:
     return out
 
 
-def pair_rows(results: dict) -> list[str]:
-    """Paired differences over seeds with 95% t-intervals (points for pass@k, nats/token for chat NLL and KL)."""
-    head = [label for label, _ in tables.SCORE_KEYS] + ["chat NLL change", "KL", "pass@1 resolved?"]
-    lines = ["| regime | pair | " + " | ".join(head) + " |", "|---" * (len(head) + 2) + "|"]
-    for regime, arm, other in pairs(results):
-        runs, base = tables.runs_of(results, regime, arm), tables.runs_of(results, regime, other)
-        if not runs or not base:
-            continue
-        cells = [format_interval(versus(runs, base, k)) for _, k in tables.SCORE_KEYS]
-        cells += [format_interval(versus(runs, base, k), 1, 3) for k in ("chat_nll_change", "kl")]
-        cells.append(harness.verdict_cell(versus(runs, base, "pass@1")))
-        lines.append(f"| {regime} | {arm} − {other} | " + " | ".join(cells) + " |")
-    return lines
-
-
 def report(results: dict) -> str:
     s = results["settings"]
     lines = ["# Learning on a real pretrained chat model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantised: a slightly "
@@ -136,7 +119,7 @@ def report(results: dict) -> str:
              f"({s['final_problems']} problems x 8 samples at temperature 1, math_reward); mean ± std over seeds; "
              "differences paired by seed with 95% t-intervals (points; nats per token for chat NLL and KL).", "",
              *tables.warm_start_lines(results), "", *tables.score_rows(results), "", "Paired differences:", "",
-             *pair_rows(results), "", "Time to GRPO's final accuracy (curve set; mean [95% t-interval] over the seeds "
+             *tables.pair_rows(results, pairs(results)), "", "Time to GRPO's final accuracy (curve set; mean [95% t-interval] over the seeds "
              "that reach it):", "", *tables.time_rows(results), "", "Cost, paired by seed:", "",
              *tables.cost_rows(results), "", "Training health (first → last quarter of the logged steps):", "",
              *tables.health_rows(results), "", "MInTRL's controls against the rollouts the judge completed, per run "

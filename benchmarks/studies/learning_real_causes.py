@@ -136,26 +136,19 @@ MEASURES = (
 )
 
 
-def _mean(entries: list[dict], key: str) -> float | None:
-    values = [e[key] for e in entries if e.get(key) is not None]
-    return statistics.fmean(values) if values else None
-
-
 def derived(run: dict) -> dict:
     """A run's `MEASURES` from its per-step logs and final scores (None where nothing logged it)."""
-    logs = run.get("logs", [])
-    intervention = [e for e in logs if e.get("mintrl/interventions_active")]
-    last = logs[-max(1, len(logs) // 4) :]
+    intervention, last, mean = tables.intervention_logs(run), tables.last_quarter_logs(run), tables.mean_logged
     return {
-        "clipped_last": _mean(last, "completions/clipped_ratio"),
-        "length_last": _mean(last, "mintrl/length"),
-        "clipped_control_iv": _mean(intervention, "mintrl/clipped_ratio_control"),
-        "clipped_intervened_iv": _mean(intervention, "mintrl/clipped_ratio_intervened"),
-        "length_control_iv": _mean(intervention, "mintrl/length_control"),
-        "length_intervened_iv": _mean(intervention, "mintrl/length_intervened"),
-        "after_correction_iv": _mean(intervention, "mintrl/policy_tokens_after_correction"),
-        "judge_share_iv": _mean(intervention, "mintrl/judge_token_frac"),
-        "reward_gap_iv": _mean(intervention, "mintrl/reward_gap"),
+        "clipped_last": mean(last, "completions/clipped_ratio"),
+        "length_last": mean(last, "mintrl/length"),
+        "clipped_control_iv": mean(intervention, "mintrl/clipped_ratio_control"),
+        "clipped_intervened_iv": mean(intervention, "mintrl/clipped_ratio_intervened"),
+        "length_control_iv": mean(intervention, "mintrl/length_control"),
+        "length_intervened_iv": mean(intervention, "mintrl/length_intervened"),
+        "after_correction_iv": mean(intervention, "mintrl/policy_tokens_after_correction"),
+        "judge_share_iv": mean(intervention, "mintrl/judge_token_frac"),
+        "reward_gap_iv": mean(intervention, "mintrl/reward_gap"),
         **{k: run["final"][k] for k in ("pass@1", "pass@8", "kl")},
     }
 

@@ -31,8 +31,10 @@ The intensity ablation's higher judge-token shares (`benchmarks/studies/intensit
 - `mintrl-rest`: each correction writes the rest of the solution, answer line included (`rule_judge(lines=None)`), at
   most 256 tokens.
 Rewards: `trl_mintrl.rewards.math_reward` only, but for `mintrl-answer-last` and `mintrl-answer-penalty`. A step's
-rollouts are computed in micro-batches of `MICRO_BATCH` rows (gradient accumulation over one generation batch: still
-one optimizer step per batch of rollouts).
+rollouts are computed in micro-batches of `MICRO_BATCH` rows, or the job's `micro_batch` (gradient accumulation over one
+generation batch: still one optimizer step per batch of rollouts). A pass with gradients holds about 2 MB a token of a
+micro-batch on SmolLM2-135M (the logits over a 49k vocabulary and 30 layers' activations): 8 rows of 470 tokens add
+about 8 GB, so the chain family's 320-token completions train in micro-batches of 4.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def config_fields(arm: str, job: dict, output_dir: str) -> dict:
     trainer, fields = ARM_FIELDS[arm]
     fields = {k: v for k, v in fields.items() if k != "reward"}  # the trainer's argument, not a config field
     rows = job["prompts_per_step"] * rollouts_per_prompt(arm)
-    micro = min(MICRO_BATCH, rows)
+    micro = min(job.get("micro_batch", MICRO_BATCH), rows)
     common = cpu_training_fields(
         output_dir=output_dir, disable_tqdm=True, save_strategy="no", logging_steps=1, seed=job["seed"],
         max_steps=job["steps"], learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0,

@@ -56,7 +56,8 @@ def plan_jobs(settings: dict, arms: list[str] | None = None) -> tuple[list[dict]
                     continue
                 runs.append({**common, "name": f"real-{regime}-{arm}-s{seed}", "regime": regime, "arm": arm,
                              "seed": seed, "steps": settings["steps"], "overrides": settings["overrides"],
-                             "eval_every": max(1, settings["steps"] // settings["curve_points"])})  # fmt: skip
+                             "eval_every": max(1, settings["steps"] // settings["curve_points"]),
+                             **({"micro_batch": settings["micro_batch"]} if "micro_batch" in settings else {})})  # fmt: skip
     return baselines, runs
 
 

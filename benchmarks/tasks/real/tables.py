@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.lib.harness import select
+from benchmarks.lib.harness import select, verdict_cell, versus
 from benchmarks.lib.provenance import conditions_text
-from benchmarks.lib.stats import format_amount, format_mean_std, format_ratio, mean_interval
+from benchmarks.lib.stats import Interval, format_amount, format_interval, format_mean_std, format_ratio, mean_interval
 
 
 def runs_of(results: dict, regime: str, arm: str) -> list[dict]:
@@ -59,6 +59,22 @@ def score_rows(results: dict) -> list[str]:
     return lines
 
 
+def pair_rows(results: dict, pairs: list[tuple[str, str, str]]) -> list[str]:
+    """Paired differences over seeds with 95% t-intervals (points for pass@k, nats/token for chat NLL and KL), one
+    row per (regime, arm, other arm) of `pairs`: arm − other."""
+    head = [label for label, _ in SCORE_KEYS] + ["chat NLL change", "KL", "pass@1 resolved?"]
+    lines = ["| regime | pair | " + " | ".join(head) + " |", "|---" * (len(head) + 2) + "|"]
+    for regime, arm, other in pairs:
+        runs, base = runs_of(results, regime, arm), runs_of(results, regime, other)
+        if not runs or not base:
+            continue
+        cells = [format_interval(versus(runs, base, k)) for _, k in SCORE_KEYS]
+        cells += [format_interval(versus(runs, base, k), 1, 3) for k in ("chat_nll_change", "kl")]
+        cells.append(verdict_cell(versus(runs, base, "pass@1")))
+        lines.append(f"| {regime} | {arm} − {other} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def time_to_target(results: dict, run: dict, target: float) -> tuple[int, float] | None:
     """The first curve step whose pass@1 reaches `target` and the training seconds to it (the steps' own seconds,
     SFT included), else None."""
@@ -93,17 +109,41 @@ def cost_rows(results: dict) -> list[str]:
     lines = ["| regime | arm | s/step ÷ grpo | training s ÷ grpo | mean s/step | load (1 min, mean during) |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for regime, arms in results["settings"]["plan"].items():
-        grpo = {r["seed"]: r for r in runs_of(results, regime, "grpo")}
+        grpo = runs_of(results, regime, "grpo")
+        seeds = {r["seed"] for r in grpo}
         for arm in arms:
-            runs = [r for r in runs_of(results, regime, arm) if r["seed"] in grpo]
+            runs = [r for r in runs_of(results, regime, arm) if r["seed"] in seeds]
             if not runs:
                 continue
-            step = mean_interval([mean_steps(r) / mean_steps(grpo[r["seed"]]) for r in runs])
-            total = mean_interval([r["train_seconds"] / grpo[r["seed"]]["train_seconds"] for r in runs])
+            step, total = paired_ratio(runs, grpo, mean_steps), paired_ratio(runs, grpo, lambda r: r["train_seconds"])
             load = statistics.fmean(r["machine_during"]["load_during_mean"] for r in runs)
             lines.append(f"| {regime} | {arm} | {format_ratio(step)} | {format_ratio(total)} | "
                          f"{statistics.fmean(mean_steps(r) for r in runs):.0f} | {load:.2f} |")  # fmt: skip
     return lines
+
+
+def intervention_logs(run: dict) -> list[dict]:
+    """The per-step logs of MInTRL's intervention steps (none for other trainers)."""
+    return [e for e in run.get("logs", []) if e.get("mintrl/interventions_active")]
+
+
+def last_quarter_logs(run: dict) -> list[dict]:
+    """The per-step logs of the last quarter of the steps (at least one)."""
+    logs = run.get("logs", [])
+    return logs[-max(1, len(logs) // 4) :]
+
+
+def mean_logged(entries: list[dict], key: str) -> float | None:
+    """The mean of `key` over the entries that log it; None where none does."""
+    values = [e[key] for e in entries if e.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def paired_ratio(runs: list[dict], base: list[dict], measure) -> Interval | None:
+    """`measure(run) / measure(base run)` per seed both have, with its 95% t-interval; None without such a seed."""
+    by_seed = {r["seed"]: r for r in base}
+    ratios = [measure(r) / measure(by_seed[r["seed"]]) for r in runs if r["seed"] in by_seed]
+    return mean_interval(ratios) if ratios else None
 
 
 EVERY_TOKEN_LENGTH = "length, every token"  # derived per step (`logged`), not a logged key
@@ -191,10 +231,13 @@ def warm_start_lines(results: dict) -> list[str]:
         return ["Warm start: not measured yet."]
     built = base["built"]
     s = built["settings"]
+    first = s.get("after")  # a chained warm-up's first epoch (`warm_start.build_warm_start`)
+    before = f" after one on {first['problems']} {first['num_steps']}-step problems" if first else ""
     return [
         f"Warm start (`benchmarks.tasks.real.warm_start`, hash `{built['hash']}`): one SFT epoch on {s['problems']} "
-        f"{s['num_steps']}-step problems of no split, batches of {s['batch_size']}, learning rate "
+        f"{s['num_steps']}-step problems of no split{before}, batches of {s['batch_size']}, learning rate "
         f"{s['learning_rate']:g}: {built['steps']} steps in {built['sft_seconds']:.0f} s "
         f"({conditions_text(built['machine'])}); loss {built['losses'][0]:.3f} → {built['losses'][-1]:.3f}; chat "
-        f"NLL {base['chat']['nats_per_token']:.3f} nats per token."
+        f"NLL {base['chat']['nats_per_token']:.3f} nats per token; its held-out samples drawn by "
+        f"{base.get('sampled_by', 'transformers')}."
     ]
