@@ -205,13 +205,14 @@ def report(results: dict) -> str:
              f"tokens, rollouts by {s['engine']}; held-out sets of {s['final_problems']} problems x 8 samples "
              f"({held_out:.0f} s a set on average). Held-out pass@k in %, mean ± std over seeds; differences paired by "
              "seed with 95% t-intervals (points; nats per token for chat NLL and KL).", "",
-             *tables.warm_start_lines(results), "", *tables.score_rows(results), "", "Paired differences (every arm "
-             "against grpo; the higher shares against mintrl-const):", "", *tables.pair_rows(results, pairs), "",
-             "The hypotheses (docs/benchmarks.md), each against the rule written with it:", "",
-             *hypothesis_lines(results), "",
-             "Per run (iv: over the intervention steps; lengths count every completion token, the judge's included; "
-             "reward gap: intervened minus controls; load: the 1-minute load average during the run):", "",
-             *run_rows(results), "", "Cost, paired by seed:", "", *tables.cost_rows(results), ""]  # fmt: skip
+             *tables.warm_start_lines(results), "", *tables.score_rows(results), ""]  # fmt: skip
+    if s["mode"] == "full":  # the probe's 2 steps and 8 problems are for sizing, not for the hypotheses
+        lines += ["Paired differences (every arm against grpo; the higher shares against mintrl-const):", "",
+                  *tables.pair_rows(results, pairs), "", "The hypotheses (docs/benchmarks.md), each against the rule "
+                  "written with it:", "", *hypothesis_lines(results), ""]  # fmt: skip
+    lines += ["Per run (iv: over the intervention steps; lengths count every completion token, the judge's included; "
+              "reward gap: intervened minus controls; load: the 1-minute load average during the run):", "",
+              *run_rows(results), "", "Cost, paired by seed:", "", *tables.cost_rows(results), ""]  # fmt: skip
     if s["mode"] == "full":
         lines += ["Training health (first → last quarter of the logged steps):", "", *tables.health_rows(results)]
     else:
