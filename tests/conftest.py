@@ -30,6 +30,16 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True, scope="session")
+def bench_runs_in_a_temporary_folder(tmp_path_factory):
+    """Real-model benchmark runs keep their checkpoints in a session folder, not the machine's cache (worker
+    processes inherit the variable)."""
+    from benchmarks.tasks.real.run import CHECKPOINTS_ENV
+
+    os.environ.setdefault(CHECKPOINTS_ENV, str(tmp_path_factory.mktemp("bench-runs")))
+
+
 # Tests of an extra the README's install (`.[test]`) lacks carry its marker: without the extra they skip, with the
 # reason in the summary; .ci/run installs the extras after the README's run and runs them with
 # TRL_MINTRL_REQUIRE_EXTRAS=1, where a missing extra fails instead of skipping.

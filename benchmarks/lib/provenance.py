@@ -48,9 +48,11 @@ class MachineWatch:
     process may use, and the 1-minute load average before the run and during it (sampled every `every_s` seconds
     by a daemon thread until `stop()`). A cost ratio measured with spare cores need not hold without them."""
 
-    def __init__(self, every_s: float = 10.0):
-        self.before = os.getloadavg()[0]
-        self.samples: list[float] = []
+    def __init__(self, every_s: float = 10.0, resumed: dict | None = None):
+        """`resumed`: the `state()` of a watch over the same run's earlier part (a run resumed from a checkpoint),
+        whose load before and samples this one continues."""
+        self.before = resumed["before"] if resumed else os.getloadavg()[0]
+        self.samples: list[float] = list(resumed["samples"]) if resumed else []
         self._stop = threading.Event()
         self._every_s = every_s
         self._thread = threading.Thread(target=self._sample, name="machine-watch", daemon=True)
@@ -59,6 +61,10 @@ class MachineWatch:
     def _sample(self) -> None:
         while not self._stop.wait(self._every_s):
             self.samples.append(os.getloadavg()[0])
+
+    def state(self) -> dict:
+        """What a resumed run's watch continues from (`resumed`)."""
+        return {"before": self.before, "samples": list(self.samples)}
 
     def stop(self) -> dict:
         """Stop sampling; the conditions as the results record them."""

@@ -11,7 +11,9 @@ with hypotheses of its own. `--probe` measured what a step costs and the judge's
     python -m benchmarks.studies.intensity_real --smoke     # 1 step of each arm on tiny sizes: they train
     python -m benchmarks.studies.intensity_real --replot benchmarks/results/intensity_real.json
 
-A sitting runs its runs first and the warm start's held-out measure (vLLM, like the runs' own) after them.
+A sitting runs its runs first and the warm start's held-out measure (vLLM, like the runs' own) after them. A run
+saves a checkpoint every step (`run.run_folder`, outside the repository): one a sitting's end interrupted continues
+from its last step at the next `--resume` on this machine (its record's `resumed_at`).
 
 Arms (`benchmarks.tasks.real.arms`): `grpo` (share 0), `mintrl-const` (the rule judge writes one line a correction),
 `mintrl-lines4` (four lines) and `mintrl-rest` (the rest of the solution). Settings: `learning_real.py`'s per-step

@@ -128,9 +128,10 @@ def rollouts_per_prompt(arm: str) -> int:
     return 8 if trainer == "mintrl" else fields["num_generations"]
 
 
-def config_fields(arm: str, job: dict, output_dir: str) -> dict:
+def config_fields(arm: str, job: dict, output_dir: str, save_every: int | None = None) -> dict:
     """The config fields of `arm` for a run (`job`: steps, prompts_per_step, max_completion_length, seed, engine and
-    `overrides`, the mode's extra fields for every arm)."""
+    `overrides`, the mode's extra fields for every arm); with `save_every`, a checkpoint every that many steps in
+    `output_dir`, the last one kept (a run resumed after its sitting ended: `run.train`)."""
     from trl_mintrl import cpu_training_fields
 
     trainer, fields = ARM_FIELDS[arm]
@@ -138,7 +139,9 @@ def config_fields(arm: str, job: dict, output_dir: str) -> dict:
     rows = job["prompts_per_step"] * rollouts_per_prompt(arm)
     micro = min(job.get("micro_batch", MICRO_BATCH), rows)
     common = cpu_training_fields(
-        output_dir=output_dir, disable_tqdm=True, save_strategy="no", logging_steps=1, seed=job["seed"],
+        output_dir=output_dir, disable_tqdm=True, logging_steps=1, seed=job["seed"],
+        **(dict(save_strategy="steps", save_steps=save_every, save_total_limit=1) if save_every else
+           dict(save_strategy="no")),
         max_steps=job["steps"], learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=1.0, max_completion_length=job["max_completion_length"], temperature=1.0,
         per_device_train_batch_size=micro, gradient_accumulation_steps=rows // micro, **ENGINES[job["engine"]],
@@ -158,15 +161,15 @@ def config_fields(arm: str, job: dict, output_dir: str) -> dict:
     return {**common, **extra}
 
 
-def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: str, callbacks=()):
+def build_trainer(arm: str, job: dict, model, tokenizer, dataset, output_dir: str, callbacks=(), save_every=None):
     """The arm's trainer on `dataset` (rows of `task.Problem.row`), `math_reward` as its only reward (or
-    `answer_last_math_reward`, `answer_penalty_math_reward`: `ARM_FIELDS`)."""
+    `answer_last_math_reward`, `answer_penalty_math_reward`: `ARM_FIELDS`); `save_every`: `config_fields`."""
     from trl_mintrl.rewards import math_reward
 
     trainer = ARM_FIELDS[arm][0]
     rewards = {"answer-last": answer_last_math_reward, "answer-penalty": answer_penalty_math_reward}
     reward = rewards.get(ARM_FIELDS[arm][1].get("reward"), math_reward)
-    args = config_fields(arm, job, output_dir)
+    args = config_fields(arm, job, output_dir, save_every)
     if job["engine"] == "vllm":
         prepare_vllm_cpu()
     kwargs = dict(model=model, reward_funcs=reward, train_dataset=dataset, processing_class=tokenizer,

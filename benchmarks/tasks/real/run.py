@@ -8,7 +8,9 @@ per-step log (`LOGGED`). `FULL` and `SMOKE` are the sizes of a full run and of t
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -18,6 +20,8 @@ from benchmarks.lib.harness import step_logs
 from .warm_start import WARMUP
 
 MODEL_ENV = "TRL_MINTRL_SMOLLM2_DIR"  # the prepared model's folder, for worker processes (tests/conftest.py's too)
+CHECKPOINTS_ENV = "TRL_MINTRL_BENCH_RUNS"  # where runs keep their last checkpoint (`run_folder`)
+CLOCK_FILE = "bench_clock.json"  # the clock's records in a checkpoint, written after the trainer's files
 LOGGED = (
     "loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std", "entropy", "completions/mean_length",
     "completions/clipped_ratio", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
@@ -160,13 +164,14 @@ def run_job(job: dict) -> dict:
     tokenizer, model, folder = load_warm_start(job)
     chat_start = chat_kept(model, tokenizer)
     problems = train_problems(job["regime"], job["steps"] * job["prompts_per_step"], job["seed"])
-    sft = sft_first(model, tokenizer, problems, job) if job["arm"] == "sft-grpo" else None
+    sft = sft_phase(model, tokenizer, problems, job) if job["arm"] == "sft-grpo" else None
     trainer, clock = train(job, model, tokenizer, problems)
     policy = trainer.model.eval()
     scores, drawn = final_scores(policy, tokenizer, job, seed=job["seed"], engine=clock.engine)
     clock.curve[job["steps"]] = scores["curve"]
     chat_end = chat_kept(policy, tokenizer)
     kl = kl_to(policy, load_warm_start(job)[1].eval(), drawn, job["curve_problems"])
+    shutil.rmtree(run_folder(job), ignore_errors=True)  # measured: its checkpoint is no longer needed
     return {
         **job,
         "final": flat_final(scores, chat_start, chat_end, kl),
@@ -180,8 +185,21 @@ def run_job(job: dict) -> dict:
         "curve_seconds": clock.eval_seconds,
         "train_seconds": sum(clock.seconds) + (sft["seconds"] if sft else 0.0),
         "machine_during": clock.watch.stop(),
+        "resumed_at": clock.resumed_at,
         **({"sft": sft} if sft else {}),
     }
+
+
+def sft_phase(model, tokenizer, problems, job: dict) -> dict:
+    """`sft_first`'s record, kept in the run's folder: a resumed run reads it (its checkpoint holds the weights after
+    SFT) instead of training the SFT epoch again."""
+    saved = run_folder(job) / "sft.json"
+    if last_checkpoint(run_folder(job)) is not None and saved.is_file():
+        return json.loads(saved.read_text())
+    sft = sft_first(model, tokenizer, problems, job)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(sft))
+    return sft
 
 
 def sft_first(model, tokenizer, problems, job: dict) -> dict:
@@ -199,20 +217,40 @@ def sft_first(model, tokenizer, problems, job: dict) -> dict:
     return {"seconds": seconds, "steps": len(losses), "losses": losses, "curve": pass_scores(curve_set, drawn)}
 
 
+def run_folder(job: dict) -> Path:
+    """Where a run keeps its last checkpoint until its record is written: one folder per job (its name and
+    `harness.job_key`), under `CHECKPOINTS_ENV` or ~/.cache/trl-mintrl/bench-runs, outside the repository and /tmp so
+    that the next sitting on this machine finds it."""
+    from benchmarks.lib.harness import job_key
+
+    root = Path(os.environ.get(CHECKPOINTS_ENV, "~/.cache/trl-mintrl/bench-runs")).expanduser()
+    return root / f"{job['name']}-{job_key(job)}"
+
+
+def last_checkpoint(folder: Path) -> Path | None:
+    """The run's last complete checkpoint: the newest checkpoint-N with the clock's file, which is written after
+    the trainer's (a sitting ended during a save leaves none)."""
+    done = [c for c in folder.glob("checkpoint-*") if (c / CLOCK_FILE).is_file()]
+    return max(done, key=lambda c: int(c.name.split("-")[1]), default=None)
+
+
 def train(job: dict, model, tokenizer, problems):
-    """Build the arm's trainer with a `Clock` (per-step seconds, the curve) and train it; (trainer, clock)."""
+    """Build the arm's trainer with a `Clock` (per-step seconds, the curve) and train it, saving a checkpoint every
+    step: a run its sitting's end interrupted resumes from its last one (the trainer's weights, optimizer, schedule
+    and RNG, the clock's records; its later rollouts draw from vLLM's fresh random state); (trainer, clock)."""
     from datasets import Dataset
     from transformers import PrinterCallback
 
     from .arms import build_trainer
 
-    clock = make_clock(job, tokenizer)
+    folder = run_folder(job)
+    checkpoint = last_checkpoint(folder)
+    clock = make_clock(job, tokenizer, json.loads((checkpoint / CLOCK_FILE).read_text()) if checkpoint else None)
     dataset = Dataset.from_list([p.row() for p in problems])
-    output_dir = f"/tmp/trl_mintrl_bench/{job['name']}"
-    trainer = build_trainer(job["arm"], job, model, tokenizer, dataset, output_dir, callbacks=[clock])
+    trainer = build_trainer(job["arm"], job, model, tokenizer, dataset, str(folder), callbacks=[clock], save_every=1)
     trainer.remove_callback(PrinterCallback)
     clock.engine = sampling_engine(trainer)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     return trainer, clock
 
 
@@ -233,9 +271,11 @@ def sampling_engine(trainer):
     return engine
 
 
-def make_clock(job: dict, tokenizer):
+def make_clock(job: dict, tokenizer, resumed: dict | None = None):
     """A callback that records each optimizer step's wall-clock seconds and, every `eval_every` steps before the
-    last, the curve set's scores (not counted in the step's seconds)."""
+    last, the curve set's scores (neither the curve nor a checkpoint's save counted in a step's seconds); it writes
+    what it recorded into each checkpoint (`CLOCK_FILE`), and `resumed` (that file's content) continues it, the step
+    resumed from added to `resumed_at`."""
     from transformers import TrainerCallback
 
     from benchmarks.lib.provenance import MachineWatch
@@ -246,8 +286,13 @@ def make_clock(job: dict, tokenizer):
 
     class Clock(TrainerCallback):
         def __init__(self):
-            self.seconds, self.curve, self.eval_seconds, self.last = [], {}, 0.0, None
-            self.watch = MachineWatch()
+            resumed_from = resumed or {}
+            self.seconds = list(resumed_from.get("seconds", []))
+            self.curve = {int(step): scores for step, scores in resumed_from.get("curve", {}).items()}
+            self.eval_seconds = resumed_from.get("eval_seconds", 0.0)
+            self.resumed_at = [*resumed_from.get("resumed_at", []), *([len(self.seconds)] if resumed else [])]
+            self.watch = MachineWatch(resumed=resumed_from.get("watch"))
+            self.last = None
             self.engine = None  # the trainer's vLLM engine to sample the curve set with (`sampling_engine`)
 
         def on_train_begin(self, args, state, control, **kwargs):
@@ -262,6 +307,12 @@ def make_clock(job: dict, tokenizer):
                                          engine=self.engine)  # fmt: skip
                 self.curve[step] = pass_scores(curve_set, drawn)
                 self.eval_seconds += time.perf_counter() - began
+            self.last = time.perf_counter()
+
+        def on_save(self, args, state, control, **kwargs):
+            record = {"seconds": self.seconds, "curve": self.curve, "eval_seconds": self.eval_seconds,
+                      "resumed_at": self.resumed_at, "watch": self.watch.state()}  # fmt: skip
+            (Path(args.output_dir) / f"checkpoint-{state.global_step}" / CLOCK_FILE).write_text(json.dumps(record))
             self.last = time.perf_counter()
 
     return Clock()

@@ -1,0 +1,54 @@
+"""A real-model run (`benchmarks.tasks.real.run`) that its sitting's end interrupted resumes from its last checkpoint:
+the steps already trained are not trained again, and the clock's records (seconds, the curve, the load) carry on. On
+the tiny model, transformers rollouts."""
+
+import json
+
+import pytest
+
+from benchmarks.tasks.real import run
+from benchmarks.tasks.real.task import make_problems
+
+
+class SittingEnded(Exception):
+    """Stands for the process being ended after its first checkpoint."""
+
+
+@pytest.mark.parametrize("arm", ["grpo", "mintrl-const"])
+def test_an_interrupted_run_resumes_from_its_last_checkpoint(arm, tiny_model_path, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv(run.CHECKPOINTS_ENV, str(tmp_path))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    problems = make_problems(2, 2, seed=1)
+    job = {"name": f"real-in-band-{arm}-s0", "regime": "in-band", "arm": arm, "seed": 0, "steps": 2,
+           "prompts_per_step": 1, "max_completion_length": 8, "engine": "transformers", "eval_every": 1,
+           "curve_problems": 1, "final_problems": 1, "overrides": {}}  # fmt: skip
+    make_clock = run.make_clock
+
+    def ending_clock(*args):
+        clock = make_clock(*args)
+        save = clock.on_save
+
+        def on_save(*a, **k):
+            save(*a, **k)
+            raise SittingEnded
+
+        clock.on_save = on_save
+        return clock
+
+    monkeypatch.setattr(run, "make_clock", ending_clock)
+    with pytest.raises(SittingEnded):
+        run.train(job, AutoModelForCausalLM.from_pretrained(tiny_model_path), tokenizer, problems)
+    [checkpoint] = run.run_folder(job).glob("checkpoint-*")
+    assert checkpoint.name == "checkpoint-1" and run.last_checkpoint(run.run_folder(job)) == checkpoint
+    first = json.loads((checkpoint / run.CLOCK_FILE).read_text())
+    assert len(first["seconds"]) == 1 and list(first["curve"]) == ["1"]
+
+    monkeypatch.setattr(run, "make_clock", make_clock)
+    trainer, clock = run.train(job, AutoModelForCausalLM.from_pretrained(tiny_model_path), tokenizer, problems)
+    assert trainer.state.global_step == 2 and clock.resumed_at == [1]
+    assert len(clock.seconds) == 2 and clock.seconds[0] == first["seconds"][0]  # step 1 not trained again
+    assert list(clock.curve) == [1] and clock.curve[1] == first["curve"]["1"]
+    assert [e["step"] for e in trainer.state.log_history if "loss" in e] == [1, 2]
+    assert clock.watch.state()["before"] == first["watch"]["before"]
