@@ -14,8 +14,11 @@ class SittingEnded(Exception):
     """Stands for the process being ended after its first checkpoint."""
 
 
-@pytest.mark.parametrize("arm", ["grpo", "mintrl-const"])
-def test_an_interrupted_run_resumes_from_its_last_checkpoint(arm, tiny_model_path, tmp_path, monkeypatch):
+# (arm, the step whose checkpoint the sitting ended after): mid-run, and after the last step (measuring then: resuming
+# trains no step past max_steps and keeps the finished weights)
+@pytest.mark.parametrize(("arm", "ended"), [("mintrl-const", 1), ("grpo", 2)])
+def test_an_interrupted_run_resumes_from_its_last_checkpoint(arm, ended, tiny_model_path, tmp_path, monkeypatch):
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     monkeypatch.setenv(run.CHECKPOINTS_ENV, str(tmp_path))
@@ -30,9 +33,10 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(arm, tiny_model_pat
         clock = make_clock(*args)
         save = clock.on_save
 
-        def on_save(*a, **k):
-            save(*a, **k)
-            raise SittingEnded
+        def on_save(args, state, control, **k):
+            save(args, state, control, **k)
+            if state.global_step == ended:
+                raise SittingEnded
 
         clock.on_save = on_save
         return clock
@@ -40,15 +44,17 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(arm, tiny_model_pat
     monkeypatch.setattr(run, "make_clock", ending_clock)
     with pytest.raises(SittingEnded):
         run.train(job, AutoModelForCausalLM.from_pretrained(tiny_model_path), tokenizer, problems)
-    [checkpoint] = run.run_folder(job).glob("checkpoint-*")
-    assert checkpoint.name == "checkpoint-1" and run.last_checkpoint(run.run_folder(job)) == checkpoint
+    [checkpoint] = run.run_folder(job).glob("checkpoint-*")  # the last one kept
+    assert checkpoint.name == f"checkpoint-{ended}" and run.last_checkpoint(run.run_folder(job)) == checkpoint
     first = json.loads((checkpoint / run.CLOCK_FILE).read_text())
-    assert len(first["seconds"]) == 1 and list(first["curve"]) == ["1"]
+    assert len(first["seconds"]) == ended and list(first["curve"]) == ["1"]
 
     monkeypatch.setattr(run, "make_clock", make_clock)
     trainer, clock = run.train(job, AutoModelForCausalLM.from_pretrained(tiny_model_path), tokenizer, problems)
-    assert trainer.state.global_step == 2 and clock.resumed_at == [1]
-    assert len(clock.seconds) == 2 and clock.seconds[0] == first["seconds"][0]  # step 1 not trained again
+    assert trainer.state.global_step == 2 and clock.resumed_at == [ended]
+    assert len(clock.seconds) == 2 and clock.seconds[:ended] == first["seconds"]  # no step trained again
     assert list(clock.curve) == [1] and clock.curve[1] == first["curve"]["1"]
     assert [e["step"] for e in trainer.state.log_history if "loss" in e] == [1, 2]
     assert clock.watch.state()["before"] == first["watch"]["before"]
+    saved = AutoModelForCausalLM.from_pretrained(run.last_checkpoint(run.run_folder(job)))
+    assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), saved.parameters(), strict=True))
