@@ -2,9 +2,10 @@
 (`warm_start`), as a job the harness runs in a process of its own: the jobs of a plan (`plan_jobs`), the warm start's
 own scores once per regime (`measure_warm_start`) and one (regime, arm, seed) run (`run_job`): the arm's trainer
 (`arms`), trained with a clock (each optimizer step's seconds; the curve set's scores every `eval_every` steps) and a
-checkpoint every step, from which a run that its sitting's end interrupted resumes (`train`), then measured (`measures`): held-out pass@1 and pass@8 on `heldout` and `heldout_longer`, the chat answers' NLL at the start
-and the end, the mean per-token KL to the warm start on the policy's own samples of the curve set, and the trainer's
-per-step log (`LOGGED`). `FULL` and `SMOKE` are the sizes of a full run and of the one-step smoke test."""
+checkpoint every step, from which a run that its sitting's end interrupted resumes (`train`), then measured
+(`measures`): held-out pass@1 and pass@8 on `heldout` and `heldout_longer`, the chat answers' NLL at the start and the
+end, the mean per-token KL to the warm start on the policy's own samples of the curve set, and the trainer's per-step
+log (`LOGGED`). `FULL` and `SMOKE` are the sizes of a full run and of the one-step smoke test."""
 
 from __future__ import annotations
 
