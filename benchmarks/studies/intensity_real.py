@@ -148,9 +148,10 @@ def hypothesis_lines(results: dict) -> list[str]:
     contrasts = {(a, b, k): versus_arm(results, a, b, k) for a, b in CONTRASTS for k in ("pass@1", "pass@8")}
     below = [f"{a} − {b} {k}" for (a, b, k), d in contrasts.items() if d is not None and d.high is not None
              and d.high < 0]  # fmt: skip
-    rest = versus_arm(results, "mintrl-rest", "grpo", "pass@1")
+    rest = [versus_arm(results, "mintrl-rest", "grpo", k) for k in ("pass@1", "pass@8")]
     i2 = lambda: (f"the paper's shape: below 0: {', '.join(below)}" if below else "no inverted U, as predicted (no "  # noqa: E731
-                  "contrast's interval below 0)") + (f"; mintrl-rest − grpo pass@1 {format_interval(rest)}")  # fmt: skip
+                  "contrast's interval below 0)") + (f"; mintrl-rest − grpo pass@1 {format_interval(rest[0])}, "
+                                                     f"pass@8 {format_interval(rest[1])}")  # fmt: skip
     mintrl = [(arm, r, derived(r)) for arm in ARMS[1:] for r in tables.runs_of(results, REGIME, arm)]
     failing = [f"{arm} s{r['seed']}" for arm, r, d in mintrl if not (d["cap_last"] is not None and d["cap_last"] <
                CAP_LIMIT and d["control_change"] is not None and abs(d["control_change"]) <= GROWTH_LIMIT)]  # fmt: skip
@@ -177,7 +178,7 @@ def hypothesis_lines(results: dict) -> list[str]:
         + ".",
         f"- I4 (KL rises with the share; chat NLL change under {CHAT_LIMIT} everywhere): KL by arm, lowest first: "
         + ", ".join(f"{arm} {kl[arm]:.3f}" for arm in order)
-        + f" ({'as predicted' if order == [a for a in ARMS if a in kl] else 'not the predicted order'}); the largest "
+        + f" ({'as predicted' if order == [a for a in ARMS if a in kl] else 'not the predicted order'}); any run's largest "
         + (
             "chat NLL change -"
             if chat is None
