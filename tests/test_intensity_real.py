@@ -123,7 +123,10 @@ def test_the_report_reads_each_hypothesis_by_its_rule(tmp_path, monkeypatch):
     )
     assert "the paper's shape: below 0: mintrl-rest − mintrl-const pass@1, mintrl-rest − mintrl-const pass@8" in text
     assert "holds in 6 of 9 MInTRL runs; fails in mintrl-rest s0, mintrl-rest s1, mintrl-rest s2." in text
-    assert "mintrl-lines4 0.030, mintrl-rest 0.050 (as predicted); any run's largest chat NLL change +0.020 (under" in text
+    assert (
+        "mintrl-lines4 0.030, mintrl-rest 0.050 (as predicted); any run's largest chat NLL change +0.020 (under"
+        in text
+    )
     assert "mintrl-const s/step ÷ grpo 1.10 [1.10, 1.10]" in text and "mintrl-rest ÷ mintrl-const 0.97" in text
     assert (
         "| mintrl-rest s1 | 5.0 | 0.90 | 200.0 | 300.0 | 50 | 2.0 | 12.0 | 43.0 | 0.050 | 0.010 | 320 | 2.00 |" in text
