@@ -89,24 +89,24 @@ def test_a_full_sitting_runs_its_runs_then_the_warm_start_measure(tmp_path, monk
     assert len(json.loads((tmp_path / "intensity_real.json").read_text())["runs"]) == 3
 
 
-# per arm: pass@1 by seed, pass@8's offset from it, KL, the controls' length at the last intervention step, s/step
-FULL_RUNS = {"grpo": ([0.10, 0.12, 0.08], 0.30, 0.01, None, 300.0),
-             "mintrl-const": ([0.15, 0.18, 0.12], 0.31, 0.02, 210.0, 330.0),
-             "mintrl-lines4": ([0.16, 0.17, 0.12], 0.31, 0.03, 190.0, 320.0),
-             "mintrl-rest": ([0.10, 0.12, 0.08], 0.31, 0.05, 300.0, 320.0)}  # fmt: skip
+# per arm: pass@1 and pass@8 by seed, KL, the controls' length at the last intervention step, s/step
+FULL_RUNS = {"grpo": ([0.10, 0.12, 0.08], [0.40, 0.42, 0.38], 0.01, None, 300.0),
+             "mintrl-const": ([0.15, 0.18, 0.12], [0.46, 0.49, 0.43], 0.02, 210.0, 330.0),
+             "mintrl-lines4": ([0.16, 0.17, 0.12], [0.47, 0.48, 0.43], 0.03, 190.0, 320.0),
+             "mintrl-rest": ([0.10, 0.12, 0.08], [0.41, 0.43, 0.39], 0.05, 300.0, 320.0)}  # fmt: skip
 
 
 def full_run(job: dict) -> dict:
     """Three seeds of every arm: mintrl-const resolved above grpo, mintrl-rest below mintrl-const, the KL rising with
     the share, mintrl-rest's controls growing by half over the intervention steps."""
-    pass1, offset, kl, last_control, seconds = FULL_RUNS[job["arm"]]
+    pass1, pass8, kl, last_control, seconds = FULL_RUNS[job["arm"]]
     logs = [{"step": step, "reward": 0.1, "completions/mean_length": 200.0, "completions/clipped_ratio": 0.02}
             for step in (1, 2, 3, 4)]  # fmt: skip
     if job["arm"].startswith("mintrl"):
         for entry, control in zip(logs[:2], (200.0, last_control), strict=True):
             entry.update({"mintrl/interventions_active": 1.0, "mintrl/judge_token_frac": 0.05,
                           "mintrl/length_control": control, "mintrl/reward_gap": 0.9})  # fmt: skip
-    final = {"pass@1": pass1[job["seed"]], "pass@8": pass1[job["seed"]] + offset, "longer_pass@1": 0.05,
+    final = {"pass@1": pass1[job["seed"]], "pass@8": pass8[job["seed"]], "longer_pass@1": 0.05,
              "longer_pass@8": 0.2, "chat_nll": 2.6, "chat_nll_change": 0.01 * job["seed"], "kl": kl}  # fmt: skip
     return {**job, "logs": logs, "step_seconds": [seconds] * 4, "train_seconds": 4 * seconds, "final": final,
             "scores": {"heldout": {"sample_seconds": 60.0}}, "curve": {},
@@ -137,7 +137,7 @@ def test_the_report_reads_each_hypothesis_by_its_rule(tmp_path, monkeypatch):
 
 
 def test_a_gain_whose_interval_includes_zero_is_the_predicted_sign_unresolved(tmp_path, monkeypatch):
-    monkeypatch.setitem(FULL_RUNS, "mintrl-const", ([0.15, 0.09, 0.12], 0.31, 0.02, 210.0, 330.0))
+    monkeypatch.setitem(FULL_RUNS, "mintrl-const", ([0.15, 0.09, 0.12], [0.46, 0.40, 0.43], 0.02, 210.0, 330.0))
     monkeypatch.setattr(study, "run_job", full_run)
     monkeypatch.setattr(study, "measure_warm_start", fake_measure)
     study.main(["--workers", "0", "--out", str(tmp_path)])
@@ -145,3 +145,13 @@ def test_a_gain_whose_interval_includes_zero_is_the_predicted_sign_unresolved(tm
         "points: the sign as predicted, not resolved (an interval includes 0)."
         in (tmp_path / "intensity_real.md").read_text()
     )
+
+
+def test_a_resolved_pass_at_1_with_an_unresolved_pass_at_8_does_not_support_i1(tmp_path, monkeypatch):
+    monkeypatch.setitem(FULL_RUNS, "mintrl-const", ([0.15, 0.18, 0.12], [0.40, 0.48, 0.38], 0.02, 210.0, 330.0))
+    monkeypatch.setattr(study, "run_job", full_run)
+    monkeypatch.setattr(study, "measure_warm_start", fake_measure)
+    study.main(["--workers", "0", "--out", str(tmp_path)])
+    text = (tmp_path / "intensity_real.md").read_text()
+    assert "- I1 (mintrl-const above grpo): pass@1 +5.0 [+2.5, +7.5], pass@8 +2.0" in text
+    assert "points: the sign as predicted, not resolved (an interval includes 0)." in text

@@ -3,7 +3,7 @@
 met every criterion: pass@8 37.5%, the correction where the judge first flags 5.2 nats, the judge 5.0% of all
 completion tokens and 9.6% of an intervened rollout. The intensity ablation (judge-token shares from 0, GRPO, through
 about 5% to about 35%; hypotheses I1-I5 in docs/benchmarks.md, written before its runs) runs here, 12 runs (4 arms x
-seeds 0-2) of about 2.3 hours each in sittings of two side by side; the comparison at the best share comes after it,
+seeds 0-2) of about 2.5 hours each in sittings of two side by side; the comparison at the best share comes after it,
 with hypotheses of its own. `--probe` measured what a step costs and the judge's share at the first step, to size it.
 
     .venv-vllm/bin/python -m benchmarks.studies.intensity_real --resume --workers 2 --max_runs 2 [--arms A ..]
