@@ -50,7 +50,7 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(arm, ended, tiny_mo
     assert len(first["seconds"]) == ended and list(first["curve"]) == ["1"]
 
     monkeypatch.setattr(run, "make_clock", make_clock)
-    trainer, clock = run.train(job, AutoModelForCausalLM.from_pretrained(tiny_model_path), tokenizer, problems)
+    trainer, clock, _ = run.train(job, AutoModelForCausalLM.from_pretrained(tiny_model_path), tokenizer, problems)
     assert trainer.state.global_step == 2 and clock.resumed_at == [ended]
     assert len(clock.seconds) == 2 and clock.seconds[:ended] == first["seconds"]  # no step trained again
     assert list(clock.curve) == [1] and clock.curve[1] == first["curve"]["1"]

@@ -165,8 +165,7 @@ def run_job(job: dict) -> dict:
     tokenizer, model, folder = load_warm_start(job)
     chat_start = chat_kept(model, tokenizer)
     problems = train_problems(job["regime"], job["steps"] * job["prompts_per_step"], job["seed"])
-    sft = sft_phase(model, tokenizer, problems, job) if job["arm"] == "sft-grpo" else None
-    trainer, clock = train(job, model, tokenizer, problems)
+    trainer, clock, sft = train(job, model, tokenizer, problems)
     policy = trainer.model.eval()
     scores, drawn = final_scores(policy, tokenizer, job, seed=job["seed"], engine=clock.engine)
     clock.curve[job["steps"]] = scores["curve"]
@@ -191,21 +190,22 @@ def run_job(job: dict) -> dict:
     }
 
 
-def sft_phase(model, tokenizer, problems, job: dict) -> dict:
+def sft_phase(model, tokenizer, problems, job: dict, engine=None) -> dict:
     """`sft_first`'s record, kept in the run's folder: a resumed run reads it (its checkpoint holds the weights after
     SFT) instead of training the SFT epoch again."""
     saved = run_folder(job) / "sft.json"
     if last_checkpoint(run_folder(job)) is not None and saved.is_file():
         return json.loads(saved.read_text())
-    sft = sft_first(model, tokenizer, problems, job)
+    sft = sft_first(model, tokenizer, problems, job, engine)
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(sft))
     return sft
 
 
-def sft_first(model, tokenizer, problems, job: dict) -> dict:
+def sft_first(model, tokenizer, problems, job: dict, engine=None) -> dict:
     """sft-grpo's first phase: one SFT epoch on the training problems' references (the warm-up's settings); its
-    seconds, losses and the curve set's scores after it."""
+    seconds, losses and the curve set's scores after it (drawn by `engine` when given: the GRPO trainer's, which
+    syncs the weights SFT wrote)."""
     from .measures import held_out_samples, pass_scores
     from .warm_start import sft_epoch
 
@@ -214,7 +214,8 @@ def sft_first(model, tokenizer, problems, job: dict) -> dict:
                        learning_rate=job["warmup"]["learning_rate"])  # fmt: skip
     seconds = time.perf_counter() - began
     curve_set = held_out(job)["heldout"][: job["curve_problems"]]
-    drawn = held_out_samples(model, tokenizer, curve_set, job["max_completion_length"], seed=job["seed"])
+    drawn = held_out_samples(model, tokenizer, curve_set, job["max_completion_length"], seed=job["seed"],
+                             engine=engine)  # fmt: skip
     return {"seconds": seconds, "steps": len(losses), "losses": losses, "curve": pass_scores(curve_set, drawn)}
 
 
@@ -238,7 +239,9 @@ def last_checkpoint(folder: Path) -> Path | None:
 def train(job: dict, model, tokenizer, problems):
     """Build the arm's trainer with a `Clock` (per-step seconds, the curve) and train it, saving a checkpoint every
     step: a run its sitting's end interrupted resumes from its last one (the trainer's weights, optimizer, schedule
-    and RNG, the clock's records; its later rollouts draw from vLLM's fresh random state); (trainer, clock)."""
+    and RNG, the clock's records; its later rollouts draw from vLLM's fresh random state). sft-grpo's SFT epoch
+    (`sft_phase`) runs between building the trainer and training it, so that its curve point is drawn by the
+    trainer's vLLM engine (about 4x faster than `transformers`); (trainer, clock, the SFT record or None)."""
     from datasets import Dataset
     from transformers import PrinterCallback
 
@@ -251,8 +254,9 @@ def train(job: dict, model, tokenizer, problems):
     trainer = build_trainer(job["arm"], job, model, tokenizer, dataset, str(folder), callbacks=[clock], save_every=1)
     trainer.remove_callback(PrinterCallback)
     clock.engine = sampling_engine(trainer)
+    sft = sft_phase(model, tokenizer, problems, job, clock.engine) if job["arm"] == "sft-grpo" else None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    return trainer, clock
+    return trainer, clock, sft
 
 
 def sampling_engine(trainer):
