@@ -12,6 +12,26 @@ from pathlib import Path
 from benchmarks.lib import harness
 
 
+def sitting_parser(doc: str, modes: dict[str, str], arms, engines, arms_help: str) -> argparse.ArgumentParser:
+    """A study of sittings' command line: its modes and --replot (`harness.study_parser`), one worker unless told,
+    --engine (one of `engines`; the study picks the default), --arms (of `arms`) and --max_runs."""
+    parser = harness.study_parser(doc, modes, replot_help="re-render the tables from a JSON")
+    parser.set_defaults(workers=1)
+    parser.add_argument("--engine", choices=list(engines), default=None,
+                        help="the rollout engine (default: vllm, transformers for --smoke)")  # fmt: skip
+    parser.add_argument("--arms", nargs="+", choices=arms, default=None, help=arms_help)
+    add_max_runs_argument(parser)
+    return parser
+
+
+def sitting_output(out: Path | None, mode: str, results: Path) -> Path:
+    """Where a sitting writes (created): `out` when given, else `results` for the full mode, `results/quick` for the
+    others."""
+    out = out or (results if mode == "full" else results / "quick")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def add_max_runs_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_runs", type=int, default=None,
                         help="run at most this many of the runs not yet recorded, then stop (size a sitting)")  # fmt: skip
@@ -33,11 +53,13 @@ def this_sitting(jobs: list[dict], previous: dict, max_runs: int | None) -> list
 
 def keep_other_records(results: dict, previous: dict, tasks: list[dict]) -> None:
     """With `--resume`, the file's records of jobs this invocation does not run (other arms, runs of a later sitting)
-    stay in it: the harness keeps only its own jobs' records, and rewrites the file."""
+    stay in it: the harness keeps only its own jobs' records, and rewrites the file. A record `results` already holds
+    (one the study took from another study's file) is not added twice."""
     keys = {harness.job_key(job) for job in tasks}
     for collection in ("baselines", "runs"):
+        held = {(record.get("recorded") or {}).get("key") for record in results[collection]}
         for record in previous.get(collection, []):
-            if (record.get("recorded") or {}).get("key") not in keys:
+            if (key := (record.get("recorded") or {}).get("key")) not in keys and key not in held:
                 results[collection].append(record)
 
 

@@ -30,21 +30,17 @@ from pathlib import Path
 
 from benchmarks.lib import harness
 from benchmarks.lib.provenance import command_line
-from benchmarks.lib.sittings import add_max_runs_argument, execute_sitting
+from benchmarks.lib.sittings import execute_sitting, sitting_output, sitting_parser
 from benchmarks.lib.stats import format_interval, format_ratio
 from benchmarks.tasks.real import tables
 from benchmarks.tasks.real.arms import ENGINES, INTENSITY_ARMS
-from benchmarks.tasks.real.run import FULL, SMOKE, describe, measure_warm_start, plan_jobs, run_job
-from benchmarks.tasks.real.warm_start import WARMUP_CHAIN_LONG
+from benchmarks.tasks.real.run import CHAIN, FULL, SMOKE, describe, measure_warm_start, plan_jobs, run_job
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
 RESULTS = ROOT / "benchmarks" / "results"
 REGIME = "chain"
 ARMS = ("grpo", "mintrl-const", *INTENSITY_ARMS)  # shares: 0, the judge's own (one line a correction), higher
-# micro-batches of 4 rows: a pass with gradients over 8 rows of ~470 tokens adds ~8 GB (arms.py), and two runs side
-# by side at 8 rows ran out of the machine's 24 GB
-CHAIN = dict(warmup=WARMUP_CHAIN_LONG, max_completion_length=320, overrides={"chunk_size": 64}, micro_batch=4)
 MODES = {
     "full": {**FULL, **CHAIN, "plan": {REGIME: list(ARMS)}},
     # the full per-step sizes for 2 steps (MInTRL: one intervened, one not), small held-out sets: seconds per step
@@ -235,19 +231,14 @@ def render(results: dict, out: Path, plots: bool = True) -> str:
 
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = harness.study_parser(__doc__, CLI_MODES, replot_help="re-render the tables from a JSON")
-    parser.set_defaults(workers=1)
-    parser.add_argument("--engine", choices=list(ENGINES), default=None,
-                        help="the rollout engine (default: vllm, transformers for --smoke)")  # fmt: skip
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=None,
-                        help="only these arms' runs (a sitting for some arms' remaining seeds)")  # fmt: skip
-    add_max_runs_argument(parser)
+    parser = sitting_parser(
+        __doc__, CLI_MODES, ARMS, ENGINES, "only these arms' runs (a sitting for some arms' remaining seeds)"
+    )
     args = parser.parse_args(argv)
     if harness.replot_from(args, render):
         return None
     mode = harness.mode_of(args, CLI_MODES)
-    out = args.out or (RESULTS if mode == "full" else RESULTS / "quick")
-    out.mkdir(parents=True, exist_ok=True)
+    out = sitting_output(args.out, mode, RESULTS)
     engine = args.engine or ("transformers" if mode == "smoke" else "vllm")
     settings = {"mode": mode, **MODES[mode], "engine": engine}
     baselines, jobs = plan_jobs(settings, args.arms)

@@ -100,7 +100,7 @@ from pathlib import Path
 
 from benchmarks.lib import harness
 from benchmarks.lib.provenance import command_line
-from benchmarks.lib.sittings import add_max_runs_argument, execute_sitting
+from benchmarks.lib.sittings import execute_sitting, sitting_output, sitting_parser
 from benchmarks.lib.stats import format_interval, format_mean_std
 from benchmarks.tasks.real import tables
 from benchmarks.tasks.real.arms import CAUSE_ARMS, ENGINES
@@ -254,19 +254,14 @@ def render(results: dict, out: Path, plots: bool = True) -> str:
 
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = harness.study_parser(__doc__, CLI_MODES, replot_help="re-render the tables from a JSON")
-    parser.set_defaults(workers=1)
-    parser.add_argument("--engine", choices=list(ENGINES), default=None,
-                        help="the rollout engine (default: vllm for the full mode, transformers for --smoke)")  # fmt: skip
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=None,
-                        help="only these arms' runs (a sitting for one arm's remaining seeds)")  # fmt: skip
-    add_max_runs_argument(parser)
+    parser = sitting_parser(
+        __doc__, CLI_MODES, ARMS, ENGINES, "only these arms' runs (a sitting for one arm's remaining seeds)"
+    )
     args = parser.parse_args(argv)
     if harness.replot_from(args, render):
         return None
     mode = harness.mode_of(args, CLI_MODES)
-    out = args.out or (RESULTS if mode == "full" else RESULTS / "quick")
-    out.mkdir(parents=True, exist_ok=True)
+    out = sitting_output(args.out, mode, RESULTS)
     engine = args.engine or ("vllm" if mode == "full" else "transformers")
     settings = {"mode": mode, **MODES[mode], "engine": engine}
     baselines, jobs = plan_jobs(settings, args.arms)

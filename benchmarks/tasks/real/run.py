@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks.lib.harness import step_logs
 
-from .warm_start import WARMUP
+from .warm_start import WARMUP, WARMUP_CHAIN_LONG
 
 MODEL_ENV = "TRL_MINTRL_SMOLLM2_DIR"  # the prepared model's folder, for worker processes (tests/conftest.py's too)
 CHECKPOINTS_ENV = "TRL_MINTRL_BENCH_RUNS"  # where runs keep their last checkpoint (`run_folder`)
@@ -36,6 +36,11 @@ LOGGED = (
 SMOKE_WARMUP = {**WARMUP, "problems": 8}  # one SFT step: the smoke test's own (cached) warm start
 FULL = dict(steps=20, seeds=[0, 1, 2], prompts_per_step=4, max_completion_length=64, final_problems=48,
             curve_problems=16, curve_points=4, warmup=WARMUP, overrides={})  # fmt: skip
+# the chain family at 12 steps (`warm_start.CHAIN_REGIMES`), from its chained warm start, as the fourth chain
+# calibration met its criteria: 320-token completions (12-step rollouts are about 210 tokens), MInTRL's chunks of 64;
+# micro-batches of 4 rows: a pass with gradients over 8 rows of ~470 tokens adds ~8 GB (arms.py), and two runs side by
+# side at 8 rows ran out of the machine's 24 GB
+CHAIN = dict(warmup=WARMUP_CHAIN_LONG, max_completion_length=320, overrides={"chunk_size": 64}, micro_batch=4)
 SMOKE = {**FULL, "steps": 1, "seeds": [0], "prompts_per_step": 1, "max_completion_length": 16, "final_problems": 1,
          "curve_problems": 1, "curve_points": 1, "warmup": SMOKE_WARMUP,
          "overrides": {"chunk_size": 8, "judge_max_review_tokens": 32, "max_plan_tokens": 16}}  # fmt: skip
@@ -50,7 +55,7 @@ def measure_keys(settings: dict) -> dict:
 
 def plan_jobs(settings: dict, arms: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(baseline jobs, run jobs): the warm start measured once per regime, then one run per (regime, seed, arm) in
-    plan order (`arms`: only these)."""
+    plan order (`arms`: only these); an arm's `overrides` are the settings' and its own of `arm_overrides`, if any."""
     common = measure_keys(settings)
     baselines, runs = [], []
     for regime, labels in settings["plan"].items():
@@ -60,7 +65,8 @@ def plan_jobs(settings: dict, arms: list[str] | None = None) -> tuple[list[dict]
                 if arms and arm not in arms:
                     continue
                 runs.append({**common, "name": f"real-{regime}-{arm}-s{seed}", "regime": regime, "arm": arm,
-                             "seed": seed, "steps": settings["steps"], "overrides": settings["overrides"],
+                             "seed": seed, "steps": settings["steps"],
+                             "overrides": {**settings["overrides"], **settings.get("arm_overrides", {}).get(arm, {})},
                              "eval_every": max(1, settings["steps"] // settings["curve_points"]),
                              **({"micro_batch": settings["micro_batch"]} if "micro_batch" in settings else {})})  # fmt: skip
     return baselines, runs

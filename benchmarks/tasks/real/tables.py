@@ -28,6 +28,18 @@ def curve_of(results: dict, run: dict) -> dict[int, float]:
     return dict(sorted(curve.items()))
 
 
+def best_arm(results: dict, regime: str, arms: list[str], seeds: list[int]) -> str | None:
+    """Of `arms`, the one with the highest mean held-out pass@1 over `seeds` (a tie: the first in `arms`); None until
+    every arm has a run of every seed."""
+    means = {}
+    for arm in arms:
+        by_seed = {r["seed"]: r for r in runs_of(results, regime, arm)}
+        if any(seed not in by_seed for seed in seeds):
+            return None
+        means[arm] = statistics.fmean(by_seed[seed]["final"]["pass@1"] for seed in seeds)
+    return max(arms, key=means.get)
+
+
 def mean_steps(run: dict) -> float:
     return statistics.fmean(run["step_seconds"]) if run.get("step_seconds") else float("nan")
 

@@ -1,0 +1,150 @@
+"""MInTRL at its best judge-token share on SmolLM2-135M-Instruct, against what a user would train instead: the chain
+family at 12 steps with the intensity ablation's settings (`run.CHAIN`, `intensity_real.py`). The MInTRL arm is the
+ablation's, chosen by a rule written before its results: the highest mean held-out pass@1 over seeds 0-2 among
+`mintrl-const`, `mintrl-lines4` and `mintrl-rest` (`tables.best_arm`; a tie goes to the lower share). Against `grpo`,
+`sft-grpo` (one SFT epoch on the training references, then GRPO) and `sort` (its references up to 320 tokens: chain
+solutions are about 210, over `arms.SORT`'s 96). Seeds 0-2 and fresh seeds 3-5: the arm was chosen on seeds 0-2, so
+the confirmation is read on 3-5 alone. The ablation's runs of the same jobs (grpo's and the MInTRL arm's seeds 0-2, the
+warm start's measure) are taken from `intensity_real.json`, not run again.
+
+    .venv-vllm/bin/python -m benchmarks.studies.comparison_real --resume --workers 2 --max_runs 2 [--arms A ..]
+    .venv-vllm/bin/python -m benchmarks.studies.comparison_real --cost --engine transformers --workers 2
+    python -m benchmarks.studies.comparison_real --smoke     # 1 step of each arm on tiny sizes: they train
+    python -m benchmarks.studies.comparison_real --replot benchmarks/results/comparison_real.json
+
+`--cost`: 2 steps (one with interventions) of `grpo` and the MInTRL arm at the full per-step sizes on `--engine`, for
+the step's cost on each engine (the full runs roll out with vLLM). Sittings, resume and checkpoints as in
+`intensity_real.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.lib import harness
+from benchmarks.lib.provenance import command_line
+from benchmarks.lib.sittings import execute_sitting, sitting_output, sitting_parser
+from benchmarks.tasks.real import tables
+from benchmarks.tasks.real.arms import ENGINES, INTENSITY_ARMS
+from benchmarks.tasks.real.run import CHAIN, FULL, SMOKE, describe, measure_warm_start, plan_jobs, run_job
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
+
+RESULTS = ROOT / "benchmarks" / "results"
+ABLATION = RESULTS / "intensity_real.json"
+REGIME = "chain"
+SELECTION_SEEDS, FRESH_SEEDS = [0, 1, 2], [3, 4, 5]
+MINTRL_ARMS = ["mintrl-const", *INTENSITY_ARMS]  # the ablation's, lowest share first
+ARMS = ("grpo", "mintrl", "sft-grpo", "sort")  # "mintrl": the ablation's best share (`chosen_arm`)
+# SORT trains on the reference's tokens: up to the completion cap here
+ARM_OVERRIDES = {"sort": {"max_reference_tokens": 320}}
+MODES = {
+    "full": {**FULL, **CHAIN, "seeds": SELECTION_SEEDS + FRESH_SEEDS, "arm_overrides": ARM_OVERRIDES},
+    "cost": {**FULL, **CHAIN, "steps": 2, "seeds": [0], "final_problems": 8, "curve_problems": 8, "curve_points": 1,
+             "arm_overrides": ARM_OVERRIDES},
+    "smoke": {**SMOKE, "micro_batch": 4, "arm_overrides": ARM_OVERRIDES},
+}  # fmt: skip
+CLI_MODES = {
+    "cost": "2 steps of grpo and the MInTRL arm at the full sizes on --engine: a step's cost",
+    "smoke": "1 step of each arm on tiny sizes, 1 seed (mintrl-const as the MInTRL arm): they train",
+}
+
+
+def chosen_arm(ablation: dict) -> tuple[str | None, dict[str, float]]:
+    """The MInTRL arm by the rule (module docstring), None until the ablation has every seed of each; and the mean
+    pass@1 of each MInTRL arm recorded so far."""
+    means = {arm: sum(r["final"]["pass@1"] for r in runs) / len(runs) for arm in MINTRL_ARMS
+             if (runs := [r for r in tables.runs_of(ablation, REGIME, arm) if r["seed"] in SELECTION_SEEDS])}  # fmt: skip
+    return tables.best_arm(ablation, REGIME, MINTRL_ARMS, SELECTION_SEEDS), means
+
+
+def split_reused(jobs: list[dict], records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(jobs to run, the recorded runs of the others): a record of the very job (`harness.find_record`) is reused."""
+    found = [(job, harness.find_record(job, records)) for job in jobs]
+    return [job for job, record in found if record is None], [record for _, record in found if record is not None]
+
+
+def pairs(mintrl: str) -> list[tuple[str, str, str]]:
+    return [(REGIME, mintrl, other) for other in ("grpo", "sft-grpo", "sort")] + [
+        (REGIME, arm, "grpo") for arm in ("sft-grpo", "sort")
+    ]
+
+
+def on_seeds(results: dict, seeds: list[int]) -> dict:
+    return {**results, "runs": [r for r in results["runs"] if r["seed"] in seeds]}
+
+
+def report(results: dict) -> str:
+    s = results["settings"]
+    mintrl = s["mintrl_arm"]
+    means = ", ".join(f"{arm} {100 * mean:.1f}%" for arm, mean in s["ablation_pass1"].items())
+    lines = [f"# MInTRL at its best share ({mintrl}) against GRPO, SFT then GRPO, and SORT: the chain family", "",
+             "Written by benchmarks/studies/comparison_real.py from its JSON; do not edit.", "",
+             command_line(results["provenance"]).split("; runs taken")[0] + ".", "",
+             f"The MInTRL arm: `{mintrl}`, by the rule written before the ablation's results (the highest mean "
+             f"held-out pass@1 over seeds {SELECTION_SEEDS} in `{s['ablation']}`: {means or 'none recorded'}).", "",
+             f"{s['steps']} optimizer steps of {s['prompts_per_step']} prompts, seeds {s['seeds']}, completions of at "
+             f"most {s['max_completion_length']} tokens, MInTRL's chunks of {s['overrides'].get('chunk_size')} "
+             f"tokens, SORT's references of at most {s['arm_overrides']['sort']['max_reference_tokens']} tokens, "
+             f"rollouts by {s['engine']}; held-out sets of {s['final_problems']} problems x 8 samples. Held-out "
+             "pass@k in %, mean ± std over seeds; differences paired by seed with 95% t-intervals (points; nats per "
+             "token for chat NLL and KL).", "", *tables.warm_start_lines(results), "", *tables.score_rows(results),
+             ""]  # fmt: skip
+    if s["mode"] == "full":
+        lines += [f"Paired differences on the fresh seeds {FRESH_SEEDS} (the confirmation: seeds {SELECTION_SEEDS} "
+                  "chose the MInTRL arm):", "", *tables.pair_rows(on_seeds(results, FRESH_SEEDS), pairs(mintrl)), "",
+                  f"On every seed (seeds {SELECTION_SEEDS} chose the MInTRL arm, so its rows there are the best of "
+                  "three):", "", *tables.pair_rows(results, pairs(mintrl)), ""]  # fmt: skip
+    lines += ["Cost, paired by seed:", "", *tables.cost_rows(results), "",
+              "Training health (first → last quarter of the logged steps):", "", *tables.health_rows(results)]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def file_name(results: dict) -> str:
+    s = results["settings"]
+    return {"full": "comparison_real", "cost": f"comparison_real_cost_{s['engine']}"}.get(
+        s["mode"], f"comparison_real_{s['mode']}"
+    )
+
+
+def render(results: dict, out: Path, plots: bool = True) -> str:
+    return harness.write_report(results, out, f"{file_name(results)}.md", report)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = sitting_parser(
+        __doc__, CLI_MODES, ARMS, ENGINES, "only these arms' runs (mintrl: the ablation's best share)"
+    )
+    parser.add_argument("--ablation", type=Path, default=ABLATION,
+                        help="the intensity ablation's results: the MInTRL arm, and runs to reuse")  # fmt: skip
+    args = parser.parse_args(argv)
+    if harness.replot_from(args, render):
+        return None
+    mode = harness.mode_of(args, CLI_MODES)
+    out = sitting_output(args.out, mode, RESULTS)
+    ablation = json.loads(args.ablation.read_text()) if args.ablation.is_file() else {"runs": [], "baselines": []}
+    mintrl, means = ("mintrl-const", {}) if mode == "smoke" else chosen_arm(ablation)
+    arms = args.arms or list(ARMS)
+    if mintrl is None and "mintrl" in arms:
+        raise SystemExit(f"--arms mintrl: the MInTRL arm is chosen from the intensity ablation's seeds "
+                         f"{SELECTION_SEEDS} of {', '.join(MINTRL_ARMS)}, not all recorded in {args.ablation}; finish "
+                         "benchmarks.studies.intensity_real first, or run --arms sft-grpo sort")  # fmt: skip
+    labels = [mintrl if arm == "mintrl" else arm for arm in ARMS if mode != "cost" or arm in ("grpo", "mintrl")]
+    engine = args.engine or ("transformers" if mode == "smoke" else "vllm")
+    settings = {"mode": mode, **MODES[mode], "engine": engine, "plan": {REGIME: labels}, "mintrl_arm": mintrl,
+                "ablation_pass1": means, "ablation": str(args.ablation.relative_to(ROOT) if args.ablation.is_relative_to(
+                    ROOT) else args.ablation)}  # fmt: skip
+    baselines, jobs = plan_jobs(settings, [mintrl if arm == "mintrl" else arm for arm in arms])
+    jobs, reused = split_reused(jobs, ablation["runs"]) if mode == "full" else (jobs, [])
+    baselines, reused_baselines = split_reused(baselines, ablation["baselines"]) if mode == "full" else (baselines, [])
+    results = harness.new_results("benchmarks/studies/comparison_real.py", argv, settings, runs=reused,
+                                  baselines=reused_baselines)  # fmt: skip
+    return execute_sitting(results, out, f"{file_name(results)}.json", args, baselines=baselines, jobs=jobs,
+                           measure=measure_warm_start, run=run_job, describe=describe, render=render)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
