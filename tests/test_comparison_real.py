@@ -17,6 +17,7 @@ ABLATION_PASS1 = {"grpo": 0.10, "mintrl-const": 0.14, "mintrl-lines4": 0.16, "mi
 # pass@1 on seeds 3-5: mintrl-lines4 gains over grpo on these, loses on seeds 0-2's fakes below
 FRESH_PASS1 = {"grpo": [0.10, 0.11, 0.12], "mintrl-lines4": [0.15, 0.15, 0.18], "sft-grpo": [0.12, 0.12, 0.12],
                "sort": [0.09, 0.10, 0.11]}  # fmt: skip
+STEP_SECONDS = {"mintrl-lines4": 330.0, "sort": 390.0}  # the others 300
 
 
 def fake_run(job: dict) -> dict:
@@ -25,8 +26,9 @@ def fake_run(job: dict) -> dict:
     pass1 = fresh[job["seed"] - 3] if fresh else 0.11 + 0.001 * job["seed"]
     final = {"pass@1": pass1, "pass@8": pass1 + 0.3, "longer_pass@1": 0.05, "longer_pass@8": 0.2, "chat_nll": 2.6,
              "chat_nll_change": 0.0, "kl": 0.01}  # fmt: skip
-    return {**job, "logs": [{"step": 1, "reward": 0.5, "completions/mean_length": 190.0}], "step_seconds": [300.0],
-            "train_seconds": 300.0, "final": final, "scores": {"heldout": {"sample_seconds": 60.0}}, "curve": {},
+    seconds = STEP_SECONDS.get(job["arm"], 300.0)
+    logs = [{"step": 1, "reward": 0.5, "completions/mean_length": 190.0, "completions/clipped_ratio": 0.05}]
+    return {**job, "logs": logs, "step_seconds": [seconds], "train_seconds": seconds, "final": final, "scores": {"heldout": {"sample_seconds": 60.0}}, "curve": {},
             "machine_during": {"load_during_mean": 2.0}}  # fmt: skip
 
 
@@ -79,6 +81,16 @@ def test_the_best_share_is_chosen_and_the_ablations_runs_are_reused(tmp_path, ra
     fresh, every = text.split("Paired differences on the fresh seeds")[1].split("On every seed")
     assert "| chain | mintrl-lines4 − grpo | +5.0 [" in fresh  # seeds 3-5 alone: +5, +4, +6
     assert "| chain | mintrl-lines4 − grpo | +5.0 [" not in every
+    assert (
+        "- C1 (mintrl-lines4 above grpo, pass@1): +5.0 [+2.5, +7.5] points: holds, resolved (interval above 0)."
+        in text
+    )
+    assert ": does not hold (mintrl-lines4 − sft-grpo pass@1)." in text  # C2: +4.0 on the fresh seeds
+    assert "sort − grpo -1.0 [-1.0, -1.0], sort − sft-grpo -2.0 [-4.5, +0.5]: does not hold (sort − grpo)." in text
+    assert "MInTRL runs at the cap under 10% in the last quarter: 3 of 3;" in text
+    assert (
+        "mintrl-lines4 s/step ÷ grpo 1.10 [1.10, 1.10] (predicted within 1.3x: yes); sort s/step ÷ grpo 1.30" in text
+    )
 
 
 def test_a_second_sitting_keeps_every_record_once(tmp_path, ran):
@@ -90,6 +102,8 @@ def test_a_second_sitting_keeps_every_record_once(tmp_path, ran):
     saved = json.loads((tmp_path / "out" / "comparison_real.json").read_text())
     keys = [r["recorded"]["key"] for r in saved["runs"]]
     assert len(keys) == len(set(keys)) == 9  # 6 reused, 3 run
+    text = (tmp_path / "out" / "comparison_real.md").read_text()
+    assert "- C1 (mintrl-lines4 above grpo, pass@1): - points: open (fewer than 2 paired fresh seeds)." in text
 
 
 def test_the_mintrl_arm_waits_for_the_whole_ablation(tmp_path, ran):
@@ -115,3 +129,11 @@ def test_the_same_jobs_as_the_ablations_and_sorts_references_fit_the_chain(tmp_p
     sort = next(job for job in jobs if job["arm"] == "sort")
     assert config_fields("sort", sort, str(tmp_path))["max_reference_tokens"] == 320
     assert "max_reference_tokens" not in config_fields("grpo", jobs[0], str(tmp_path))
+
+
+def test_a_gain_whose_interval_includes_zero_holds_unresolved(tmp_path, ran, monkeypatch):
+    monkeypatch.setitem(FRESH_PASS1, "mintrl-lines4", [0.15, 0.10, 0.18])  # +5, -1, +6 points over grpo
+    out = tmp_path / "out"
+    study.main(["--workers", "0", "--out", str(out), "--ablation", str(ablation_file(tmp_path))])
+    text = (out / "comparison_real.md").read_text()
+    assert "- C1 (mintrl-lines4 above grpo, pass@1): +3.3 [" in text and "points: holds, not resolved." in text

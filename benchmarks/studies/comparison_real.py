@@ -20,12 +20,14 @@ the step's cost on each engine (the full runs roll out with vLLM). Sittings, res
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
 from benchmarks.lib import harness
 from benchmarks.lib.provenance import command_line
 from benchmarks.lib.sittings import execute_sitting, sitting_output, sitting_parser
+from benchmarks.lib.stats import format_interval, format_ratio
 from benchmarks.tasks.real import tables
 from benchmarks.tasks.real.arms import ENGINES, INTENSITY_ARMS
 from benchmarks.tasks.real.run import CHAIN, FULL, SMOKE, describe, measure_warm_start, plan_jobs, run_job
@@ -76,6 +78,64 @@ def on_seeds(results: dict, seeds: list[int]) -> dict:
     return {**results, "runs": [r for r in results["runs"] if r["seed"] in seeds]}
 
 
+CHAT_LIMIT, CAP_LIMIT = 0.1, 0.10  # C4: chat NLL change under 0.1 nats a token; last-quarter share at the cap
+COST_LIMITS = {"mintrl": 1.3, "sort": 1.2}  # C5 on vLLM: s/step ÷ grpo's, paired by seed (mean)
+
+
+def hypothesis_lines(results: dict) -> list[str]:
+    """C1-C5 (docs/benchmarks.md), each by the rule written with it: C1-C4 on the fresh seeds alone, C5 on every
+    seed. A verdict is "open" while a pair lacks 2 shared fresh seeds."""
+    mintrl = results["settings"]["mintrl_arm"]
+    fresh = on_seeds(results, FRESH_SEEDS)
+    runs = lambda arm, res=fresh: tables.runs_of(res, REGIME, arm)  # noqa: E731
+    d = {(a, b, k): harness.versus(runs(a), runs(b), k) for a, b in ((mintrl, "grpo"), ("sft-grpo", "grpo"),
+         (mintrl, "sft-grpo"), ("sort", "grpo"), ("sort", "sft-grpo")) for k in ("pass@1", "pass@8")}  # fmt: skip
+
+    def read(*checks) -> str:
+        """'holds' / 'does not hold (what failed)' for (label, interval, sign) checks: sign +1 wants the mean above 0,
+        -1 below 0, 0 at or below 0; "open" while an interval is missing."""
+        if any(i is None or i.low is None for _, i, _ in checks):
+            return "open (fewer than 2 paired fresh seeds)"
+        failed = [label for label, i, sign in checks if not (i.mean > 0 if sign > 0 else i.mean < 0 if sign < 0
+                  else i.mean <= 0)]  # fmt: skip
+        return "holds" if not failed else f"does not hold ({', '.join(failed)})"
+
+    c1 = d[(mintrl, "grpo", "pass@1")]
+    c1_text = read(("mean", c1, 1)) + ("" if c1 is None or c1.low is None else (
+        ", resolved (interval above 0)" if c1.low > 0 else ", not resolved"))  # fmt: skip
+    chat = [r["final"]["chat_nll_change"] for r in fresh["runs"]]
+    caps = {f"{mintrl} s{r['seed']}": tables.mean_logged(tables.last_quarter_logs(r), "completions/clipped_ratio")
+            for r in runs(mintrl)}  # fmt: skip
+    kl = {arm: statistics.fmean(r["final"]["kl"] for r in rs) for arm in results["settings"]["plan"][REGIME]
+          if (rs := runs(arm))}  # fmt: skip
+    over_cap = [name for name, cap in caps.items() if cap is None or cap >= CAP_LIMIT]
+    c4 = ("open (no fresh run yet)" if not chat else
+          f"largest chat NLL change {max(chat):+.3f} ({'under' if max(chat) < CHAT_LIMIT else 'not under'} "
+          f"{CHAT_LIMIT}); MInTRL runs at the cap under {100 * CAP_LIMIT:.0f}% in the last quarter: "
+          f"{len(caps) - len(over_cap)} of {len(caps)}{'' if not over_cap else ' (not ' + ', '.join(over_cap) + ')'}; "
+          f"highest mean KL: {max(kl, key=kl.get) if kl else '-'} (predicted sft-grpo)")  # fmt: skip
+    cost = {arm: tables.paired_ratio(runs(label, results), runs("grpo", results), tables.mean_steps) for arm, label in
+            (("mintrl", mintrl), ("sort", "sort"))}  # fmt: skip
+    c5 = "; ".join(f"{label} s/step ÷ grpo {'-' if r is None else format_ratio(r)} (predicted within "
+                   f"{COST_LIMITS[arm]}x: {'-' if r is None else 'yes' if r.mean <= COST_LIMITS[arm] else 'no'})"
+                   for (arm, r), label in zip(cost.items(), (mintrl, "sort"), strict=True))  # fmt: skip
+    return [
+        f"- C1 ({mintrl} above grpo, pass@1): {format_interval(c1)} points: {c1_text}.",
+        f"- C2 (sft-grpo above grpo, {mintrl} not above sft-grpo): sft-grpo − grpo pass@1 "
+        f"{format_interval(d[('sft-grpo', 'grpo', 'pass@1')])}, pass@8 {format_interval(d[('sft-grpo', 'grpo', 'pass@8')])}"
+        f"; {mintrl} − sft-grpo pass@1 {format_interval(d[(mintrl, 'sft-grpo', 'pass@1')])}: "
+        + read(("sft-grpo − grpo pass@1", d[("sft-grpo", "grpo", "pass@1")], 1),
+               ("sft-grpo − grpo pass@8", d[("sft-grpo", "grpo", "pass@8")], 1),
+               (f"{mintrl} − sft-grpo pass@1", d[(mintrl, "sft-grpo", "pass@1")], 0)) + ".",
+        f"- C3 (sort above grpo, below sft-grpo, pass@1): sort − grpo {format_interval(d[('sort', 'grpo', 'pass@1')])}, "
+        f"sort − sft-grpo {format_interval(d[('sort', 'sft-grpo', 'pass@1')])}: "
+        + read(("sort − grpo", d[("sort", "grpo", "pass@1")], 1), ("sort − sft-grpo", d[("sort", "sft-grpo", "pass@1")],
+               -1)) + ".",
+        f"- C4 (stability): {c4}.",
+        f"- C5 (cost on {results['settings']['engine']}, every seed): {c5}.",
+    ]  # fmt: skip
+
+
 def report(results: dict) -> str:
     s = results["settings"]
     mintrl = s["mintrl_arm"]
@@ -96,7 +156,8 @@ def report(results: dict) -> str:
         lines += [f"Paired differences on the fresh seeds {FRESH_SEEDS} (the confirmation: seeds {SELECTION_SEEDS} "
                   "chose the MInTRL arm):", "", *tables.pair_rows(on_seeds(results, FRESH_SEEDS), pairs(mintrl)), "",
                   f"On every seed (seeds {SELECTION_SEEDS} chose the MInTRL arm, so its rows there are the best of "
-                  "three):", "", *tables.pair_rows(results, pairs(mintrl)), ""]  # fmt: skip
+                  "three):", "", *tables.pair_rows(results, pairs(mintrl)), "", "The hypotheses (docs/benchmarks.md), "
+                  "each against the rule written with it:", "", *hypothesis_lines(results), ""]  # fmt: skip
     lines += ["Cost, paired by seed:", "", *tables.cost_rows(results), "",
               "Training health (first → last quarter of the logged steps):", "", *tables.health_rows(results)]  # fmt: skip
     return "\n".join(lines) + "\n"
