@@ -161,6 +161,23 @@ SMOLLM2_DIR = Path(os.environ.get("TRL_MINTRL_SMOLLM2_DIR", Path.home() / ".cach
 
 
 @pytest.fixture(scope="session")
+def learning_smoke(tmp_path_factory) -> Path:
+    """The folder `python -m benchmarks.studies.learning --smoke` wrote (1 step, 2 prompts, 2 seeds, GRPO and MInTRL),
+    run once as a user would; a test that changes its files copies it first (`copy_learning_smoke`)."""
+    out = tmp_path_factory.mktemp("learning_smoke")
+    command = [sys.executable, "-m", "benchmarks.studies.learning", "--smoke", "--workers", "0", "--out", str(out)]
+    subprocess.run(command, cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True, timeout=600)
+    return out
+
+
+@pytest.fixture
+def copy_learning_smoke(learning_smoke, tmp_path) -> Path:
+    """This test's own copy of `learning_smoke`'s folder: `tmp_path`, with its files."""
+    shutil.copytree(learning_smoke, tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> str:
     """SmolLM2-135M-Instruct as a local checkpoint folder (tests marked `smollm2`)."""
     from trl_mintrl.smollm2 import prepare_smollm2

@@ -139,11 +139,11 @@ def test_rule_judge_from_start_revises_the_first_chunk_of_every_rollout_and_only
     assert rule_judge(8).review_fn(problem.question, "", ["4-3=1\n\n"], None) is None
 
 
-def test_recheck_reruns_a_recorded_run_and_fails_when_its_scores_differ(tmp_path):
+def test_recheck_reruns_a_recorded_run_and_fails_when_its_scores_differ(copy_learning_smoke):
     """`--recheck` reruns one recorded run at this checkout: a smoke run's record matches (exit 0); the same record
     with its pass@1 changed does not (exit 1), and learning_recheck.json says which."""
+    tmp_path = copy_learning_smoke
     learning = [sys.executable, "-m", "benchmarks.studies.learning", "--workers", "0", "--out", str(tmp_path)]
-    subprocess.run([*learning, "--smoke"], cwd=ROOT, check=True, capture_output=True, timeout=600)
     recheck = [*learning, "--recheck", "in-band:mintrl-const:1"]
     done = subprocess.run(recheck, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -162,9 +162,10 @@ def test_recheck_reruns_a_recorded_run_and_fails_when_its_scores_differ(tmp_path
     assert unknown.returncode != 0 and "not a run of" in unknown.stderr
 
 
-def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(tmp_path):
-    """Runs `benchmarks/studies/learning.py --smoke` (1 step, 2 prompts, 2 seeds, GRPO and MInTRL) as a user would, then
-    changes one run's number in the JSON and re-renders: the table follows the JSON."""
+def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(copy_learning_smoke):
+    """`benchmarks/studies/learning.py --smoke` (1 step, 2 prompts, 2 seeds, GRPO and MInTRL), run as a user would
+    (`learning_smoke`); one run's number changed in the JSON and re-rendered: the table follows the JSON."""
+    tmp_path = copy_learning_smoke
     command = [
         sys.executable,
         "-m",
@@ -175,7 +176,6 @@ def test_learning_benchmark_smoke_mode_writes_a_report_recomputed_from_the_json(
         "--out",
         str(tmp_path),
     ]
-    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=600)
     results = json.loads((tmp_path / "learning.json").read_text())
     assert results["provenance"]["command"].startswith("python -m benchmarks.studies.learning --smoke")
     assert len(results["provenance"]["commit"]) == 40

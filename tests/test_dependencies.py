@@ -11,6 +11,7 @@ package another extra or a leftover environment happens to install cannot hide a
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata as metadata
 import json
 import os
@@ -65,8 +66,15 @@ def imports_of(path: Path) -> list[tuple[str, int, bool]]:
     return found
 
 
+@functools.cache
+def installed_modules() -> dict[str, list[str]]:
+    """Top-level module -> the installed distributions that provide it (one scan of the environment: a scan per
+    import made the check take a minute)."""
+    return metadata.packages_distributions()
+
+
 def distributions_of(module: str) -> set[str]:
-    installed = metadata.packages_distributions().get(module)
+    installed = installed_modules().get(module)
     if installed:
         return {canonical(d) for d in installed}
     if module in THROUGH_EXTRAS:

@@ -45,21 +45,11 @@ def test_welch_difference_of_means_by_hand():
 
 
 @pytest.mark.slow
-def test_reproduce_reruns_at_fresh_seeds_and_fails_when_they_disagree(tmp_path):
+def test_reproduce_reruns_at_fresh_seeds_and_fails_when_they_disagree(copy_learning_smoke):
     """On a smoke-mode learning.json (seeds 0, 1): fresh seeds 2 and 3 of the headline's four arms run with its
     settings and agree (exit 0); a recorded MInTRL gain of +50 points that the fresh seeds do not show makes the
     check fail (exit 1), and the report says so."""
-    learning_cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.studies.learning",
-        "--smoke",
-        "--workers",
-        "0",
-        "--out",
-        str(tmp_path),
-    ]
-    subprocess.run(learning_cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    tmp_path = copy_learning_smoke
     command = [sys.executable, "-m", "benchmarks.studies.reproduce", "in-band", "--seeds", "2", "3", "--workers", "0",
                "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
