@@ -32,6 +32,16 @@ def square(job: dict) -> dict:
     return {**job, "final": {"pass@1": job["seed"] ** 2 / 100}}
 
 
+def square_or_die(job: dict) -> dict:
+    """`square`, but a job with `die` set kills its own process (as the out-of-memory killer would)."""
+    import os
+    import signal
+
+    if job.get("die"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return square(job)
+
+
 def jobs_of(arms=("a", "b"), seeds=(0, 1, 2)) -> list[dict]:
     return [{"name": f"{arm}-s{seed}", "arm": arm, "seed": seed} for seed in seeds for arm in arms]
 
@@ -139,6 +149,19 @@ def test_worker_processes_record_every_job_and_survive_a_failing_one(tmp_path):
     assert [f["job"]["name"] for f in saved["failed"]] == ["a-s1"]
     assert "job a-s1 failed on purpose" in saved["failed"][0]["traceback"]
     assert ran == []  # nothing ran in this process
+
+
+def test_a_job_whose_process_dies_fails_alone(tmp_path):
+    """With a process of its own per job, a job whose process is killed (signal 9, as the out-of-memory killer does)
+    is recorded as failed, and the job running beside it and those after it are recorded: in a process pool the
+    death broke the pool and failed them all (a sitting lost both of its runs and the measure after them)."""
+    jobs = [{**job, "die": job["name"] == "a-s0"} for job in jobs_of(seeds=(0, 1))]
+    with pytest.raises(harness.JobsFailed, match="1 of 4 jobs failed"):
+        harness.execute(new_results(), tmp_path, "mine.json", jobs, square_or_die, workers=2, fresh_process=True)
+    saved = json.loads((tmp_path / "mine.json").read_text())
+    assert sorted(r["name"] for r in saved["runs"]) == ["a-s1", "b-s0", "b-s1"]
+    [failed] = saved["failed"]
+    assert failed["job"]["name"] == "a-s0" and "killed by signal 9" in failed["error"]
 
 
 @pytest.mark.parametrize("fresh_process", [False, True])

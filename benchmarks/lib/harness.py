@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
+from multiprocessing.connection import wait
 from pathlib import Path
 
 from benchmarks.lib import readme
@@ -124,24 +125,61 @@ def _attempt(function: Callable[[dict], dict], job: dict) -> tuple[dict | None, 
     return record, error, time.perf_counter() - start, machine()
 
 
+def _attempt_into(send, function: Callable[[dict], dict], job: dict) -> None:
+    """`_attempt` in a process of its own, its result sent back through `send` (a pipe's end)."""
+    send.send(_attempt(function, job))
+    send.close()
+
+
 def run_tasks(tasks: list[Task], workers: int, fresh_process: bool = False) -> Iterator[Outcome]:
     """Run `tasks` inline and in order (`workers` 0), or in `workers` spawned processes; yield each outcome as it
     ends. A task that raises, or whose process dies, yields its traceback and the others go on. `fresh_process`: each
-    task in a process of its own, for jobs that leave behind what their process cannot free (a colocated vLLM
-    engine: ~10 GB a SmolLM2 run, so a worker's second run would hold two)."""
+    task in a process of its own (`_isolated`), for jobs that leave behind what their process cannot free (a colocated
+    vLLM engine: ~10 GB a SmolLM2 run, so a worker's second run would hold two)."""
     if workers == 0:
         for task in tasks:
             yield Outcome(task, *_attempt(task.function, task.job))
         return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                               max_tasks_per_child=1 if fresh_process else None)  # fmt: skip
-    with pool:
+    if fresh_process:
+        yield from _isolated(tasks, workers)
+        return
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
         futures = {pool.submit(_attempt, task.function, task.job): task for task in tasks}
         for future in as_completed(futures):
             try:
                 yield Outcome(futures[future], *future.result())
             except Exception:  # the process died (BrokenProcessPool) or the record could not be sent back
                 yield Outcome(futures[future], None, traceback.format_exc(), 0.0, machine())
+
+
+def _isolated(tasks: list[Task], workers: int) -> Iterator[Outcome]:
+    """Each task in a spawned process of its own, at most `workers` at once, in order. A process that dies (the
+    kernel's out-of-memory killer, a crash) fails its own task only: in a process pool it breaks the pool, and every
+    other task, running or waiting, fails with it."""
+    context = get_context("spawn")
+    waiting, running = list(tasks), {}
+    while waiting or running:
+        while waiting and len(running) < workers:
+            task = waiting.pop(0)
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(target=_attempt_into, args=(send, task.function, task.job))
+            process.start()
+            send.close()  # the child holds the only writing end: its death ends the pipe
+            running[receive] = (task, process, time.perf_counter())
+        for receive in wait(list(running)):
+            task, process, began = running.pop(receive)
+            try:
+                outcome = Outcome(task, *receive.recv())
+            except EOFError:  # the process ended without sending its result
+                process.join()
+                code = process.exitcode
+                cause = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                outcome = Outcome(task, None, f"JobProcessDied: the job's process died ({cause}; signal 9: the "
+                                  "kernel's out-of-memory killer, or a kill)", time.perf_counter() - began,
+                                  machine())  # fmt: skip
+            process.join()
+            receive.close()
+            yield outcome
 
 
 def free_port() -> int:
