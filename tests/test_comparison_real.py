@@ -115,6 +115,11 @@ def test_the_mintrl_arm_waits_for_the_whole_ablation(tmp_path, ran):
     study.main(["--workers", "0", "--out", str(tmp_path / "out"), "--ablation", ablation, "--arms", "sort",
                 "--max_runs", "1"])  # fmt: skip
     assert ran == ["real-chain-sort-s0"]
+    saved = json.loads((tmp_path / "out" / "comparison_real.json").read_text())
+    assert saved["settings"]["plan"] == {"chain": ["grpo", "sft-grpo", "sort"]}
+    text = (tmp_path / "out" / "comparison_real.md").read_text()
+    assert "The MInTRL arm: not chosen yet (the ablation's seeds are not all recorded)" in text
+    assert "mintrl-const 14.0%, mintrl-lines4 16.0%)" in text  # the means recorded so far
 
 
 def test_the_same_jobs_as_the_ablations_and_sorts_references_fit_the_chain(tmp_path):

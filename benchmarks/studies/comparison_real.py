@@ -140,10 +140,11 @@ def report(results: dict) -> str:
     s = results["settings"]
     mintrl = s["mintrl_arm"]
     means = ", ".join(f"{arm} {100 * mean:.1f}%" for arm, mean in s["ablation_pass1"].items())
-    lines = [f"# MInTRL at its best share ({mintrl}) against GRPO, SFT then GRPO, and SORT: the chain family", "",
-             "Written by benchmarks/studies/comparison_real.py from its JSON; do not edit.", "",
+    chosen = f"`{mintrl}`" if mintrl else "not chosen yet (the ablation's seeds are not all recorded)"
+    lines = [f"# MInTRL at its best share ({mintrl or 'not chosen yet'}) against GRPO, SFT then GRPO, and SORT: the "
+             "chain family", "", "Written by benchmarks/studies/comparison_real.py from its JSON; do not edit.", "",
              command_line(results["provenance"]).split("; runs taken")[0] + ".", "",
-             f"The MInTRL arm: `{mintrl}`, by the rule written before the ablation's results (the highest mean "
+             f"The MInTRL arm: {chosen}, by the rule written before the ablation's results (the highest mean "
              f"held-out pass@1 over seeds {SELECTION_SEEDS} in `{s['ablation']}`: {means or 'none recorded'}).", "",
              f"{s['steps']} optimizer steps of {s['prompts_per_step']} prompts, seeds {s['seeds']}, completions of at "
              f"most {s['max_completion_length']} tokens, MInTRL's chunks of {s['overrides'].get('chunk_size')} "
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         raise SystemExit(f"--arms mintrl: the MInTRL arm is chosen from the intensity ablation's seeds "
                          f"{SELECTION_SEEDS} of {', '.join(MINTRL_ARMS)}, not all recorded in {args.ablation}; finish "
                          "benchmarks.studies.intensity_real first, or run --arms sft-grpo sort")  # fmt: skip
-    labels = [mintrl if arm == "mintrl" else arm for arm in ARMS if mode != "cost" or arm in ("grpo", "mintrl")]
+    labels = [label for arm in ARMS if mode != "cost" or arm in ("grpo", "mintrl")
+              if (label := mintrl if arm == "mintrl" else arm) is not None]  # fmt: skip
     engine = args.engine or ("transformers" if mode == "smoke" else "vllm")
     settings = {"mode": mode, **MODES[mode], "engine": engine, "plan": {REGIME: labels}, "mintrl_arm": mintrl,
                 "ablation_pass1": means, "ablation": str(args.ablation.relative_to(ROOT) if args.ablation.is_relative_to(
