@@ -58,3 +58,31 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(arm, ended, tiny_mo
     assert clock.watch.state()["before"] == first["watch"]["before"]
     saved = AutoModelForCausalLM.from_pretrained(run.last_checkpoint(run.run_folder(job)))
     assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), saved.parameters(), strict=True))
+
+
+def test_a_measure_its_sitting_cut_short_draws_only_the_sets_it_had_not(tiny_model_path, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.tasks.real import measures
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    job = {"regime": "in-band", "final_problems": 1, "curve_problems": 1, "max_completion_length": 8}
+    sample, drawn_sets = measures.held_out_samples, []
+
+    def drawing(model, tokenizer, problems, *args, **kwargs):
+        drawn_sets.append(problems[0].question)
+        if len(drawn_sets) == 2:  # the sitting ends while the second set is drawn
+            raise SittingEnded
+        return sample(model, tokenizer, problems, *args, **kwargs)
+
+    monkeypatch.setattr(measures, "held_out_samples", drawing)
+    with pytest.raises(SittingEnded):
+        run.final_scores(model, tokenizer, job, seed=0, folder=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["held-out-heldout.json"]
+    first = json.loads((tmp_path / "held-out-heldout.json").read_text())
+    scores, drawn = run.final_scores(model, tokenizer, job, seed=0, folder=tmp_path)
+    longer = run.held_out(job)["heldout_longer"][0].question
+    assert drawn_sets[2:] == [longer]  # the next sitting draws the set it had not, only
+    assert drawn == first and set(scores) == {"heldout", "heldout_longer", "curve"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held-out-heldout.json", "held-out-heldout_longer.json"]

@@ -13,7 +13,8 @@ with hypotheses of its own. `--probe` measured what a step costs and the judge's
 
 A sitting runs its runs first and the warm start's held-out measure (vLLM, like the runs' own) after them. A run
 saves a checkpoint every step (`run.run_folder`, outside the repository): one a sitting's end interrupted continues
-from its last step at the next `--resume` on this machine (its record's `resumed_at`).
+from its last step at the next `--resume` on this machine (its record's `resumed_at`), and a held-out measure it cut
+short draws only the set it had not finished.
 
 Arms (`benchmarks.tasks.real.arms`): `grpo` (share 0), `mintrl-const` (the rule judge writes one line a correction),
 `mintrl-lines4` (four lines) and `mintrl-rest` (the rest of the solution). Settings: `learning_real.py`'s per-step

@@ -100,15 +100,23 @@ def held_out(job: dict) -> dict:
     return {name: splits[name][: job["final_problems"]] for name in ("heldout", "heldout_longer")}
 
 
-def final_scores(model, tokenizer, job: dict, seed: int, engine=None) -> tuple[dict, dict]:
+def final_scores(model, tokenizer, job: dict, seed: int, engine=None, folder: Path | None = None) -> tuple[dict, dict]:
     """Held-out pass@k on both sets (and the curve set inside `heldout`); the `heldout` samples drawn (by `engine`
-    when given: `sampling_engine`)."""
+    when given: `sampling_engine`). With `folder` (a run's), each set's samples are kept there once drawn, and a
+    measure that its sitting's end cut short draws only the sets it had not (the weights are the last checkpoint's
+    either way)."""
     from .measures import held_out_samples, pass_scores
 
     scores, drawn = {}, {}
     for name, problems in held_out(job).items():
-        drawn[name] = held_out_samples(model, tokenizer, problems, job["max_completion_length"], seed=seed,
-                                       engine=engine)  # fmt: skip
+        kept = folder / f"held-out-{name}.json" if folder is not None else None
+        if kept is not None and kept.is_file():
+            drawn[name] = json.loads(kept.read_text())
+        else:
+            drawn[name] = held_out_samples(model, tokenizer, problems, job["max_completion_length"], seed=seed,
+                                           engine=engine)  # fmt: skip
+            if kept is not None:
+                kept.write_text(json.dumps(drawn[name]))
         scores[name] = {**pass_scores(problems, drawn[name]), "sample_seconds": drawn[name]["seconds"]}
     curve = pass_scores(held_out(job)["heldout"], drawn["heldout"], first=job["curve_problems"])
     return {**scores, "curve": curve}, drawn["heldout"]
@@ -173,7 +181,7 @@ def run_job(job: dict) -> dict:
     problems = train_problems(job["regime"], job["steps"] * job["prompts_per_step"], job["seed"])
     trainer, clock, sft = train(job, model, tokenizer, problems)
     policy = trainer.model.eval()
-    scores, drawn = final_scores(policy, tokenizer, job, seed=job["seed"], engine=clock.engine)
+    scores, drawn = final_scores(policy, tokenizer, job, seed=job["seed"], engine=clock.engine, folder=run_folder(job))
     clock.curve[job["steps"]] = scores["curve"]
     chat_end = chat_kept(policy, tokenizer)
     kl = kl_to(policy, load_warm_start(job)[1].eval(), drawn, job["curve_problems"])
