@@ -142,3 +142,15 @@ def test_a_gain_whose_interval_includes_zero_holds_unresolved(tmp_path, ran, mon
     study.main(["--workers", "0", "--out", str(out), "--ablation", str(ablation_file(tmp_path))])
     text = (out / "comparison_real.md").read_text()
     assert "- C1 (mintrl-lines4 above grpo, pass@1): +3.3 [" in text and "points: holds, not resolved." in text
+
+
+def test_the_cost_mode_reads_c5_from_the_first_steps(tmp_path, ran):
+    out = tmp_path / "out"
+    argv = ["--cost", "--engine", "transformers", "--workers", "0", "--out", str(out)]
+    study.main([*argv, "--ablation", str(ablation_file(tmp_path))])
+    assert ran == ["real-chain-grpo-s0", "real-chain-mintrl-lines4-s0"]  # no warm-start measure for a step's cost
+    text = (out / "comparison_real_cost_transformers.md").read_text()
+    assert (
+        "- C5 on transformers: mintrl-lines4's first step (interventions) 330 s, grpo's 300 s: 1.10x (predicted "
+        in text
+    )

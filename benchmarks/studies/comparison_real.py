@@ -80,6 +80,7 @@ def on_seeds(results: dict, seeds: list[int]) -> dict:
 
 CHAT_LIMIT, CAP_LIMIT = 0.1, 0.10  # C4: chat NLL change under 0.1 nats a token; last-quarter share at the cap
 COST_LIMITS = {"mintrl": 1.3, "sort": 1.2}  # C5 on vLLM: s/step ÷ grpo's, paired by seed (mean)
+STEP_LIMIT = 1.5  # C5 on `--cost`: the MInTRL arm's first step (with interventions) ÷ grpo's first step
 
 
 def hypothesis_lines(results: dict) -> list[str]:
@@ -136,6 +137,20 @@ def hypothesis_lines(results: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def step_cost_line(results: dict) -> str:
+    """C5's `--cost` part: the MInTRL arm's first step, with interventions, against grpo's first step (one step each:
+    a point, not an interval)."""
+    mintrl, engine = results["settings"]["mintrl_arm"], results["settings"]["engine"]
+    first = {arm: runs[0]["step_seconds"][0] for arm in ("grpo", mintrl) if (runs := tables.runs_of(results, REGIME,
+             arm))}  # fmt: skip
+    if len(first) < 2:
+        return f"- C5 on {engine}: open (a first step of grpo and of {mintrl} is needed)."
+    ratio = first[mintrl] / first["grpo"]
+    return (f"- C5 on {engine}: {mintrl}'s first step (interventions) {first[mintrl]:.0f} s, grpo's {first['grpo']:.0f} "
+            f"s: {ratio:.2f}x (predicted within {STEP_LIMIT}x: {'yes' if ratio <= STEP_LIMIT else 'no'}; one step "
+            "each, a point, not an interval).")  # fmt: skip
+
+
 def report(results: dict) -> str:
     s = results["settings"]
     mintrl = s["mintrl_arm"]
@@ -159,6 +174,8 @@ def report(results: dict) -> str:
                   f"On every seed (seeds {SELECTION_SEEDS} chose the MInTRL arm, so its rows there are the best of "
                   "three):", "", *tables.pair_rows(results, pairs(mintrl)), "", "The hypotheses (docs/benchmarks.md), "
                   "each against the rule written with it:", "", *hypothesis_lines(results), ""]  # fmt: skip
+    if s["mode"] == "cost":
+        lines += [step_cost_line(results), ""]
     lines += ["Cost, paired by seed:", "", *tables.cost_rows(results), "",
               "Training health (first → last quarter of the logged steps):", "", *tables.health_rows(results)]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -203,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     baselines, jobs = plan_jobs(settings, [mintrl if arm == "mintrl" else arm for arm in arms])
     jobs, reused = split_reused(jobs, ablation["runs"]) if mode == "full" else (jobs, [])
     baselines, reused_baselines = split_reused(baselines, ablation["baselines"]) if mode == "full" else (baselines, [])
+    baselines = [] if mode == "cost" else baselines  # a step's cost needs no warm-start measure
     results = harness.new_results("benchmarks/studies/comparison_real.py", argv, settings, runs=reused,
                                   baselines=reused_baselines)  # fmt: skip
     return execute_sitting(results, out, f"{file_name(results)}.json", args, baselines=baselines, jobs=jobs,
