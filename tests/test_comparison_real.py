@@ -11,6 +11,7 @@ from benchmarks.studies import comparison_real as study
 from benchmarks.studies import intensity_real
 from benchmarks.tasks.real.arms import config_fields
 from benchmarks.tasks.real.run import plan_jobs
+from tests.test_intensity_real import fake_measure
 
 # the ablation's mean pass@1 over seeds 0-2 by MInTRL arm: mintrl-lines4 is the best
 ABLATION_PASS1 = {"grpo": 0.10, "mintrl-const": 0.14, "mintrl-lines4": 0.16, "mintrl-rest": 0.12}
@@ -41,25 +42,17 @@ def ablation_file(tmp_path, arms=tuple(ABLATION_PASS1)):
             record = fake_run(job)
             record["final"]["pass@1"] = ABLATION_PASS1[job["arm"]] + 0.01 * (job["seed"] - 1)
             runs.append({**record, "recorded": {"key": job_key(job), "commit": "abc1234"}})
-    measured = [{**intensity_real_measure(job), "recorded": {"key": job_key(job)}} for job in baselines]
+    measured = [{**fake_measure(job), "recorded": {"key": job_key(job)}} for job in baselines]
     path = tmp_path / "intensity_real.json"
     path.write_text(json.dumps({"settings": {}, "baselines": measured, "runs": runs}))
     return path
-
-
-def intensity_real_measure(job: dict) -> dict:
-    from tests.test_intensity_real import fake_measure
-
-    return fake_measure(job)
 
 
 @pytest.fixture
 def ran(monkeypatch):
     names = []
     monkeypatch.setattr(study, "run_job", lambda job: names.append(job["name"]) or fake_run(job))
-    monkeypatch.setattr(
-        study, "measure_warm_start", lambda job: names.append(job["name"]) or intensity_real_measure(job)
-    )
+    monkeypatch.setattr(study, "measure_warm_start", lambda job: names.append(job["name"]) or fake_measure(job))
     return names
 
 

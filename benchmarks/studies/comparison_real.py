@@ -57,8 +57,7 @@ CLI_MODES = {
 def chosen_arm(ablation: dict) -> tuple[str | None, dict[str, float]]:
     """The MInTRL arm by the rule (module docstring), None until the ablation has every seed of each; and the mean
     pass@1 of each MInTRL arm recorded so far."""
-    means = {arm: sum(r["final"]["pass@1"] for r in runs) / len(runs) for arm in MINTRL_ARMS
-             if (runs := [r for r in tables.runs_of(ablation, REGIME, arm) if r["seed"] in SELECTION_SEEDS])}  # fmt: skip
+    means = tables.mean_pass1(ablation, REGIME, MINTRL_ARMS, SELECTION_SEEDS)
     return tables.best_arm(ablation, REGIME, MINTRL_ARMS, SELECTION_SEEDS), means
 
 

@@ -38,7 +38,7 @@ def test_sft_grpo_draws_its_curve_after_sft_with_the_trainers_engine(tiny_model_
     monkeypatch.setattr(measures, "held_out_samples", spying)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     trainer, clock, sft = run.train(job, model, tokenizer, make_problems(2, 2, seed=1))
-    [first] = draws[:1]
+    first = draws[0]
     assert first["engine"] is clock.engine and first["engine"] is not None
     assert first["vllm"] == first["after_sft"] != first["before_sft"]  # the engine held the weights SFT wrote
     assert sft["steps"] == 1 and "pass@1" in sft["curve"] and trainer.state.global_step == 1

@@ -28,15 +28,18 @@ def curve_of(results: dict, run: dict) -> dict[int, float]:
     return dict(sorted(curve.items()))
 
 
+def mean_pass1(results: dict, regime: str, arms: list[str], seeds: list[int]) -> dict[str, float]:
+    """arm -> its mean held-out pass@1 over the runs of `seeds` recorded so far (arms without one left out)."""
+    return {arm: statistics.fmean(r["final"]["pass@1"] for r in runs) for arm in arms
+            if (runs := [r for r in runs_of(results, regime, arm) if r["seed"] in seeds])}  # fmt: skip
+
+
 def best_arm(results: dict, regime: str, arms: list[str], seeds: list[int]) -> str | None:
     """Of `arms`, the one with the highest mean held-out pass@1 over `seeds` (a tie: the first in `arms`); None until
     every arm has a run of every seed."""
-    means = {}
-    for arm in arms:
-        by_seed = {r["seed"]: r for r in runs_of(results, regime, arm)}
-        if any(seed not in by_seed for seed in seeds):
-            return None
-        means[arm] = statistics.fmean(by_seed[seed]["final"]["pass@1"] for seed in seeds)
+    if any(not set(seeds) <= {r["seed"] for r in runs_of(results, regime, arm)} for arm in arms):
+        return None
+    means = mean_pass1(results, regime, arms, seeds)
     return max(arms, key=means.get)
 
 
