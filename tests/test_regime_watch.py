@@ -1,5 +1,5 @@
 """MInTRL's regime warnings: the judge's share of the tokens far above the paper's, and the controls' length climbing
-toward the cap while the judge intervenes. Fed with the per-step numbers of the committed real-model and toy runs,
+toward the cap while the judge intervenes and after. Fed with the per-step numbers of the committed real-model and toy runs,
 then end to end through the trainer."""
 
 from __future__ import annotations
@@ -46,6 +46,29 @@ def test_the_length_warning_speaks_when_the_controls_climb_halfway_to_the_cap():
     # and the warning is the one for controls cut from the start
     assert feed(watch(max_judge_share=None), [0.5] * 3, [22.0, 60.0, 62.0], [0.0, 0.1, 0.1]) == [[]] * 3
     assert feed(watch(max_judge_share=None), [0.5] * 3, [64.0, 64.0, 64.0], [1.0, 1.0, 1.0]) == [[], ["clipped"], []]
+
+
+def test_the_length_warning_also_watches_the_steps_after_the_interventions():
+    # the chain family's mintrl-lines4, seed 0 (320-token cap): the controls stayed near 209 tokens over its 8
+    # intervention steps, then grew on once they had ended, to 309 tokens with 75% cut at the cap at step 13
+    w = watch(max_completion_length=320)
+    shares = [0.083, 0.178, 0.142, 0.108, 0.174, 0.166, 0.101, 0.163]
+    lengths = [208.875, 204.812, 211.875, 209.75, 208.875, 206.75, 242.812, 230.438]
+    clipped = [0.0, 0.0, 0.0, 0.0, 0.0, 0.062, 0.125, 0.062]
+    assert feed(w, shares, lengths, clipped) == [[]] * 8
+    after = [(243.031, 0.125), (258.938, 0.125), (276.781, 0.156), (279.5, 0.219), (309.156, 0.75)]
+    said = [w.update_after_interventions(length, cut) for length, cut in after]
+    assert said == [[], [], [], [], ["length"]]  # (279.5 + 309.156) / 2 >= 208.875 + 0.5 * (320 - 208.875)
+    assert "grew from 209 to 294 tokens" in w.message("length")
+    assert "by 5 steps after the judge's 8 intervention steps" in w.message("length")
+    assert w.update_after_interventions(294.0, 0.47) == []  # once per run
+    # mintrl-const, seed 0: controls at 188-217 tokens and none cut over the 12 steps after its 8
+    quiet = watch(max_completion_length=320)
+    feed(quiet, [0.05] * 8, [208.88, 210.56, 207.81, 210.12, 206.38, 197.69, 217.56, 206.06], [0.0] * 8)
+    after = [212.84, 187.56, 217.16, 202.12, 188.62, 207.72, 191.44, 198.41, 213.28, 204.0, 201.66, 198.34]
+    assert [quiet.update_after_interventions(length, 0.0) for length in after] == [[]] * 12
+    # a run that has not intervened yet (or never does) has no start to climb from
+    assert watch().update_after_interventions(64.0, 1.0) == [] and watch().steps_after_interventions == 0
 
 
 def test_controls_cut_at_the_cap_from_the_start_warn_once_at_the_second_step():
@@ -139,6 +162,14 @@ def test_the_trainer_warns_from_its_second_intervention_step_and_keeps_the_state
     # the revised rollouts' length beside the controls' reached the watch at both steps (the untrained model: all cut)
     revised = resumed.schedule.regime_watch.revised
     assert len(revised) == 2 and all(control == length == 24.0 for control, length, _ in revised), revised
+    # past the intervention steps the controls' length still reaches the watch
+    after = scripted_trainer(tiny_model_path, mintrl_args(cpu_args, max_steps=3, intervention_steps=1), toy_dataset)
+    after.train()
+    watched = after.schedule.regime_watch
+    assert (watched.intervention_steps, watched.steps_after_interventions) == (1, 2)
+    logged = [log["mintrl/length_control"] for log in after.state.log_history if "mintrl/length_control" in log]
+    assert watched.control_lengths == pytest.approx(logged[1:]) and len(logged) == 3
+    assert watched.state_dict()["steps_after_interventions"] == 2
     quiet = scripted_trainer(
         tiny_model_path, mintrl_args(cpu_args, max_steps=2, control_length_warning=None), toy_dataset
     )

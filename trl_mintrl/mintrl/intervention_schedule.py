@@ -45,7 +45,8 @@ class InterventionSchedule:
 
     def step(self, rollout: RolloutBatch, measured: RolloutMeasures, step: int) -> None:
         """After the training batch of optimizer step `step`: the judge-failure count and warning, the outage watch,
-        one budget-controller step, the regime warnings and the adaptive switch-off. `rollout` and `measured` are over
+        one budget-controller step, the regime warnings (the controls' length also after the interventions end) and the
+        adaptive switch-off. `rollout` and `measured` are over
         the global rows (the judge's last error aside, which only words the log lines): every process takes the same
         decision."""
         if self.intervention_budget is not None and rollout.intervening:
@@ -59,6 +60,8 @@ class InterventionSchedule:
                 revised_length=measured.length_revised,
                 revised_reward_gap=gap,
             )
+        else:
+            self.regime_watch.update_after_interventions(measured.length_control, measured.clipped_control)
         self.judge_failures_total += int(measured.judge_failures)
         self.judge_failure_warning.update(
             measured.reviews * self.args.judge_votes,

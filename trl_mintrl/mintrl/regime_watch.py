@@ -24,7 +24,9 @@ back. Fed once per training batch with measures over all processes, so every pro
   13-39% share.
 
 All four look at the last `WINDOW` intervention steps, so they can speak from the second one, and each warns once per
-run. With `judge_token_target` the controller's first step runs with every slot reviewed; the share warning needs
+run. The controls' length is also watched after the interventions end (the window then holds the last steps of the
+run): on the chain family, at an 8-18% share, the controls stayed near 209 tokens over the 8 intervention steps, then
+grew to 309 with 75% of them cut at the 320-token cap in the 5 steps after. With `judge_token_target` the controller's first step runs with every slot reviewed; the share warning needs
 every step of its window above the threshold, so that first step alone never triggers it.
 """
 
@@ -63,6 +65,7 @@ class RegimeWatch:
     revised: list[tuple[float, float, float]] = field(default_factory=list)  # (controls', revised length, reward gap)
     start_length: float | None = None
     intervention_steps: int = 0  # seen so far
+    steps_after_interventions: int = 0  # steps seen since the last intervention step
     warned: set[str] = field(default_factory=set)  # "share", "length", "clipped", "lengthening"
 
     def update(
@@ -79,14 +82,29 @@ class RegimeWatch:
         if revised_length is not None and revised_reward_gap is not None and math.isfinite(revised_reward_gap):
             self.revised = [*self.revised, (control_length, revised_length, revised_reward_gap)][-WINDOW:]
         self.shares = [*self.shares, judge_share][-WINDOW:]
-        self.control_lengths = [*self.control_lengths, control_length][-WINDOW:]
-        self.control_clipped = [*self.control_clipped, control_clipped][-WINDOW:]
+        self._add_controls(control_length, control_clipped)
         if self.start_length is None:
             self.start_length = control_length
         self.intervention_steps += 1
+        self.steps_after_interventions = 0
         checks = (("share", self._share), ("length", self._length), ("clipped", self._clipped),
                   ("lengthening", self._lengthening))  # fmt: skip
-        said = [name for name, check in checks if check()]
+        return self._say([name for name, check in checks if check()])
+
+    def update_after_interventions(self, control_length: float, control_clipped: float) -> list[str]:
+        """A step without interventions, once the run has had some: the length warning alone, on the controls' mean
+        length and share cut at the cap. Returns the warning if it logged it."""
+        if not self.intervention_steps:
+            return []
+        self._add_controls(control_length, control_clipped)
+        self.steps_after_interventions += 1
+        return self._say(["length"] if self._length() else [])
+
+    def _add_controls(self, control_length: float, control_clipped: float) -> None:
+        self.control_lengths = [*self.control_lengths, control_length][-WINDOW:]
+        self.control_clipped = [*self.control_clipped, control_clipped][-WINDOW:]
+
+    def _say(self, said: list[str]) -> list[str]:
         if self.enabled:
             for name in said:
                 logger.warning(self.message(name))
@@ -160,9 +178,15 @@ class RegimeWatch:
                 "mask_truncated_completions=True (cut rollouts leave the regression). Shown once per run; "
                 "mintrl/clipped_ratio_control is logged every step."
             )
+        when = (
+            "while the judge intervenes"
+            if not self.steps_after_interventions
+            else f"by {self.steps_after_interventions} steps after the judge's {self.intervention_steps} intervention "
+            "steps (the growth they started outlives them)"
+        )
         return (
             f"MInTRL: the control rollouts (plain policy samples) grew from {self.start_length:.0f} to {length:.0f} "
-            f"tokens of max_completion_length={self.max_completion_length} while the judge intervenes, "
+            f"tokens of max_completion_length={self.max_completion_length} {when}, "
             f"{100 * clipped:.0f}% of them cut at the cap: the policy is learning to run on. Everything the policy "
             "writes after the judge's last correction shares the rollout's advantage, and a cut rollout stays in the "
             "regression. Fixes: a warm-up on whole solutions, so that a correction replaces a step instead of adding "
@@ -175,8 +199,9 @@ class RegimeWatch:
     def state_dict(self) -> dict:
         return {"shares": self.shares, "control_lengths": self.control_lengths,
                 "control_clipped": self.control_clipped, "revised": [list(step) for step in self.revised],
-                "start_length": self.start_length,
-                "intervention_steps": self.intervention_steps, "warned": sorted(self.warned)}  # fmt: skip
+                "start_length": self.start_length, "intervention_steps": self.intervention_steps,
+                "steps_after_interventions": self.steps_after_interventions,
+                "warned": sorted(self.warned)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.shares = [float(v) for v in state["shares"]]
@@ -185,4 +210,5 @@ class RegimeWatch:
         self.revised = [tuple(float(v) for v in step) for step in state.get("revised", [])]  # added later
         self.start_length = None if state["start_length"] is None else float(state["start_length"])
         self.intervention_steps = int(state["intervention_steps"])
+        self.steps_after_interventions = int(state.get("steps_after_interventions", 0))  # added later
         self.warned = set(state["warned"])
