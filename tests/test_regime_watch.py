@@ -1,6 +1,6 @@
 """MInTRL's regime warnings: the judge's share of the tokens far above the paper's, and the controls' length climbing
-toward the cap while the judge intervenes and after. Fed with the per-step numbers of the committed real-model and toy runs,
-then end to end through the trainer."""
+toward the cap while the judge intervenes and after. Fed with the per-step numbers of the committed real-model and
+toy runs, then end to end through the trainer."""
 
 from __future__ import annotations
 

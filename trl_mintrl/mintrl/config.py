@@ -327,9 +327,9 @@ class MInTRLFields:
             "help": "Warn (once per run) when, over 2 steps, the controls' mean length has covered this share of the "
             "way from their length at the first intervention step to max_completion_length, with a quarter of them "
             "cut at the cap: the policy is learning to run on from the intervened rollouts (watched during the "
-            "interventions and after them, when the growth can go on). Also "
-            "warns when half the controls are cut at the cap over the first 2 intervention steps (their reward then reads "
-            "no answer: every gradient is the judge's). The warnings name mask_truncated_completions. None: neither."
+            "interventions and after them, when the growth can go on). Also warns when half the controls are cut at "
+            "the cap over the first 2 intervention steps (their reward then reads no answer: every gradient is the "
+            "judge's). The warnings name mask_truncated_completions. None: neither."
         },
     )
     revised_length_warning: float | None = field(
@@ -714,8 +714,8 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
             cap. Controls are plain policy samples: their length climbing is the policy learning to run on from what
             intervened rollouts reward (on SmolLM2-135M: 22 to 47-52 of 64 tokens by the fourth or fifth
             intervention step). Watched after the interventions too: at an 8-18% share on longer solutions the
-            controls kept their length over the 8 intervention steps and grew to the cap in the 5 after. Also warns when half the controls are cut at the cap
-            over the first 2 intervention steps: a reward that reads the final answer then scores them about 0, and
+            controls kept their length over the 8 intervention steps and grew to the cap in the 5 after. Also warns
+            when half the controls are cut at the cap over the first 2 intervention steps: a reward that reads the final answer then scores them about 0, and
             every gradient comes from the judge-completed rollouts. The warnings name `mask_truncated_completions`.
             `None`: neither.
         revised_length_warning (`float` or `None`, *optional*, defaults to `1.5`):

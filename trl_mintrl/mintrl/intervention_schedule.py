@@ -45,10 +45,9 @@ class InterventionSchedule:
 
     def step(self, rollout: RolloutBatch, measured: RolloutMeasures, step: int) -> None:
         """After the training batch of optimizer step `step`: the judge-failure count and warning, the outage watch,
-        one budget-controller step, the regime warnings (the controls' length also after the interventions end) and the
-        adaptive switch-off. `rollout` and `measured` are over
-        the global rows (the judge's last error aside, which only words the log lines): every process takes the same
-        decision."""
+        one budget-controller step, the regime warnings (the controls' length also after the interventions end) and
+        the adaptive switch-off. `rollout` and `measured` are over the global rows (the judge's last error aside,
+        which only words the log lines): every process takes the same decision."""
         if self.intervention_budget is not None and rollout.intervening:
             self._update_intervention_budget(measured.judge_token_share)
         if rollout.intervening:

@@ -26,8 +26,9 @@ back. Fed once per training batch with measures over all processes, so every pro
 All four look at the last `WINDOW` intervention steps, so they can speak from the second one, and each warns once per
 run. The controls' length is also watched after the interventions end (the window then holds the last steps of the
 run): on the chain family, at an 8-18% share, the controls stayed near 209 tokens over the 8 intervention steps, then
-grew to 309 with 75% of them cut at the 320-token cap in the 5 steps after. With `judge_token_target` the controller's first step runs with every slot reviewed; the share warning needs
-every step of its window above the threshold, so that first step alone never triggers it.
+grew to 309 with 75% of them cut at the 320-token cap in the 5 steps after. With `judge_token_target` the
+controller's first step runs with every slot reviewed; the share warning needs every step of its window above the
+threshold, so that first step alone never triggers it.
 """
 
 from __future__ import annotations
