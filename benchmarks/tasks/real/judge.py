@@ -35,7 +35,10 @@ policy wrote one step and a wrong answer, the judge replaces the answer line ins
 an intervened rollout is about as long as the policy's own (a test of what lengthening corrections do, not a teacher).
 With `lines=k` (`rule_judge(lines=k)`) a correction writes the next k lines the prefix lacks (steps, then the answer
 line), and with `lines=None` all of them, the rest of the solution: more judge text a correction, the intensity
-ablation's higher shares (`benchmarks/studies/intensity_real.py`).
+ablation's higher shares (`benchmarks/studies/intensity_real.py`). With `rewrite=True` (and `lines=None`) the first
+chunk of a rollout is flagged at its first step whatever it says, so the correction, the whole solution, replaces the
+rollout: the judge's share is then set by how many rollouts it reviews, not by where the policy errs (the ablation's
+~35% arm, held there by `judge_token_target`).
 """
 
 from __future__ import annotations
@@ -173,10 +176,18 @@ def _lines(text: str) -> list[tuple[int, str]]:
 
 
 def review_chunk(
-    question: str, prefix: str, steps: list[str], reference: str | None = None, last_step_complete: bool = True
+    question: str,
+    prefix: str,
+    steps: list[str],
+    reference: str | None = None,
+    last_step_complete: bool = True,
+    rewrite: bool = False,
 ) -> int | None:
-    """The index in `steps` of the step holding the first wrong line of the chunk (`"".join(steps)`), else None."""
+    """The index in `steps` of the step holding the first wrong line of the chunk (`"".join(steps)`), else None;
+    `rewrite`: 0 for a rollout's first chunk (empty `prefix`), whatever it says."""
     ref = Reference.parse(reference)
+    if rewrite and not prefix:
+        return 0
     established = established_numbers(question, ref)
     chunk = "".join(steps)
     text = prefix + chunk
@@ -251,12 +262,14 @@ class RuleJudge(FunctionJudge):
     """`review_chunk` / `correct_step` as a `FunctionJudge`. `FunctionJudge` calls `review_fn` without the request's
     `last_step_complete`, which this rule reads: requests are routed to a review bound to their flag."""
 
-    def __init__(self, writes_answer: bool = True, answer_only: bool = False, lines: int | None = 1):
+    def __init__(
+        self, writes_answer: bool = True, answer_only: bool = False, lines: int | None = 1, rewrite: bool = False
+    ):
         correct = (
             correct_with_answer if answer_only else partial(correct_step, writes_answer=writes_answer, lines=lines)
         )
-        super().__init__(review_chunk, correct)
-        self._cut = FunctionJudge(_review_cut, correct)
+        super().__init__(partial(review_chunk, rewrite=rewrite), correct)
+        self._cut = FunctionJudge(partial(review_chunk, last_step_complete=False, rewrite=rewrite), correct)
 
     def review(self, requests):
         complete = [request.last_step_complete for request in requests]
@@ -265,17 +278,18 @@ class RuleJudge(FunctionJudge):
         return [next(whole) if c else next(cut) for c in complete]
 
 
-def _review_cut(question: str, prefix: str, steps: list[str], reference: str | None = None) -> int | None:
-    return review_chunk(question, prefix, steps, reference, last_step_complete=False)
-
-
-def rule_judge(writes_answer: bool = True, answer_only: bool = False, lines: int | None = 1) -> RuleJudge:
+def rule_judge(
+    writes_answer: bool = True, answer_only: bool = False, lines: int | None = 1, rewrite: bool = False
+) -> RuleJudge:
     """The oracle teacher for `MInTRLTrainer(judge=...)` on `benchmarks.tasks.real.task` datasets (reference column:
     `solution`); `writes_answer=False`: it never writes the answer line; `answer_only=True`: every correction is the
-    answer line; `lines`: a correction writes that many of the missing lines, None: the rest of the solution (the
-    module's docstring)."""
+    answer line; `lines`: a correction writes that many of the missing lines, None: the rest of the solution;
+    `rewrite=True`: every reviewed rollout is replaced by the whole solution (the module's docstring)."""
     if answer_only and not writes_answer:
         raise ValueError("answer_only=True writes nothing but the answer line: it needs writes_answer=True")
     if lines is not None and lines < 1:
         raise ValueError(f"lines must be >= 1 (reference lines a correction writes) or None (the rest), got {lines}")
-    return RuleJudge(writes_answer, answer_only, lines)
+    if rewrite and (lines is not None or answer_only or not writes_answer):
+        raise ValueError("rewrite=True replaces the rollout with the whole solution: it needs lines=None, "
+                         "writes_answer=True and answer_only=False")  # fmt: skip
+    return RuleJudge(writes_answer, answer_only, lines, rewrite)
