@@ -156,6 +156,7 @@ def test_a_working_judge_is_reported_as_it_answered(tiny_model_path, tmp_path, c
     assert reported(report, "answer in correction").startswith(
         f"{with_answer} of {len(corrections)} corrections write a final answer"
     )
+    assert reported(report, "answer in correction").endswith("(end_at_judge_answer=True ends the rollout there)")
     assert failed_reviews and failed_corrections and revise and usable > revise  # every kind of answer was met
     # the reviews shown, revised first: the chunk, the step the rule flagged, the correction it wrote
     shown = report.split("reviews (up to 3, revised first):\n")[1].split("\n  [")

@@ -129,7 +129,8 @@ def test_each_cause_arm_changes_one_field_of_mintrl_const():
     job = {"steps": 20, "prompts_per_step": 4, "max_completion_length": 64, "seed": 0, "engine": "transformers"}
     base = config_fields("mintrl-const", job, "/tmp/out")
     for arm, field, value in (("mintrl-masked", "mask_truncated_completions", True),
-                              ("mintrl-target", "judge_token_target", 0.03)):  # fmt: skip
+                              ("mintrl-target", "judge_token_target", 0.03),
+                              ("mintrl-end-answer", "end_at_judge_answer", True)):  # fmt: skip
         fields = config_fields(arm, job, "/tmp/out")
         assert {k for k in fields if fields[k] != base.get(k)} == {field} and fields[field] == value
     for arm in ("mintrl-no-answer", "mintrl-answer-only"):  # their judge objects differ, not their configs

@@ -244,3 +244,54 @@ def test_policy_tokens_after_judge_count_only_the_policys_after_the_last_correct
     assert t.policy_tokens_after_judge == 2  # not the tool result, nor the policy token between the corrections
     unrevised = Trajectory(prompt_ids=[1], question="q", completion_ids=[5, 6], env_mask=[1, 1], judge_mask=[0, 0])
     assert unrevised.policy_tokens_after_judge == 0
+
+
+def test_a_correction_writing_the_final_answer_ends_the_rollout_when_asked(tiny_tokenizer):
+    """`end_at_judge_answer`: a correction that writes a final answer closes the turn with the judge's EOS. One that
+    writes no answer, one inside an open `<think>` (opened by the prompt's generation prompt) and every correction
+    with the setting off hand the pen back, as does one that fills the budget (no room for the EOS)."""
+    tok = tiny_tokenizer
+    judge = FunctionJudge(
+        lambda q, p, steps, r: 1 if "wrong" in "".join(steps) else None,
+        lambda q, p, r: "the answer is 5\n" if "final" in p else "step\n",
+    )
+    think = ids(tok, "<think>\n")
+    scripts = {
+        1: ["final\nwrong"],
+        2: ["final\nwrong", f"more{tok.eos_token}"],
+        3: ["final\nwrong", f"more{tok.eos_token}"],
+        4: ["first\nwrong", f"more{tok.eos_token}"],
+    }
+    answered, off, thinking, no_answer = (make_trajectory(key, intervened=True) for key in (1, 2, 3, 4))
+    thinking.prompt_ids += think
+    correction = ids(tok, "the answer is 5\n")
+    policy, _ = run(tok, {k: v for k, v in scripts.items() if k != 2}, [answered, thinking, no_answer], judge,
+                    chunk_size=16, end_at_judge_answer=True)  # fmt: skip
+    assert answered.completion_ids == ids(tok, "final\n") + correction + [tok.eos_token_id]
+    assert answered.judge_mask == [0] * len(ids(tok, "final\n")) + [1] * (len(correction) + 1)
+    assert answered.ended_by_judge and answered.finished and answered.policy_tokens_after_judge == 0
+    assert len(policy.calls) == 2 and [row[0][0] for row in policy.calls[1]] == [3, 4]  # it never wrote again
+    for t in (thinking, no_answer):
+        assert not t.ended_by_judge and t.completion_ids[-len(ids(tok, "more")) - 1 :] == ids(tok, "more") + [
+            tok.eos_token_id
+        ]
+    run(tok, {2: scripts[2]}, [off], judge, chunk_size=16)
+    assert not off.ended_by_judge and off.completion_ids == ids(tok, "final\n") + correction + ids(tok, "more") + [
+        tok.eos_token_id
+    ]
+    full = make_trajectory(1, intervened=True)  # the correction takes the last tokens of the budget: no EOS fits
+    run(tok, {1: ["final\nwrong"]}, [full], judge, chunk_size=16, end_at_judge_answer=True,
+        max_completion_length=len(ids(tok, "final\n")) + len(correction))  # fmt: skip
+    assert full.completion_ids == ids(tok, "final\n") + correction and not full.ended_by_judge and full.finished
+
+
+def test_ending_at_the_judge_answer_needs_an_eos_token(tiny_tokenizer):
+    class NoEos:  # a tokenizer without an EOS token, for an engine that stops at none
+        eos_token_id = None
+
+    engine = ScriptedPolicy(tiny_tokenizer, {})
+    engine.eos_token_ids = []
+    settings = dict(chunk_size=4, max_reviews=1, max_correction_tokens=4, max_completion_length=8)
+    InterventionRollout(engine, None, NoEos(), RolloutSettings(**settings))  # off: nothing needs to close a turn
+    with pytest.raises(ValueError, match="end_at_judge_answer=True ends a turn with the policy's EOS token"):
+        InterventionRollout(engine, None, NoEos(), RolloutSettings(**settings, end_at_judge_answer=True))

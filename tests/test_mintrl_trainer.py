@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.tasks.toy.warm_start import WARM_START_DIR
 from trl_mintrl import MInTRLTrainer
+from trl_mintrl.judges import FunctionJudge
 from trl_mintrl.mintrl.trainer import STATE_FILE
 
 
@@ -522,3 +523,28 @@ def test_rollout_groups_hands_back_each_rollouts_tokens(toy_dataset, cpu_args):
     assert [sum(mask) for mask in rollout.judge_masks] == judge.int().tolist()
     for text, control in zip(texts, rollout.is_control.tolist(), strict=True):
         assert (CORRECTION in text) != control
+
+
+def test_a_judge_answer_ends_the_rollout_in_the_batch_trained_on(tiny_model_path, cpu_args, toy_dataset):
+    """`end_at_judge_answer=True`: a correction that writes the final answer is the end of its rollout, closed by
+    the judge's EOS (a judge token, anchored like the correction), and the share of revised rollouts it ended is
+    logged; the controls are untouched."""
+    answer = "Answer: 14\n"
+    judge = FunctionJudge(lambda q, prefix, steps, r: 0 if not prefix else None, lambda q, prefix, r: answer)
+    args = mintrl_args(cpu_args, max_steps=1, end_at_judge_answer=True, max_correction_tokens=16)
+    trainer = RecordingTrainer(model=str(WARM_START_DIR), reward_funcs=role_reward, args=args,
+                               train_dataset=toy_dataset, judge=judge)  # fmt: skip
+    trainer.train()
+    [record] = trainer.records
+    tok = trainer.processing_class
+    ended = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    lengths = record["completion_mask"].sum(dim=1)
+    for row in range(len(lengths)):
+        ids = record["completion_ids"][row, : lengths[row]].tolist()
+        if row % 4 >= 2:  # intervened: the correction and its EOS, all judge tokens
+            assert ids == ended and record["tool_mask"][row, : len(ended)].tolist() == [0] * len(ended)
+        else:
+            assert record["tool_mask"][row, : lengths[row]].bool().all()
+    [log] = [e for e in trainer.state.log_history if "mintrl/ended_at_judge_answer" in e]
+    assert log["mintrl/ended_at_judge_answer"] == 1.0 and log["mintrl/clipped_ratio_intervened"] == 0.0
+    assert log["mintrl/policy_tokens_after_correction"] == 0.0

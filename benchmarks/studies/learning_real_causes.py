@@ -5,7 +5,8 @@ never writes the answer line (`mintrl-no-answer`), completions cut at the cap le
 answer line, so that a judge-completed rollout is no longer than the policy's own (`mintrl-answer-only`, added after
 the first three arms' runs, from their logs: C5 below), and the reward pays only a completion that ends at its answer
 line (`mintrl-answer-last`, added after two of C5's seeds, from their logs: C6), and scores -1 one that does not
-(`mintrl-answer-penalty`, added after two of C6's seeds, from their logs: C7). Everything else is
+(`mintrl-answer-penalty`, added after two of C6's seeds, from their logs: C7), and a correction that writes the answer
+line ends the rollout (`mintrl-end-answer`, added after every other arm's runs: C8). Everything else is
 `learning_real.py`'s full mode: the same warm start, problems, seeds 0-2, 20 steps of 4 prompts, 64-token completions,
 interventions for the first 8 steps, vLLM rollouts, the same held-out measures.
 
@@ -79,17 +80,29 @@ is 0.5 or more; *not supported* when the interval includes 0.
   controls' over the intervention steps (reward gap > 0). The arm is a format reward a user could write; it also pays
   a wrong answer that ends (0) over one that runs on (-1), so held-out pass@k may move either way: reported, not
   predicted.
+- C8 (`mintrl-end-answer`; written on 2026-12-08 after all 21 runs above, before any run of this arm): partial. In
+  every arm so far the rollouts the judge completed carried the positive advantages and none of them ended at the
+  judge's answer line: the policy wrote on after it (11.2 tokens after the last correction over the intervention
+  steps in mintrl-const), and C6-C7's rewards, which refuse that tail, took the reward from those very rollouts
+  (reward gap 0.33-0.46) without stopping the growth. Here the judge's answer line is followed by its EOS
+  (`end_at_judge_answer=True`, a library option), so a judge-completed rollout ends at its answer and keeps its
+  reward: the first arm whose rewarded rollouts show the policy where to stop. One factor from mintrl-const. Predicted
+  partial, not supported: the tail goes from the rollouts where the judge wrote the answer, but the judge's step
+  still makes an intervened rollout longer than the policy's own (C5's lead: 50.6 against 41.9 tokens in
+  mintrl-const), which C5 showed the controls follow. Secondaries, fixed now: its policy tokens after the last
+  correction over the intervention steps are below mintrl-const's, paired, with the interval below 0 (the option
+  acts); its reward gap stays above 0.5 over the intervention steps (the signal kept, unlike C6-C7).
 Where this differs from the paper's regime: a correction is a whole reference sentence inside a ~22-token answer, so
 a reviewed rollout is about half judge text, against the paper's <= 64 tokens in rollouts of thousands; this study
 asks what made the run grow, not whether MInTRL helps at the paper's share.
 
 Sizing: the sizes of learning_real.py's in-band runs, so that each arm is compared with the blow-up as it happened
 there (a cause that removes it moves the last-quarter share at the cap by tens of points, which 3 seeds resolve):
-21 runs (7 arms x 3 seeds) at about 45-75 minutes each with two workers, sittings of about 4 runs
+24 runs (8 arms x 3 seeds) at about 45-75 minutes each with two workers, sittings of about 4 runs
 (`--resume --workers 2 --max_runs 4`).
 Plan order is seed-major: every arm's seed 0 first; runs already recorded are kept, so the arms added later
-(`mintrl-answer-only`, then `mintrl-answer-last`, then `mintrl-answer-penalty`) run their three seeds after the earlier
-arms'.
+(`mintrl-answer-only`, then `mintrl-answer-last`, then `mintrl-answer-penalty`, then `mintrl-end-answer`) run their
+three seeds after the earlier arms'.
 """
 
 from __future__ import annotations

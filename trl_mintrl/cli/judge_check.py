@@ -278,7 +278,8 @@ def check_judge(
         f"judge-check: {prompts} prompt{'s' * (prompts > 1)} x {args.num_intervened_generations} intervened "
         f"rollouts (beside {args.num_control_generations} controls each), judge {recorder!r}"
     )
-    print("\n".join(count_lines(numbers, args.judge_share_warning, args.revised_length_warning)))
+    print("\n".join(count_lines(numbers, args.judge_share_warning, args.revised_length_warning,
+                                 args.end_at_judge_answer)))  # fmt: skip
     if agreement is not None:
         print("\n".join(agreement_lines(agreement)))
     shown = sorted(chunks, key=lambda chunk: chunk.rank)[:SHOWN_REVIEWS]
@@ -352,10 +353,14 @@ def review_counts(recorder: JudgeRecorder, chunks: list[ReviewedChunk], measured
 
 
 def count_lines(
-    n: dict, judge_share_warning: float | None = None, revised_length_warning: float | None = None
+    n: dict,
+    judge_share_warning: float | None = None,
+    revised_length_warning: float | None = None,
+    end_at_judge_answer: bool = False,
 ) -> list[str]:
     """The report's lines on what the judge did; with `judge_share_warning` and `revised_length_warning`, whether the
-    share and the revised rollouts' length against the controls' are above them."""
+    share and the revised rollouts' length against the controls' are above them; `end_at_judge_answer`: whether a
+    correction that writes the final answer ends its rollout."""
     share = n["judge_token_share"]
     above = judge_share_warning is not None and share > judge_share_warning
     return [
@@ -377,8 +382,13 @@ def count_lines(
         ),
         *length_lines(n, revised_length_warning),
         f"  answer in correction {n['corrections_with_answer']} of {n['corrections']} corrections write a final answer "
-        "(\\boxed{}, '#### N', 'the answer is'): the reward reads it, so what the policy writes after it goes "
-        "unchecked",
+        "(\\boxed{}, '#### N', 'the answer is'): "
+        + (
+            "end_at_judge_answer ends the rollout there"
+            if end_at_judge_answer
+            else "the reward reads it, so what the policy writes after it goes unchecked (end_at_judge_answer=True "
+            "ends the rollout there)"
+        ),
     ]
 
 

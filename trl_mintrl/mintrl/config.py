@@ -126,6 +126,14 @@ class MInTRLFields:
             "The judge's own budget for writing it, in its tokens, is judge_max_correction_tokens."
         },
     )
+    end_at_judge_answer: bool = field(
+        default=False,
+        metadata={
+            "help": "A correction that writes a final answer (a \\boxed{}, a GSM8K '#### N' line, 'the answer is') "
+            "outside an open <think> ends the rollout there, with EOS: the reward reads the judge's answer, so text "
+            "the policy wrote after it would share that reward unread. Off: the policy continues after it."
+        },
+    )
     step_split: str = field(
         default="line",
         metadata={
@@ -564,6 +572,12 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
         max_correction_tokens (`int`, *optional*, defaults to `64`):
             Cap on a judge correction inserted into a rollout, in the policy's tokens (a longer one is cut; paper: 64).
             The judge's own budget for writing it, in its tokens, is `judge_max_correction_tokens`.
+        end_at_judge_answer (`bool`, *optional*, defaults to `False`):
+            A correction that writes a final answer (`\\boxed{}`, a GSM8K `#### N` line, "the answer is"; as
+            `trl_mintrl.rewards.math_reward` reads one) outside an open `<think>` ends the rollout there: the
+            judge's EOS follows it. The reward reads the judge's answer, so whatever the policy wrote after it would
+            share that reward unread, and the regression would push up running on (docs/mintrl.md, the length
+            warnings). Off: the policy continues after any correction, as in the paper.
         step_split (`str`, *optional*, defaults to `"line"`):
             Where a reviewed chunk splits into the steps the judge numbers (a REVISE keeps the steps before the
             flagged one): `"line"` at every line break (blank lines stay with the step before them), `"blank_line"`

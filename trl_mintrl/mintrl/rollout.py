@@ -28,6 +28,7 @@ from enum import Enum
 
 from ..engines.base import Generation, GenerationEngine
 from ..judges.base import Correction, CorrectionRequest, Judge, ReviewRequest, Verdict, tally_votes
+from ..rewards.math import writes_final_answer
 from .steps import STEP_SPLITS, cut_point, split_steps
 from .tools import ToolEnvironment
 
@@ -47,7 +48,8 @@ class RolloutSettings:
     corrections capped at `max_correction_tokens` policy tokens, completions at `max_completion_length` tokens.
     Each chunk gets `judge_votes` reviews (in the same judge call) and is cut only where `judge_min_agree` agree.
     A trajectory with tools runs them after at most `max_tool_calling_iterations` turns (None: no limit).
-    `step_split` says where a chunk splits into steps (`split_steps`'s mode; `MInTRLConfig.step_split`)."""
+    `step_split` says where a chunk splits into steps (`split_steps`'s mode; `MInTRLConfig.step_split`).
+    `end_at_judge_answer`: a correction that writes a final answer ends the turn (the config field of that name)."""
 
     chunk_size: int
     max_reviews: int
@@ -57,6 +59,7 @@ class RolloutSettings:
     judge_min_agree: int = 1
     max_tool_calling_iterations: int | None = None
     step_split: str = "line"
+    end_at_judge_answer: bool = False
 
     def __post_init__(self):
         if self.step_split not in STEP_SPLITS:
@@ -73,7 +76,8 @@ class Trajectory:
     `tool_calls` / `tool_failures` the calls made and those that failed (TRL's `tools/*` metrics). `judge_failures` counts unusable answers (each failed review vote, each failed
     correction); `votes_usable` / `votes_agreeing` / `vetoed` count the review votes and the revisions voted down;
     `speculative_chunks` / `speculative_kept` count the next chunks the continuous schedule asked for while this
-    trajectory's chunk was under review, and those it used (the judge kept the chunk)."""
+    trajectory's chunk was under review, and those it used (the judge kept the chunk). `ended_by_judge`: a correction
+    that wrote the final answer ended it (`RolloutSettings.end_at_judge_answer`)."""
 
     prompt_ids: list[int]
     question: str
@@ -97,6 +101,7 @@ class Trajectory:
     tool_iterations: int = 0
     tool_calls: int = 0
     tool_failures: int = 0
+    ended_by_judge: bool = False
     finished: bool = False
 
     @property
@@ -162,6 +167,14 @@ class InterventionRollout:
         self.tokenizer = tokenizer
         self.settings = settings
         self.eos_token_ids = set(policy.eos_token_ids)
+        # the token a turn the judge ends closes with: the tokenizer's own EOS when the engine stops at it
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.end_token_id = eos if eos in self.eos_token_ids else min(self.eos_token_ids, default=eos)
+        if settings.end_at_judge_answer and self.end_token_id is None:
+            raise ValueError(
+                "end_at_judge_answer=True ends a turn with the policy's EOS token, and neither the engine nor the "
+                "tokenizer names one: set the tokenizer's eos_token, or end_at_judge_answer=False"
+            )
 
     def run(self, trajectories: Sequence[Trajectory]) -> RoundCounts:
         if self.judge is None and any(t.review_budget > 0 for t in trajectories):
@@ -294,8 +307,23 @@ class InterventionRollout:
         kept = Generation(chunk.token_ids[:keep], None if chunk.logprobs is None else chunk.logprobs[:keep])
         self._append(t, kept, Role.POLICY)
         correction_ids = self._correction_ids(correction.text, self._remaining(t))
-        self._append(t, Generation(correction_ids), Role.JUDGE)
-        self._settle(t, turn_over=False)
+        ends = self._ends_answer(t, correction_ids)
+        self._append(t, Generation(correction_ids + ends), Role.JUDGE)
+        t.ended_by_judge = bool(ends)
+        self._settle(t, turn_over=bool(ends))
+
+    def _ends_answer(self, t: Trajectory, correction_ids: list[int]) -> list[int]:
+        """[EOS] when the correction, as inserted, writes a final answer outside an open `<think>` and
+        `end_at_judge_answer` is on (and the budget holds one more token), else []: the reward reads the judge's
+        answer, so anything the policy wrote after it would be rewarded unread."""
+        if not self.settings.end_at_judge_answer or self._remaining(t) <= len(correction_ids):
+            return []
+        if not writes_final_answer(self._decode(correction_ids)):
+            return []
+        context = self._decode(t.prompt_ids + t.completion_ids + correction_ids)
+        if context.rfind("<think>") > context.rfind("</think>"):
+            return []  # an answer in the reasoning is not the final one
+        return [self.end_token_id]
 
     def _accept(self, t: Trajectory, chunk: Generation) -> None:
         self._append(t, chunk, Role.POLICY)

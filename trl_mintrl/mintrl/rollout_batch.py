@@ -31,6 +31,7 @@ class RolloutBatch:
         "tool_calls",
         "tool_failures",
         "policy_tokens_after_judge",
+        "ended_by_judge",
         "truncated",
     )
 
@@ -78,6 +79,7 @@ class RolloutBatch:
                 t.tool_calls,
                 t.tool_failures,
                 t.policy_tokens_after_judge,
+                t.ended_by_judge,
                 is_truncated(t, stop_token_ids),
             ]
             for t in trajectories
@@ -209,6 +211,8 @@ def rollout_metrics(
             stats["policy_tokens_after_judge"][revised].sum().item(),
             revised.sum().item(),
         )
+        if args.end_at_judge_answer:  # revised rollouts a correction writing the final answer ended
+            metrics["mintrl/ended_at_judge_answer"] = (stats["ended_by_judge"].sum().item(), revised.sum().item())
     asked = stats["speculative_chunks"].sum().item()
     if asked > 0:  # the continuous schedule's speculative next chunks (`speculative_chunks`): how many paid off
         metrics["mintrl/speculative_chunks"] = (asked, n_intervened)

@@ -24,7 +24,9 @@ What made `mintrl-const`'s completions grow to the cap (`benchmarks/studies/lear
   (`answer_last_math_reward`): text after the first `#### N`, which `math_reward` leaves unread, scores 0;
 - `mintrl-answer-penalty`: the same, but a completion that does not end at its answer line scores -1
   (`answer_penalty_math_reward`), so that running on is pushed down even when every control scores 0 (one factor from
-  `mintrl-answer-last`, two from `mintrl-const`).
+  `mintrl-answer-last`, two from `mintrl-const`);
+- `mintrl-end-answer`: a correction that writes the answer line ends the rollout, with the judge's EOS
+  (`end_at_judge_answer=True`): nothing the policy writes rides on the judge's answer.
 The intensity ablation's higher judge-token shares (`benchmarks/studies/intensity_real.py`, `INTENSITY_ARMS`):
 - `mintrl-lines4`: each correction writes the next 4 lines the rollout lacks (`rule_judge(lines=4)`), at most 96
   tokens;
@@ -51,6 +53,7 @@ CAUSE_ARMS = (
     "mintrl-answer-only",
     "mintrl-answer-last",
     "mintrl-answer-penalty",
+    "mintrl-end-answer",
 )
 # the intensity ablation's higher shares (`benchmarks/studies/intensity_real.py`): mintrl-const with corrections of more
 # reference lines
@@ -76,6 +79,7 @@ ARM_FIELDS = {
     "mintrl-answer-only": ("mintrl", {"judge": "rule-answer-only"}),
     "mintrl-answer-last": ("mintrl", {"judge": "rule", "reward": "answer-last"}),
     "mintrl-answer-penalty": ("mintrl", {"judge": "rule", "reward": "answer-penalty"}),
+    "mintrl-end-answer": ("mintrl", {"judge": "rule", "end_at_judge_answer": True}),
     "mintrl-lines4": ("mintrl", {"judge": "rule-lines4", "max_correction_tokens": 96}),
     "mintrl-rest": ("mintrl", {"judge": "rule-rest", "max_correction_tokens": 256}),
     REWRITE_ARM: ("mintrl", {"judge": "rule-rewrite", "max_correction_tokens": 256, "judge_token_target": 0.35}),
