@@ -158,8 +158,7 @@ def hypothesis_lines(results: dict) -> list[str]:
     mintrl = [(arm, r, derived(r)) for arm in HYPOTHESIS_ARMS[1:] for r in tables.runs_of(results, REGIME, arm)]
     failing = [f"{arm} s{r['seed']}" for arm, r, d in mintrl if not (d["cap_last"] is not None and d["cap_last"] <
                CAP_LIMIT and d["control_change"] is not None and abs(d["control_change"]) <= GROWTH_LIMIT)]  # fmt: skip
-    kl = {arm: statistics.fmean(r["final"]["kl"] for r in runs) for arm in HYPOTHESIS_ARMS
-          if (runs := tables.runs_of(results, REGIME, arm))}  # fmt: skip
+    kl = mean_kl(results, HYPOTHESIS_ARMS)
     order = sorted(kl, key=kl.get)
     chat = max((r["final"]["chat_nll_change"] for arm in HYPOTHESIS_ARMS for r in tables.runs_of(results, REGIME, arm)),
                default=None)  # fmt: skip
@@ -196,6 +195,12 @@ def hypothesis_lines(results: dict) -> list[str]:
     ]
 
 
+def mean_kl(results: dict, arms) -> dict[str, float]:
+    """Each of `arms` with runs: its mean KL to the warm start."""
+    return {arm: statistics.fmean(r["final"]["kl"] for r in runs) for arm in arms
+            if (runs := tables.runs_of(results, REGIME, arm))}  # fmt: skip
+
+
 def i6_line(results: dict) -> str:
     """I6, the ~35% arm, part by part against its rule (docs/benchmarks.md)."""
     runs = tables.runs_of(results, REGIME, REWRITE_ARM)
@@ -206,8 +211,7 @@ def i6_line(results: dict) -> str:
     held = all(v is not None and low <= v <= high for v in shares.values())
     const, grpo = (versus_arm(results, REWRITE_ARM, other, "pass@1") for other in ("mintrl-const", "grpo"))
     capped = [r for r in runs if (cap := derived(r)["cap_last"]) is not None and cap >= CAP_LIMIT]
-    kl = {arm: statistics.fmean(r["final"]["kl"] for r in arm_runs) for arm in ARMS
-          if (arm_runs := tables.runs_of(results, REGIME, arm))}  # fmt: skip
+    kl = mean_kl(results, ARMS)
 
     def sign(d, predicted_below: bool) -> str:
         if d is None:

@@ -729,9 +729,9 @@ class MInTRLConfig(MInTRLFields, GRPOConfig):
             intervened rollouts reward (on SmolLM2-135M: 22 to 47-52 of 64 tokens by the fourth or fifth
             intervention step). Watched after the interventions too: at an 8-18% share on longer solutions the
             controls kept their length over the 8 intervention steps and grew to the cap in the 5 after. Also warns
-            when half the controls are cut at the cap over the first 2 intervention steps: a reward that reads the final answer then scores them about 0, and
-            every gradient comes from the judge-completed rollouts. The warnings name `mask_truncated_completions`.
-            `None`: neither.
+            when half the controls are cut at the cap over the first 2 intervention steps: a reward that reads the
+            final answer then scores them about 0, and every gradient comes from the judge-completed rollouts. The
+            warnings name `mask_truncated_completions`. `None`: neither.
         revised_length_warning (`float` or `None`, *optional*, defaults to `1.5`):
             Warn when, over 2 intervention steps that revised any rollout, the revised rollouts are at least this many
             times the controls' length (every token counted) and score above them. A correction that adds the steps the

@@ -309,7 +309,7 @@ class InterventionRollout:
         correction_ids = self._correction_ids(correction.text, self._remaining(t))
         ends = self._ends_answer(t, correction_ids)
         self._append(t, Generation(correction_ids + ends), Role.JUDGE)
-        t.ended_by_judge = bool(ends)
+        t.ended_by_judge = t.ended_by_judge or bool(ends)
         self._settle(t, turn_over=bool(ends))
 
     def _ends_answer(self, t: Trajectory, correction_ids: list[int]) -> list[int]:
